@@ -1,0 +1,1 @@
+"""Stage backends behind one interface each, chosen by the `type` field of the run config."""

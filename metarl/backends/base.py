@@ -1,0 +1,133 @@
+"""Interfaces and value types shared by every backend."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.base import FieldProblem
+from schemas.job import JobSpec
+from schemas.run_config import RunConfig
+from schemas.task_spec import TaskSpec
+
+
+class Frozen(BaseModel):
+    """Immutable value type."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CostItem(Frozen):
+    """One charge a backend incurred (recorded in the ledger under `key`)."""
+
+    source: str = Field(min_length=1, max_length=32, description="Who charged: sim, runpod, tinker, local")
+    description: str = Field(min_length=1, max_length=255, description="What was charged")
+    quantity: float = Field(ge=0, le=1e15, description="How much of the unit")
+    unit: str = Field(min_length=1, max_length=32, description="Unit of quantity: gpu_second, token, ...")
+    unit_price_usd: float = Field(ge=0, le=1e6, description="Price of one unit")
+    key: str = Field(min_length=1, max_length=255, description="Idempotency key")
+
+
+class EpisodeContext(Frozen):
+    """Everything a stage backend may know of the episode it works on (never the hidden eval)."""
+
+    run_id: str = Field(min_length=1, max_length=36, description="Run id")
+    episode_id: int = Field(ge=1, description="Episode id")
+    task: TaskSpec = Field(description="The task spec")
+    policy_version: int = Field(ge=0, description="Policy version the episode is sampled with")
+    probe_attempt: int = Field(ge=1, le=1000, description="Current submission attempt")
+    seed: int = Field(ge=0, description="Seed derived from the run seed and the episode")
+    feedback: list[FieldProblem] = Field(default_factory=list, max_length=200, description="Probe errors of the previous attempt")
+    artifacts_root: str = Field(min_length=1, max_length=4096, description="Artifact folder or URL of the run")
+
+
+class AgentSubmission(Frozen):
+    """What the agent submitted in one attempt."""
+
+    job_toml: str = Field(max_length=1_000_000, description="The job.toml text as written")
+    agent_tokens: int = Field(ge=0, le=10**12, description="Policy tokens spent on this attempt")
+    workspace_uri: str | None = Field(default=None, max_length=4096, description="Where the workspace was saved")
+    costs: list[CostItem] = Field(default_factory=list, max_length=1000, description="Charges of this attempt")
+
+
+class LaunchResult(Frozen):
+    """A launched inner job (idempotent by name)."""
+
+    external_id: str = Field(min_length=1, max_length=255, description="Pod id, process id or simulated id")
+    state: dict[str, Any] = Field(default_factory=dict, description="Backend state needed to re-attach")
+
+
+class PollResult(Frozen):
+    """Status of an inner job at one poll."""
+
+    status: Literal["running", "succeeded", "failed"] = Field(description="Mapped status")
+    state: dict[str, Any] = Field(default_factory=dict, description="Updated backend state")
+    checkpoint_uri: str | None = Field(default=None, max_length=4096, description="Trained weights, when succeeded")
+    metrics_uri: str | None = Field(default=None, max_length=4096, description="metrics.jsonl location")
+    train_seconds: float | None = Field(default=None, ge=0, description="Wall seconds of training, when finished")
+    error: str | None = Field(default=None, max_length=10_000, description="Why it failed")
+    costs: list[CostItem] = Field(default_factory=list, max_length=100_000, description="Charges so far (idempotent keys)")
+
+
+class Score(Frozen):
+    """A hidden-eval score with its 95% confidence interval."""
+
+    score: float = Field(ge=0, le=1, description="Mean graded score")
+    ci_low: float | None = Field(default=None, ge=0, le=1, description="95% CI low")
+    ci_high: float | None = Field(default=None, ge=0, le=1, description="95% CI high")
+    n_items: int = Field(ge=1, description="Items scored")
+    costs: list[CostItem] = Field(default_factory=list, max_length=1000, description="Charges of scoring")
+
+
+class OuterBatchEpisode(Frozen):
+    """One episode of an outer batch."""
+
+    episode_id: int = Field(ge=1, description="Episode id")
+    group_id: int = Field(ge=1, description="Group id")
+    policy_version: int = Field(ge=0, description="Behaviour policy version")
+    reward: float = Field(ge=-1000, le=1000, description="Episode reward")
+
+
+class OuterResult(Frozen):
+    """What an outer update produced."""
+
+    state_uri: str | None = Field(default=None, max_length=4096, description="Saved policy state of the new version")
+    metrics: dict[str, float] = Field(default_factory=dict, description="Loss, ratio statistics, ...")
+    costs: list[CostItem] = Field(default_factory=list, max_length=1000, description="Charges of the update")
+
+
+class AgentBackend(Protocol):
+    name: str
+    simulated: bool
+
+    def run_attempt(self, ctx: EpisodeContext) -> AgentSubmission: ...
+
+
+class TrainBackend(Protocol):
+    name: str
+    simulated: bool
+
+    def capacity(self) -> int: ...
+
+    def launch(self, ctx: EpisodeContext, job: JobSpec, job_name: str) -> LaunchResult: ...
+
+    def poll(self, ctx: EpisodeContext, job: JobSpec, external_id: str, state: dict[str, Any]) -> PollResult: ...
+
+    def poll_interval_s(self) -> float: ...
+
+
+class EvalBackend(Protocol):
+    name: str
+    simulated: bool
+
+    def score_base(self, task: TaskSpec, model_name: str) -> Score: ...
+
+    def score_trained(self, ctx: EpisodeContext, job: JobSpec, checkpoint_uri: str | None, train_state: dict[str, Any]) -> Score: ...
+
+
+class OuterBackend(Protocol):
+    name: str
+    simulated: bool
+
+    def update(self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig) -> OuterResult: ...

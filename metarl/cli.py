@@ -1,0 +1,258 @@
+"""The `metarl` command. Parses arguments and configs before importing anything heavy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+EXIT_CONFIG_ERROR = 2
+EXIT_NOT_FOUND = 3
+EXIT_BUSY = 4
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="metarl", description="Train a trainer agent by RL to write RL training jobs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="start a run from a run config (embedded services unless METARL_DATABASE_URL is set)")
+    run.add_argument("config", type=Path)
+    _service_flags(run)
+
+    resume = sub.add_parser("resume", help="continue a run after a crash or a stop")
+    resume.add_argument("run_id")
+    _service_flags(resume)
+
+    stop = sub.add_parser("stop", help="ask a run to stop gracefully (in-flight episodes finish)")
+    stop.add_argument("run_id")
+
+    status = sub.add_parser("status", help="show runs, or one run in detail")
+    status.add_argument("run_id", nargs="?")
+    status.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+    worker = sub.add_parser("worker", help="start one worker pool (services mode)")
+    worker.add_argument("--pool", required=True, choices=["agent", "probe", "train", "eval", "outer"])
+    worker.add_argument("--concurrency", type=int, default=1)
+    worker.add_argument("--autoscale", help="MAX,MIN worker processes")
+    worker.add_argument("--loglevel", default="info")
+
+    db = sub.add_parser("db", help="database migrations")
+    db.add_argument("action", choices=["upgrade", "current"])
+
+    metrics = sub.add_parser("metrics", help="serve Prometheus metrics (queue depths, stages, latencies, costs)")
+    metrics.add_argument("--port", type=int, default=9108)
+    metrics.add_argument("--host", default="127.0.0.1")
+    metrics.add_argument("--interval", type=float, default=5.0)
+    return parser
+
+
+def _service_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-workers", action="store_true", help="do not spawn worker pools (they run elsewhere)")
+    parser.add_argument("--quiet", action="store_true", help="no live progress display")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=os.environ.get("METARL_LOGLEVEL", "WARNING"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from schemas.base import ConfigError
+
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from metarl.runconfig import load_run
+
+    config, specs = load_run(args.config)
+    with ExitStack() as stack:
+        services = stack.enter_context(Services(config.services.database_url, config.services.broker_url, spawn_workers=not args.no_workers))
+        from orchestrator.loop import create_run
+
+        run_id = create_run(services.database_url, config, specs)
+        print(f"run {run_id} ({config.run.name}) created; resume with `metarl resume {run_id}`", flush=True)
+        return drive(services, run_id, quiet=args.quiet)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    with ExitStack() as stack:
+        services = stack.enter_context(Services(None, None, spawn_workers=not args.no_workers))
+        from schemas.records import Run
+        from metarl.db import session_scope
+
+        with session_scope(services.database_url) as session:
+            if session.get(Run, args.run_id) is None:
+                print(f"error: no run with id {args.run_id}; `metarl status` lists runs", file=sys.stderr)
+                return EXIT_NOT_FOUND
+        return drive(services, args.run_id, quiet=args.quiet)
+
+
+def drive(services: "Services", run_id: str, quiet: bool) -> int:
+    from metarl.progress import ProgressDisplay
+    from orchestrator.loop import Orchestrator, OrchestratorBusy
+    from schemas.records import RunStatus
+    from workers.app import make_app
+
+    stop_event = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop_event.set())
+    orchestrator = Orchestrator(services.database_url, make_app(services.broker_url), run_id)
+    display = ProgressDisplay(services.database_url, run_id, enabled=not quiet)
+    try:
+        with display:
+            status = orchestrator.loop(stop_event, on_tick=display.update)
+    except OrchestratorBusy as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BUSY
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: run {run_id} is kept; `metarl resume {run_id}` continues it", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if status == RunStatus.running:
+        print(f"stopped this process; run {run_id} continues with `metarl resume {run_id}`")
+        return 0
+    display.print_summary()
+    return 0 if status in (RunStatus.finished, RunStatus.stopped) else 1
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from sqlalchemy import update
+
+    from metarl.db import session_scope
+    from schemas.records import Run
+
+    with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
+        updated = session.execute(update(Run).where(Run.id == args.run_id).values(stop_requested=True).returning(Run.id)).scalar_one_or_none()
+    if updated is None:
+        print(f"error: no run with id {args.run_id}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    print(f"stop requested for run {args.run_id}: in-flight episodes finish, then it stops")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from metarl.db import session_scope
+    from metarl.render import print_status, runs_table
+    from orchestrator.status import list_runs, run_status
+
+    with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
+        if args.run_id is None:
+            runs = list_runs(session)
+            if args.json:
+                print(json.dumps(runs, indent=2))
+            else:
+                from rich.console import Console
+
+                Console().print(runs_table(runs))
+            return 0
+        try:
+            status = run_status(session, args.run_id, services.broker_url)
+        except LookupError:
+            print(f"error: no run with id {args.run_id}; `metarl status` lists runs", file=sys.stderr)
+            return EXIT_NOT_FOUND
+    if args.json:
+        print(json.dumps(status, indent=2, default=str))
+    else:
+        print_status(status)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from metarl.pools import worker_command
+
+    if args.concurrency < 1:
+        print("error: --concurrency must be at least 1", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    command = worker_command(args.pool, args.concurrency, args.autoscale, args.loglevel)
+    os.execv(command[0], command)
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from metarl import db
+
+    with Services(None, None, spawn_workers=False, migrate=False) as services:
+        if args.action == "upgrade":
+            db.upgrade(services.database_url)
+        print(f"database at revision {db.current_revision(services.database_url)}")
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from metarl.metrics import serve_metrics
+
+    with Services(None, None, spawn_workers=False) as services:
+        serve_metrics(services.database_url, services.broker_url, args.host, args.port, args.interval)
+    return 0
+
+
+class Services:
+    """Database and broker for one command: the configured services, or the embedded default."""
+
+    def __init__(self, database_url: str | None, broker_url: str | None, *, spawn_workers: bool, migrate: bool = True):
+        from metarl import settings
+
+        self.database_url_setting = settings.database_url(database_url)
+        self.broker_url_setting = settings.broker_url(broker_url)
+        self.spawn_workers = spawn_workers
+        self.migrate = migrate
+        self.home = settings.metarl_home()
+        self.embedded: Any = None
+        self.pools: Any = None
+        self.database_url = ""
+        self.broker_url: str | None = None
+
+    def __enter__(self) -> "Services":
+        from metarl import db
+
+        if self.database_url_setting:
+            self.database_url = self.database_url_setting
+        else:
+            from metarl.embedded import EmbeddedServices
+
+            self.embedded = EmbeddedServices(self.home)
+            self.database_url = self.embedded.start_database()
+        if self.broker_url_setting:
+            self.broker_url = self.broker_url_setting
+        elif self.embedded is not None:
+            self.broker_url = self.embedded.broker_url
+        if self.migrate:
+            db.upgrade(self.database_url)
+        if self.spawn_workers:
+            if self.broker_url is None:
+                raise SystemExit("error: METARL_BROKER_URL is not set while METARL_DATABASE_URL is; set both, or neither for the embedded default")
+            from metarl.pools import WorkerPools
+
+            self.pools = WorkerPools(self.database_url, self.broker_url, self.home / "logs")
+            self.pools.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pools is not None:
+            self.pools.stop()
+        if self.embedded is not None:
+            self.embedded.stop()
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "resume": cmd_resume,
+    "stop": cmd_stop,
+    "status": cmd_status,
+    "worker": cmd_worker,
+    "db": cmd_db,
+    "metrics": cmd_metrics,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Prometheus exporter for what Flower does not export: queue depths, episodes per stage, stage
+latency histograms, cost totals, current policy version."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from sqlalchemy import func, select
+
+from metarl.db import session_scope
+from orchestrator.status import queue_depths
+from schemas.records import ClaimStatus, CostEntry, Episode, Run, RunStatus, StageClaim
+
+LATENCY_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600)
+
+
+class MetarlCollector:
+    """Reads the records on every scrape (cheap aggregate queries)."""
+
+    def __init__(self, database_url: str, broker_url: str | None):
+        self.database_url = database_url
+        self.broker_url = broker_url
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        depth = GaugeMetricFamily("metarl_queue_depth", "Messages waiting per queue", labels=["queue"])
+        for queue, value in queue_depths(self.broker_url).items():
+            if value is not None:
+                depth.add_metric([queue], value)
+        yield depth
+        with session_scope(self.database_url) as session:
+            stages = GaugeMetricFamily("metarl_episodes", "Episodes per run and stage", labels=["run", "stage"])
+            for run_name, stage, count in session.execute(
+                select(Run.name, Episode.stage, func.count()).join(Run, Run.id == Episode.run_id).group_by(Run.name, Episode.stage)
+            ).all():
+                stages.add_metric([run_name, stage.value], count)
+            yield stages
+            version = GaugeMetricFamily("metarl_policy_version", "Current policy version of active runs", labels=["run"])
+            for run_name, policy_version in session.execute(
+                select(Run.name, Run.policy_version).where(Run.status.in_((RunStatus.running, RunStatus.stopping)))
+            ).all():
+                version.add_metric([run_name], policy_version)
+            yield version
+            cost = CounterMetricFamily("metarl_cost_usd", "Dollars recorded in the cost ledger", labels=["source", "simulated"])
+            for source, simulated, total in session.execute(
+                select(CostEntry.source, CostEntry.simulated, func.sum(CostEntry.amount_usd)).group_by(CostEntry.source, CostEntry.simulated)
+            ).all():
+                cost.add_metric([source, str(bool(simulated)).lower()], float(total or 0))
+            yield cost
+            yield from self._latencies(session)
+
+    def _latencies(self, session):  # type: ignore[no-untyped-def]
+        histogram = HistogramMetricFamily("metarl_stage_seconds", "Duration of finished stage claims", labels=["stage"])
+        for stage in ("agent", "probe", "train", "eval"):
+            durations = session.execute(
+                select(StageClaim.duration_s).where(StageClaim.stage == stage, StageClaim.status == ClaimStatus.done, StageClaim.duration_s.is_not(None))
+            ).scalars().all()
+            buckets = [(str(bound), sum(1 for d in durations if d <= bound)) for bound in LATENCY_BUCKETS]
+            buckets.append(("+Inf", len(durations)))
+            histogram.add_metric([stage], buckets, sum(durations))
+        yield histogram
+
+
+def build_registry(database_url: str, broker_url: str | None) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(MetarlCollector(database_url, broker_url))
+    return registry
+
+
+def serve_metrics(database_url: str, broker_url: str | None, host: str, port: int, interval_s: float) -> None:
+    """Serve /metrics until interrupted."""
+    start_http_server(port, addr=host, registry=build_registry(database_url, broker_url))
+    print(f"serving Prometheus metrics on http://{host}:{port}/metrics", flush=True)
+    while True:
+        time.sleep(interval_s)

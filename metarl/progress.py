@@ -1,0 +1,98 @@
+"""Live progress of a run: episodes done, outer step, reward, cost (rich on a terminal, lines otherwise)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from sqlalchemy import func, select
+
+from metarl.db import session_scope
+from metarl.ledger import run_total_usd
+from orchestrator.loop import TickReport
+from orchestrator.transitions import TERMINAL_STAGES
+from schemas.records import Episode, OuterStep, OuterStatus, Run
+
+
+class ProgressDisplay:
+    """Refreshed from the database at most twice a second."""
+
+    def __init__(self, database_url: str, run_id: str, enabled: bool = True):
+        self.database_url = database_url
+        self.run_id = run_id
+        self.enabled = enabled
+        self.console = Console(stderr=True)
+        self.live: Live | None = None
+        self._last = 0.0
+        self._last_line = 0.0
+
+    def snapshot(self) -> dict[str, Any]:
+        with session_scope(self.database_url) as session:
+            run = session.get(Run, self.run_id)
+            total = session.execute(select(func.count()).select_from(Episode).where(Episode.run_id == self.run_id)).scalar_one()
+            done = session.execute(
+                select(func.count()).select_from(Episode).where(Episode.run_id == self.run_id, Episode.stage.in_(TERMINAL_STAGES))
+            ).scalar_one()
+            last = session.execute(
+                select(OuterStep).where(OuterStep.run_id == self.run_id, OuterStep.status == OuterStatus.done).order_by(OuterStep.step.desc()).limit(1)
+            ).scalar_one_or_none()
+            return {
+                "status": run.status.value if run else "?",
+                "episodes_done": done,
+                "episodes_total": total,
+                "outer_step": last.step if last else 0,
+                "max_outer_steps": run.config["run"]["max_outer_steps"] if run else 0,
+                "reward": last.metrics.get("reward_mean") if last else None,
+                "held_out": last.metrics.get("held_out_reward_mean") if last else None,
+                "cost_usd": run_total_usd(session, self.run_id),
+            }
+
+    def render(self, snap: dict[str, Any]) -> Table:
+        table = Table(title=f"metarl run {self.run_id}", title_justify="left")
+        for column in ("status", "episodes done", "outer step", "reward", "held-out", "cost $"):
+            table.add_column(column)
+        table.add_row(
+            snap["status"],
+            f"{snap['episodes_done']}/{snap['episodes_total']}",
+            f"{snap['outer_step']}/{snap['max_outer_steps']}",
+            "-" if snap["reward"] is None else f"{snap['reward']:.3f}",
+            "-" if snap["held_out"] is None else f"{snap['held_out']:.3f}",
+            f"{snap['cost_usd']:.4f}",
+        )
+        return table
+
+    def update(self, report: TickReport) -> None:
+        if not self.enabled or time.monotonic() - self._last < 0.5:
+            return
+        self._last = time.monotonic()
+        snap = self.snapshot()
+        if self.live is not None:
+            self.live.update(self.render(snap))
+        elif time.monotonic() - self._last_line > 5.0 or report.finished:
+            self._last_line = time.monotonic()
+            print(
+                f"[{snap['status']}] episodes {snap['episodes_done']}/{snap['episodes_total']} outer step {snap['outer_step']}/{snap['max_outer_steps']} "
+                f"reward {snap['reward']} cost ${snap['cost_usd']:.4f}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def print_summary(self) -> None:
+        snap = self.snapshot()
+        Console().print(self.render(snap))
+
+    def __enter__(self) -> "ProgressDisplay":
+        if self.enabled and self.console.is_terminal:
+            self.live = Live(console=self.console, refresh_per_second=2)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.live is not None:
+            self.live.__exit__(exc_type, exc, tb)
+            self.live = None

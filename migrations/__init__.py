@@ -1,0 +1,1 @@
+"""Alembic migrations of the metarl records (`metarl db upgrade`)."""

@@ -1,0 +1,51 @@
+"""Pure rules for groups, staleness and outer batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """What batching needs to know of one complete group."""
+
+    group_id: int
+    policy_version: int
+
+
+def staleness(group_version: int, current_version: int) -> int:
+    """How many policy versions behind the current one a group was sampled."""
+    return current_version - group_version
+
+
+def is_stale(group_version: int, current_version: int, max_steps_off_policy: int) -> bool:
+    return staleness(group_version, current_version) > max_steps_off_policy
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Which complete groups go into the next outer update, and which are dropped as too stale."""
+
+    batch: tuple[int, ...]
+    stale: tuple[int, ...]
+
+
+def plan_batch(groups: list[GroupView], current_version: int, max_steps_off_policy: int, groups_per_batch: int) -> BatchPlan:
+    """Oldest fresh groups first; return an empty batch until `groups_per_batch` fresh groups exist."""
+    stale = tuple(g.group_id for g in groups if is_stale(g.policy_version, current_version, max_steps_off_policy))
+    fresh = sorted((g for g in groups if not is_stale(g.policy_version, current_version, max_steps_off_policy)), key=lambda g: (g.policy_version, g.group_id))
+    if len(fresh) < groups_per_batch:
+        return BatchPlan(batch=(), stale=stale)
+    return BatchPlan(batch=tuple(g.group_id for g in fresh[:groups_per_batch]), stale=stale)
+
+
+def groups_to_open(in_flight_episodes: int, window: int, group_size: int) -> int:
+    """How many new groups to open so that the window stays full (whole groups only)."""
+    free = window - in_flight_episodes
+    if free <= 0:
+        return 0
+    return -(-free // group_size)
+
+
+def group_complete(n_finished: int, size: int) -> bool:
+    return n_finished >= size

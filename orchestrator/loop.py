@@ -1,0 +1,334 @@
+"""The orchestrator loop: keeps the window full, forms outer batches, reconciles, finishes the run.
+
+It keeps no state of its own: every tick reads the tables, so `resume` is just running the loop again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from celery import Celery
+from sqlalchemy import func, select, text, update
+from sqlalchemy.orm import Session
+
+from metarl.claims import utcnow
+from metarl.db import get_engine, session_scope
+from metarl.episodes import run_config_of
+from metarl.errors import RunNotFound
+from metarl.ledger import run_total_usd
+from orchestrator.batching import GroupView, groups_to_open, plan_batch
+from orchestrator.reconciler import StageDispatch, orphaned_episodes, orphaned_outer_steps
+from orchestrator.transitions import ACTIVE_STAGES
+from schemas.records import Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus, Stage
+from schemas.run_config import RunConfig
+from schemas.task_spec import TaskSpec
+from workers.dispatch import send_outer, send_stage
+
+log = logging.getLogger("metarl.orchestrator")
+
+FINAL_STATUSES = (RunStatus.finished, RunStatus.stopped, RunStatus.failed)
+
+
+def create_run(database_url: str, config: RunConfig, task_specs: dict[str, TaskSpec]) -> str:
+    """Insert the run row and policy version 0; return the run id."""
+    from schemas.records import PolicyVersion
+
+    run_id = str(uuid.uuid4())
+    with session_scope(database_url) as session:
+        session.add(
+            Run(
+                id=run_id,
+                name=config.run.name,
+                status=RunStatus.running,
+                config=config.model_dump(mode="json"),
+                task_specs={task_id: spec.model_dump(mode="json") for task_id, spec in task_specs.items()},
+                policy_version=0,
+            )
+        )
+        session.flush()
+        session.add(PolicyVersion(run_id=run_id, version=0, backend=config.backends.outer.type))
+    return run_id
+
+
+@dataclass
+class TickReport:
+    """What one tick did (for progress displays and tests)."""
+
+    opened_groups: int = 0
+    dispatched: int = 0
+    outer_step_created: int | None = None
+    dropped_stale: int = 0
+    finished: bool = False
+    status: RunStatus = RunStatus.running
+    messages: list[str] = field(default_factory=list)
+
+
+def run_lock_key(run_id: str) -> int:
+    return int(run_id.replace("-", "")[:15], 16) ^ 0x5A5A
+
+
+class OrchestratorBusy(Exception):
+    """Another orchestrator process holds this run."""
+
+
+class Orchestrator:
+    """Lifecycle: setup (lock + checks) -> loop of ticks -> stop (release lock)."""
+
+    def __init__(self, database_url: str, celery_app: Celery, run_id: str):
+        self.database_url = database_url
+        self.app = celery_app
+        self.run_id = run_id
+        self._lock_connection = None
+        self._first_tick = True
+
+    def setup(self) -> RunConfig:
+        connection = get_engine(self.database_url).connect()
+        got = connection.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": run_lock_key(self.run_id)}).scalar()
+        if not got:
+            connection.close()
+            raise OrchestratorBusy(f"another orchestrator is running run {self.run_id}")
+        connection.commit()
+        self._lock_connection = connection
+        with session_scope(self.database_url) as session:
+            run = session.get(Run, self.run_id)
+            if run is None:
+                raise RunNotFound(f"no run with id {self.run_id}")
+            if run.status == RunStatus.stopped or (run.status == RunStatus.stopping and not run.stop_requested):
+                run.status = RunStatus.running
+                run.stop_requested = False
+                run.status_message = "resumed"
+            return run_config_of(run)
+
+    def stop(self) -> None:
+        if self._lock_connection is not None:
+            self._lock_connection.close()
+            self._lock_connection = None
+
+    def tick(self) -> TickReport:
+        report = TickReport()
+        dispatches: list[StageDispatch] = []
+        outer_ids: list[int] = []
+        with session_scope(self.database_url) as session:
+            run = session.get(Run, self.run_id, with_for_update=True)
+            if run is None:
+                raise RunNotFound(f"no run with id {self.run_id}")
+            report.status = run.status
+            if run.status in FINAL_STATUSES:
+                report.finished = True
+                return report
+            config = run_config_of(run)
+            now = utcnow()
+            run.orchestrator_heartbeat_at = now
+            dispatches += orphaned_episodes(session, run.id, now, config.retries.redispatch_after_s, config.retries.lease_s, self._first_tick)
+            outer_ids += orphaned_outer_steps(session, run.id, now, config.retries.redispatch_after_s, config.retries.lease_s, self._first_tick)
+            report.dropped_stale, resample_tasks = self._drop_stale_groups(session, run, config)
+            created = self._maybe_create_outer_step(session, run, config)
+            if created is not None:
+                report.outer_step_created = created
+                outer_ids.append(created)
+            draining = run.stop_requested or self._over_budget(session, run, config, report)
+            if not draining:
+                dispatches += self._open_held_out_groups(session, run, config, report)
+                dispatches += self._open_groups(session, run, config, report, resample_tasks)
+            self._maybe_finish(session, run, config, report, draining)
+        self._first_tick = False
+        for item in dispatches:
+            send_stage(self.app, item.stage, item.episode_id, item.probe_attempt)
+        for outer_id in outer_ids:
+            send_outer(self.app, outer_id)
+        report.dispatched = len(dispatches) + len(outer_ids)
+        return report
+
+    def loop(self, stop_event: threading.Event, on_tick: Callable[[TickReport], None] | None = None) -> RunStatus:
+        config = self.setup()
+        try:
+            while not stop_event.is_set():
+                report = self.tick()
+                if on_tick is not None:
+                    on_tick(report)
+                if report.finished:
+                    return report.status
+                stop_event.wait(config.window.tick_s)
+            return RunStatus.running
+        finally:
+            self.stop()
+
+    def _over_budget(self, session: Session, run: Run, config: RunConfig, report: TickReport) -> bool:
+        spent = run_total_usd(session, run.id)
+        if spent < config.budget.max_run_usd:
+            return False
+        message = f"run budget ${config.budget.max_run_usd:.2f} reached (${spent:.2f} spent): no new episodes"
+        if run.status_message != message:
+            run.status_message = message
+            log.warning(message)
+        report.messages.append(message)
+        return True
+
+    def _drop_stale_groups(self, session: Session, run: Run, config: RunConfig) -> tuple[int, list[str]]:
+        cutoff = run.policy_version - config.outer.max_steps_off_policy
+        stale = session.execute(
+            select(EpisodeGroup).where(
+                EpisodeGroup.run_id == run.id,
+                EpisodeGroup.status == GroupStatus.complete,
+                EpisodeGroup.held_out.is_(False),
+                EpisodeGroup.policy_version < cutoff,
+            )
+        ).scalars().all()
+        for group in stale:
+            group.status = GroupStatus.dropped
+        resample = [group.task_id for group in stale] if config.outer.stale_groups == "resample" else []
+        return len(stale), resample
+
+    def _maybe_create_outer_step(self, session: Session, run: Run, config: RunConfig) -> int | None:
+        busy = session.execute(
+            select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run.id, OuterStep.status.in_((OuterStatus.pending, OuterStatus.running)))
+        ).scalar_one()
+        steps = session.execute(select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run.id)).scalar_one()
+        if busy or steps >= config.run.max_outer_steps:
+            return None
+        complete = session.execute(
+            select(EpisodeGroup.id, EpisodeGroup.policy_version).where(
+                EpisodeGroup.run_id == run.id, EpisodeGroup.status == GroupStatus.complete, EpisodeGroup.held_out.is_(False)
+            )
+        ).all()
+        plan = plan_batch([GroupView(g, v) for g, v in complete], run.policy_version, config.outer.max_steps_off_policy, config.outer.groups_per_batch)
+        if not plan.batch:
+            return None
+        episodes = session.execute(select(func.count()).select_from(Episode).where(Episode.group_id.in_(plan.batch))).scalar_one()
+        step = OuterStep(
+            run_id=run.id,
+            step=steps + 1,
+            status=OuterStatus.pending,
+            policy_version_before=run.policy_version,
+            n_groups=len(plan.batch),
+            n_episodes=episodes,
+            dropped_stale_groups=self._dropped_since_last_step(session, run.id),
+            dispatched_at=utcnow(),
+            metrics={},
+        )
+        session.add(step)
+        session.flush()
+        session.execute(
+            update(EpisodeGroup)
+            .where(EpisodeGroup.id.in_(plan.batch), EpisodeGroup.status == GroupStatus.complete)
+            .values(status=GroupStatus.batched, outer_step_id=step.id)
+        )
+        log.info("outer step %s: %s groups, %s episodes, policy version %s", step.step, len(plan.batch), episodes, run.policy_version)
+        return step.id
+
+    def _dropped_since_last_step(self, session: Session, run_id: str) -> int:
+        dropped = session.execute(
+            select(func.count()).select_from(EpisodeGroup).where(EpisodeGroup.run_id == run_id, EpisodeGroup.status == GroupStatus.dropped)
+        ).scalar_one()
+        counted = session.execute(select(func.coalesce(func.sum(OuterStep.dropped_stale_groups), 0)).where(OuterStep.run_id == run_id)).scalar_one()
+        return int(dropped - counted)
+
+    def _active_episodes(self, session: Session, run_id: str) -> int:
+        return session.execute(
+            select(func.count()).select_from(Episode).where(Episode.run_id == run_id, Episode.stage.in_(ACTIVE_STAGES))
+        ).scalar_one()
+
+    def _new_group(self, session: Session, run: Run, config: RunConfig, task_id: str, held_out: bool) -> list[StageDispatch]:
+        group = EpisodeGroup(run_id=run.id, task_id=task_id, policy_version=run.policy_version, size=config.outer.group_size, held_out=held_out)
+        session.add(group)
+        session.flush()
+        now = utcnow()
+        episodes = [
+            Episode(
+                run_id=run.id,
+                group_id=group.id,
+                index_in_group=index,
+                task_id=task_id,
+                policy_version=run.policy_version,
+                held_out=held_out,
+                stage=Stage.agent,
+                probe_attempt=1,
+                dispatched_at=now,
+                dispatch_count=1,
+            )
+            for index in range(config.outer.group_size)
+        ]
+        session.add_all(episodes)
+        session.flush()
+        return [StageDispatch(Stage.agent, episode.id, 1) for episode in episodes]
+
+    def _open_held_out_groups(self, session: Session, run: Run, config: RunConfig, report: TickReport) -> list[StageDispatch]:
+        version = run.policy_version
+        if version % config.outer.held_out_eval_every != 0:
+            return []
+        dispatches: list[StageDispatch] = []
+        for task_id, spec in run.task_specs.items():
+            if not spec.get("held_out"):
+                continue
+            exists = session.execute(
+                select(EpisodeGroup.id).where(
+                    EpisodeGroup.run_id == run.id, EpisodeGroup.task_id == task_id, EpisodeGroup.policy_version == version, EpisodeGroup.held_out.is_(True)
+                )
+            ).first()
+            if exists is None:
+                dispatches += self._new_group(session, run, config, task_id, held_out=True)
+                report.opened_groups += 1
+        return dispatches
+
+    def _open_groups(self, session: Session, run: Run, config: RunConfig, report: TickReport, resample_tasks: list[str]) -> list[StageDispatch]:
+        trainable = [task_id for task_id, spec in run.task_specs.items() if not spec.get("held_out")]
+        if not trainable:
+            return []
+        steps = session.execute(select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run.id)).scalar_one()
+        waiting = session.execute(
+            select(func.count())
+            .select_from(EpisodeGroup)
+            .where(EpisodeGroup.run_id == run.id, EpisodeGroup.held_out.is_(False), EpisodeGroup.status.in_((GroupStatus.open, GroupStatus.complete)))
+        ).scalar_one()
+        needed = (config.run.max_outer_steps - steps) * config.outer.groups_per_batch - waiting
+        window = groups_to_open(self._active_episodes(session, run.id), config.window.in_flight, config.outer.group_size)
+        count = max(0, min(needed, window))
+        opened_so_far = session.execute(
+            select(func.count()).select_from(EpisodeGroup).where(EpisodeGroup.run_id == run.id, EpisodeGroup.held_out.is_(False))
+        ).scalar_one()
+        dispatches: list[StageDispatch] = []
+        for index in range(count):
+            task_id = resample_tasks[index] if index < len(resample_tasks) else trainable[(opened_so_far + index) % len(trainable)]
+            dispatches += self._new_group(session, run, config, task_id, held_out=False)
+            report.opened_groups += 1
+        return dispatches
+
+    def _maybe_finish(self, session: Session, run: Run, config: RunConfig, report: TickReport, draining: bool) -> None:
+        active = self._active_episodes(session, run.id)
+        outer_busy = session.execute(
+            select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run.id, OuterStep.status.in_((OuterStatus.pending, OuterStatus.running)))
+        ).scalar_one()
+        done_steps = session.execute(
+            select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run.id, OuterStep.status == OuterStatus.done)
+        ).scalar_one()
+        if active or outer_busy:
+            if run.stop_requested and run.status == RunStatus.running:
+                run.status = RunStatus.stopping
+                report.status = run.status
+            return
+        if done_steps >= config.run.max_outer_steps:
+            run.status, run.status_message = RunStatus.finished, f"finished {done_steps} outer steps"
+        elif run.stop_requested:
+            run.status, run.status_message = RunStatus.stopped, "stopped on request; `metarl resume` continues it"
+        elif draining:
+            run.status = RunStatus.stopped
+        else:
+            return
+        run.finished_at = utcnow()
+        report.status = run.status
+        report.finished = True
+        log.info("run %s %s", run.id, run.status.value)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()

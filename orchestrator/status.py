@@ -1,0 +1,152 @@
+"""`metarl status`: episodes per stage, queue depths, failures, costs, reward by outer step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from metarl.ledger import run_total_usd
+from schemas.records import CostEntry, Episode, InnerJob, InnerJobStatus, OuterStep, ProbeAttempt, Reward, Run, Stage
+from workers.app import QUEUES, filesystem_folder
+
+
+def queue_depths(broker_url: str | None) -> dict[str, int | None]:
+    """Messages waiting per queue (Redis LLEN, or files in the embedded broker folder)."""
+    if broker_url is None:
+        return {queue: None for queue in QUEUES}
+    folder = filesystem_folder(broker_url)
+    if folder is not None:
+        return {queue: _filesystem_depth(folder, queue) for queue in QUEUES}
+    import redis
+
+    client = redis.Redis.from_url(broker_url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        return {queue: int(client.llen(queue)) for queue in QUEUES}
+    finally:
+        client.close()
+
+
+def _filesystem_depth(folder: Path, queue: str) -> int:
+    if not folder.exists():
+        return 0
+    return sum(1 for name in folder.iterdir() if name.name.endswith(f".{queue}.msg"))
+
+
+def list_runs(session: Session) -> list[dict[str, Any]]:
+    runs = session.execute(select(Run).order_by(Run.created_at.desc()).limit(50)).scalars().all()
+    return [
+        {
+            "id": run.id,
+            "name": run.name,
+            "status": run.status.value,
+            "policy_version": run.policy_version,
+            "created_at": run.created_at.isoformat(),
+            "cost_usd": round(run_total_usd(session, run.id), 4),
+        }
+        for run in runs
+    ]
+
+
+def run_status(session: Session, run_id: str, broker_url: str | None = None) -> dict[str, Any]:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise LookupError(run_id)
+    stages = dict(session.execute(select(Episode.stage, func.count()).where(Episode.run_id == run_id).group_by(Episode.stage)).all())
+    failures = session.execute(
+        select(Episode.id, Episode.stage, Episode.error).where(Episode.run_id == run_id, Episode.error.is_not(None)).order_by(Episode.id.desc()).limit(10)
+    ).all()
+    costs = session.execute(
+        select(CostEntry.source, CostEntry.simulated, func.sum(CostEntry.amount_usd), func.count())
+        .where(CostEntry.run_id == run_id)
+        .group_by(CostEntry.source, CostEntry.simulated)
+    ).all()
+    steps = session.execute(select(OuterStep).where(OuterStep.run_id == run_id).order_by(OuterStep.step)).scalars().all()
+    rewards = session.execute(
+        select(
+            func.count(Reward.id),
+            func.avg(Reward.total),
+            func.avg(Reward.job),
+            func.avg(Reward.validation),
+            func.avg(Reward.efficiency),
+            func.avg(Reward.speed),
+        )
+        .join(Episode, Episode.id == Reward.episode_id)
+        .where(Episode.run_id == run_id)
+    ).one()
+    jobs = dict(session.execute(select(InnerJob.status, func.count()).where(InnerJob.run_id == run_id).group_by(InnerJob.status)).all())
+    attempts = session.execute(
+        select(func.count(), func.count().filter(ProbeAttempt.passed.is_(True)))
+        .join(Episode, Episode.id == ProbeAttempt.episode_id)
+        .where(Episode.run_id == run_id)
+    ).one()
+    recent = session.execute(
+        select(Episode.id, Episode.task_id, Episode.stage, Episode.policy_version, Reward.total, Reward.job, Reward.validation, Reward.efficiency, Reward.speed)
+        .outerjoin(Reward, Reward.episode_id == Episode.id)
+        .where(Episode.run_id == run_id)
+        .order_by(Episode.id.desc())
+        .limit(12)
+    ).all()
+    return {
+        "run": {
+            "id": run.id,
+            "name": run.name,
+            "status": run.status.value,
+            "policy_version": run.policy_version,
+            "message": run.status_message,
+            "stop_requested": run.stop_requested,
+            "created_at": run.created_at.isoformat(),
+            "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        },
+        "episodes_by_stage": {stage.value: int(stages.get(stage, 0)) for stage in Stage},
+        "inner_jobs": {status.value: int(jobs.get(status, 0)) for status in InnerJobStatus},
+        "probe_attempts": {"total": int(attempts[0] or 0), "passed": int(attempts[1] or 0)},
+        "queue_depths": queue_depths(broker_url),
+        "failures": [{"episode": e, "stage": s.value, "error": err} for e, s, err in failures],
+        "costs": [
+            {"source": source, "simulated": bool(simulated), "usd": float(total or 0), "entries": int(count)} for source, simulated, total, count in costs
+        ],
+        "cost_usd_total": run_total_usd(session, run_id),
+        "rewards": {
+            "episodes": int(rewards[0] or 0),
+            "total_mean": _f(rewards[1]),
+            "job_mean": _f(rewards[2]),
+            "validation_mean": _f(rewards[3]),
+            "efficiency_mean": _f(rewards[4]),
+            "speed_mean": _f(rewards[5]),
+        },
+        "recent_episodes": [
+            {
+                "episode": e,
+                "task": t,
+                "stage": s.value,
+                "policy_version": v,
+                "reward": _f(total),
+                "job": _f(job),
+                "validation": _f(val),
+                "efficiency": _f(eff),
+                "speed": _f(speed),
+            }
+            for e, t, s, v, total, job, val, eff, speed in recent
+        ],
+        "outer_steps": [
+            {
+                "step": step.step,
+                "status": step.status.value,
+                "version": step.policy_version_after,
+                "groups": step.n_groups,
+                "episodes": step.n_episodes,
+                "dropped_stale": step.dropped_stale_groups,
+                "reward_mean": step.metrics.get("reward_mean"),
+                "held_out_reward": step.metrics.get("held_out_reward_mean"),
+                "cost_usd": step.metrics.get("cost_usd_total"),
+            }
+            for step in steps
+        ],
+    }
+
+
+def _f(value: Any) -> float | None:
+    return None if value is None else round(float(value), 4)

@@ -1,0 +1,149 @@
+"""Shared base model and TOML reading/writing with errors that name the field and the fix."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+MAX_TOML_BYTES = 1_000_000
+MAX_TOML_DEPTH = 16
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """Base for every config schema: unknown keys are rejected, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class FieldProblem(BaseModel):
+    """One problem with one field of a config file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    field: str
+    message: str
+    fix: str
+
+
+class ConfigError(ValueError):
+    """A config file (run config, task spec, job.toml) is invalid; carries one entry per bad field."""
+
+    def __init__(self, source: str, problems: list[FieldProblem]):
+        self.source = source
+        self.problems = problems
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [f"{self.source}: {len(self.problems)} problem(s)"]
+        for problem in self.problems:
+            lines.append(f"  - {problem.field}: {problem.message}. Fix: {problem.fix}")
+        return "\n".join(lines)
+
+    def as_dicts(self) -> list[dict[str, str]]:
+        return [problem.model_dump() for problem in self.problems]
+
+
+def _fix_for(error_type: str, ctx: dict[str, Any] | None) -> str:
+    ctx = ctx or {}
+    fixes = {
+        "extra_forbidden": "remove this key (it is not part of the schema; check its spelling)",
+        "missing": "add this key",
+        "greater_than_equal": f"use a value >= {ctx.get('ge')}",
+        "greater_than": f"use a value > {ctx.get('gt')}",
+        "less_than_equal": f"use a value <= {ctx.get('le')}",
+        "less_than": f"use a value < {ctx.get('lt')}",
+        "string_too_long": f"use at most {ctx.get('max_length')} characters",
+        "string_too_short": f"use at least {ctx.get('min_length')} characters",
+        "too_long": f"use at most {ctx.get('max_length')} items",
+        "too_short": f"use at least {ctx.get('min_length')} items",
+        "literal_error": f"use one of {ctx.get('expected')}",
+        "union_tag_invalid": f"set `type` to one of {ctx.get('expected_tags')}",
+        "union_tag_not_found": "add a `type` key naming the backend",
+        "string_pattern_mismatch": f"match the pattern {ctx.get('pattern')}",
+    }
+    if error_type in fixes:
+        return fixes[error_type]
+    if error_type.endswith("_type") or error_type.endswith("_parsing"):
+        return "use a value of the right type (see the message)"
+    return "correct the value as the message says"
+
+
+def problems_from_validation(err: ValidationError) -> list[FieldProblem]:
+    problems = []
+    for item in err.errors(include_url=False):
+        loc = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = str(item["msg"])
+        if item["type"] == "value_error" and message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        problems.append(FieldProblem(field=loc, message=message, fix=_fix_for(item["type"], item.get("ctx"))))
+    return problems
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    if level > MAX_TOML_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max([_depth(v, level + 1) for v in value.values()], default=level + 1)
+    if isinstance(value, list):
+        return max([_depth(v, level + 1) for v in value], default=level + 1)
+    return level
+
+
+def parse_toml_text(text: str | bytes, source: str) -> dict[str, Any]:
+    """Parse TOML text with size and depth limits; raise ConfigError naming the problem."""
+    if isinstance(text, bytes):
+        if len(text) > MAX_TOML_BYTES:
+            raise ConfigError(source, [FieldProblem(field="(file)", message=f"file is {len(text)} bytes", fix=f"keep it under {MAX_TOML_BYTES} bytes")])
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                source, [FieldProblem(field="(file)", message=f"not valid UTF-8 at byte {exc.start}", fix="save the file as UTF-8")]
+            ) from None
+    if len(text) > MAX_TOML_BYTES:
+        raise ConfigError(source, [FieldProblem(field="(file)", message=f"file is {len(text)} characters", fix=f"keep it under {MAX_TOML_BYTES} bytes")])
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(source, [FieldProblem(field="(syntax)", message=f"invalid TOML: {exc}", fix="correct the TOML syntax at that line")]) from None
+    except RecursionError:
+        data = None
+    if data is None or _depth(data) > MAX_TOML_DEPTH:
+        raise ConfigError(
+            source, [FieldProblem(field="(structure)", message="tables or arrays are nested too deeply", fix=f"nest at most {MAX_TOML_DEPTH} levels")]
+        )
+    return data
+
+
+def validate_model(model_type: type[ModelT], data: dict[str, Any], source: str) -> ModelT:
+    """Validate a parsed mapping against a schema; raise ConfigError with one entry per bad field."""
+    try:
+        return model_type.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(source, problems_from_validation(err)) from None
+
+
+def load_toml_model(model_type: type[ModelT], path: str | Path) -> ModelT:
+    """Read a TOML file into a schema; every failure is a ConfigError naming the file and field."""
+    path = Path(path)
+    source = str(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(source, [FieldProblem(field="(file)", message="file not found", fix="check the path")]) from None
+    except IsADirectoryError:
+        raise ConfigError(source, [FieldProblem(field="(file)", message="is a directory", fix="give the path of a TOML file")]) from None
+    except PermissionError:
+        raise ConfigError(source, [FieldProblem(field="(file)", message="permission denied", fix="make the file readable")]) from None
+    return validate_model(model_type, parse_toml_text(raw, source), source)
+
+
+def dump_toml_model(model: BaseModel) -> str:
+    """Serialise a schema to TOML text (None values are left out, as TOML has no null)."""
+    return tomli_w.dumps(model.model_dump(mode="json", exclude_none=True))

@@ -1,0 +1,161 @@
+"""Run config: backends (chosen by `type`), window, groups, staleness, retry caps, reward weights, budgets."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from schemas.base import StrictModel
+from schemas.task_spec import IDENTIFIER
+
+
+class SimDuration(StrictModel):
+    """Lognormal duration of a simulated stage, in simulated-cloud seconds."""
+
+    median_s: float = Field(default=0.2, ge=0.0, le=7 * 24 * 3600, description="Median duration in seconds")
+    sigma: float = Field(default=0.5, ge=0.0, le=5.0, description="Lognormal sigma (0 = always the median)")
+    max_s: float = Field(default=30.0, ge=0.0, le=7 * 24 * 3600, description="Upper clamp of one duration")
+
+
+class SimAgentBackend(StrictModel):
+    """SIMULATOR of a trainer agent: writes real job.toml text, some of it invalid on purpose."""
+
+    type: Literal["sim"] = Field(description="Backend kind")
+    duration: SimDuration = Field(default_factory=SimDuration, description="Time one agent attempt takes")
+    invalid_rate: float = Field(default=0.3, ge=0.0, le=1.0, description="Chance an untrained simulated agent writes an invalid job")
+    invalid_decay: float = Field(default=0.8, ge=0.0, le=1.0, description="invalid_rate multiplier per policy version")
+    tokens_mean: int = Field(default=1500, ge=1, le=10_000_000, description="Mean policy tokens per attempt")
+    usd_per_million_tokens: float = Field(default=0.0, ge=0.0, le=1000.0, description="Simulated token price")
+
+
+class SimTrainBackend(StrictModel):
+    """SIMULATOR of a GPU cloud running inner jobs: durations, failures, prices; never real training."""
+
+    type: Literal["sim"] = Field(description="Backend kind")
+    duration: SimDuration = Field(default_factory=lambda: SimDuration(median_s=0.5), description="Inner job duration")
+    failure_rate: float = Field(default=0.05, ge=0.0, le=1.0, description="Chance a launched job fails")
+    capacity_error_rate: float = Field(default=0.0, ge=0.0, le=1.0, description="Chance a launch hits a capacity error")
+    usd_per_hour: float = Field(default=0.88, ge=0.0, le=1000.0, description="Simulated price of one pod (2x A40) per hour")
+    max_concurrent_jobs: int = Field(default=16, ge=1, le=10_000, description="Simulated pods available at once")
+    poll_interval_s: float = Field(default=0.2, ge=0.01, le=3600, description="Seconds between polls of a running job")
+
+
+class SimEvalBackend(StrictModel):
+    """SIMULATOR of the hidden-eval scorer: scores derived from the job with seeded noise."""
+
+    type: Literal["sim"] = Field(description="Backend kind")
+    duration: SimDuration = Field(default_factory=lambda: SimDuration(median_s=0.1), description="Eval duration")
+    noise: float = Field(default=0.03, ge=0.0, le=1.0, description="Std-dev of score noise")
+
+
+class SimOuterBackend(StrictModel):
+    """SIMULATOR of the outer policy update: bumps the version and records the batch statistics."""
+
+    type: Literal["sim"] = Field(description="Backend kind")
+    duration: SimDuration = Field(default_factory=lambda: SimDuration(median_s=0.1), description="Update duration")
+
+
+AgentBackend = SimAgentBackend
+TrainBackend = SimTrainBackend
+EvalBackend = SimEvalBackend
+OuterBackend = SimOuterBackend
+
+
+class Backends(StrictModel):
+    """One backend per stage."""
+
+    agent: AgentBackend = Field(description="Trainer-agent backend")
+    train: TrainBackend = Field(description="Inner-trainer backend")
+    eval: EvalBackend = Field(description="Hidden-eval scorer backend")
+    outer: OuterBackend = Field(description="Outer-update backend")
+
+
+class RunSection(StrictModel):
+    """Identity and length of the run."""
+
+    name: str = Field(pattern=IDENTIFIER, description="Run name (used in logs and pod names)")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the run")
+    tasks: list[str] = Field(min_length=1, max_length=256, description="Task ids, resolved as <task_specs_dir>/<id>.toml")
+    task_specs_dir: str = Field(default="tasks_specs", min_length=1, max_length=4096, description="Folder of task specs, relative to the config file")
+    max_outer_steps: int = Field(default=5, ge=1, le=1_000_000, description="Stop after this many outer updates")
+
+
+class WindowConfig(StrictModel):
+    """How much work is kept in flight."""
+
+    in_flight: int = Field(default=8, ge=1, le=100_000, description="Episodes kept in flight (rounded up to whole groups)")
+    tick_s: float = Field(default=0.5, ge=0.01, le=60, description="Orchestrator loop period in seconds")
+
+
+class OuterConfig(StrictModel):
+    """Grouping, batching and staleness of the outer update."""
+
+    group_size: int = Field(default=4, ge=1, le=1024, description="Episodes per group (same task, same policy version)")
+    groups_per_batch: int = Field(default=2, ge=1, le=10_000, description="Complete groups per outer update")
+    max_steps_off_policy: int = Field(default=2, ge=0, le=1000, description="Drop groups sampled more than this many versions ago")
+    stale_groups: Literal["drop", "resample"] = Field(default="drop", description="What to do with a group that is too stale")
+    learning_rate: float = Field(default=1e-4, gt=0, le=1.0, description="Outer learning rate")
+    ratio_cap: float = Field(default=2.0, ge=1.0, le=100.0, description="Truncation of the importance ratio")
+    held_out_eval_every: int = Field(default=1, ge=1, le=100_000, description="Evaluate held-out tasks every K outer steps")
+
+
+class RetryConfig(StrictModel):
+    """Retry caps and liveness timing."""
+
+    max_probe_attempts: int = Field(default=3, ge=1, le=100, description="Agent submissions per episode before it ends unvalidated")
+    max_stage_attempts: int = Field(default=3, ge=1, le=100, description="Infrastructure retries of one stage before the episode fails")
+    lease_s: float = Field(default=30.0, ge=1.0, le=86_400, description="A claimed stage whose heartbeat is older than this is taken over")
+    redispatch_after_s: float = Field(default=30.0, ge=1.0, le=86_400, description="Re-send a dispatched stage nobody claimed after this long")
+
+
+class RewardWeights(StrictModel):
+    """Weights of the episode reward (DESIGN section 5)."""
+
+    job: float = Field(default=1.0, ge=0.0, le=100.0, description="Weight of the normalised hidden-eval improvement")
+    validation: float = Field(default=0.2, ge=0.0, le=100.0, description="Weight of passing the probe early")
+    efficiency: float = Field(default=0.05, ge=0.0, le=100.0, description="Weight of using few agent tokens")
+    speed: float = Field(default=0.02, ge=0.0, le=100.0, description="Weight of fast training (only when the job improved)")
+    validation_decay: float = Field(default=0.5, ge=0.0, le=1.0, description="Validation credit multiplier per extra attempt")
+    token_scale: int = Field(default=4000, ge=1, le=10**9, description="Agent tokens at which efficiency credit is halved")
+
+    @model_validator(mode="after")
+    def _speed_is_small(self) -> "RewardWeights":
+        if self.speed > 0.5 * self.job:
+            raise ValueError("speed weight must be at most half the job weight, or a fast flat job can outscore real learning")
+        return self
+
+
+class BudgetConfig(StrictModel):
+    """Dollar caps."""
+
+    max_run_usd: float = Field(default=100.0, ge=0.0, le=10_000_000, description="Stop launching once the run has cost this much")
+    max_job_usd: float = Field(default=5.0, ge=0.0, le=1_000_000, description="Stop an inner job once it has cost this much")
+    on_cap: Literal["drain", "stop"] = Field(default="drain", description="At the run cap: let running jobs finish, or stop them")
+
+
+class ServicesConfig(StrictModel):
+    """Where the database and broker are (environment variables override; empty = embedded default)."""
+
+    database_url: str | None = Field(default=None, max_length=4096, description="SQLAlchemy URL of PostgreSQL")
+    broker_url: str | None = Field(default=None, max_length=4096, description="Celery broker URL (Redis)")
+
+
+class ArtifactsConfig(StrictModel):
+    """Where checkpoints, logs and workspaces go."""
+
+    root: str = Field(default=".metarl/artifacts", min_length=1, max_length=4096, description="Local folder or fsspec URL")
+
+
+class RunConfig(StrictModel):
+    """A complete run configuration (`metarl run CONFIG`)."""
+
+    run: RunSection
+    backends: Backends
+    window: WindowConfig = Field(default_factory=WindowConfig)
+    outer: OuterConfig = Field(default_factory=OuterConfig)
+    retries: RetryConfig = Field(default_factory=RetryConfig)
+    reward: RewardWeights = Field(default_factory=RewardWeights)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    services: ServicesConfig = Field(default_factory=ServicesConfig)
+    artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)

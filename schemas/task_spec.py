@@ -1,0 +1,76 @@
+"""Task spec: one task family as the run sees it (`tasks_specs/<family>.toml`).
+
+The `[public]` table is what the trainer agent is shown; `[hidden_eval]` is never copied into a
+workspace.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from schemas.base import StrictModel
+
+KNOWN_BASE_MODELS = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B")
+
+IDENTIFIER = r"^[a-z][a-z0-9_\-]{0,63}$"
+
+
+class TaskPublic(StrictModel):
+    """What the agent sees of the task (rendered into TASK.md)."""
+
+    title: str = Field(min_length=1, max_length=200, description="One-line title of the task")
+    description: str = Field(min_length=1, max_length=8000, description="Public description of what the model must learn")
+    example_prompt: str = Field(default="", max_length=2000, description="One example prompt in the task's format")
+    example_answer: str = Field(default="", max_length=2000, description="The answer to the example prompt")
+
+
+class TaskData(StrictModel):
+    """How training examples for this family are generated."""
+
+    generator: str = Field(pattern=IDENTIFIER, description="Name of the family's example generator")
+    max_dataset_size: int = Field(default=20000, ge=1, le=1_000_000, description="Largest dataset a job may ship")
+    min_dataset_size: int = Field(default=16, ge=1, le=1_000_000, description="Smallest dataset a job may ship")
+
+
+class TaskGrader(StrictModel):
+    """How completions are graded."""
+
+    kind: str = Field(default="family", pattern=IDENTIFIER, description="Grader name; `family` uses the family's own grader")
+    partial_credit: bool = Field(default=True, description="Whether the grader gives partial credit")
+
+
+class HiddenEval(StrictModel):
+    """Definition of the hidden eval (never shown to the agent)."""
+
+    n_items: int = Field(default=200, ge=8, le=100_000, description="Number of hidden-eval items")
+    version: int = Field(default=1, ge=1, le=1_000_000, description="Eval version; bump to invalidate cached base scores")
+    max_tokens: int = Field(default=32, ge=1, le=32768, description="Generation length at eval time")
+    pass_k: int = Field(default=1, ge=1, le=64, description="k of pass@k (1 = greedy)")
+    solved_improvement: float = Field(
+        default=0.5, gt=0.0, le=1.0, description="Absolute improvement that counts as `solved` when normalising the job reward"
+    )
+
+
+class TaskBudget(StrictModel):
+    """Compute limits a job for this task must respect."""
+
+    max_train_seconds: float = Field(default=300.0, gt=0, le=7 * 24 * 3600, description="Wall-clock cap for one inner job")
+    max_rollout_tokens: int = Field(
+        default=2_000_000, ge=1, le=10**12, description="Cap on steps x batch_size x max_tokens (sampled tokens per job)"
+    )
+    allowed_models: list[str] = Field(
+        default_factory=lambda: list(KNOWN_BASE_MODELS), min_length=1, max_length=16, description="Base models a job may choose"
+    )
+
+
+class TaskSpec(StrictModel):
+    """One task family: public description, data, grader, hidden eval, budget, held-out flag."""
+
+    id: str = Field(pattern=IDENTIFIER, description="Unique task id (file name without .toml)")
+    family: str = Field(pattern=IDENTIFIER, description="Task family implemented by the learning backends")
+    held_out: bool = Field(default=False, description="Held out from outer training (evaluated only)")
+    public: TaskPublic
+    data: TaskData
+    grader: TaskGrader = Field(default_factory=TaskGrader)
+    hidden_eval: HiddenEval = Field(default_factory=HiddenEval)
+    budget: TaskBudget = Field(default_factory=TaskBudget)

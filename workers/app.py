@@ -1,0 +1,65 @@
+"""The Celery app. Broker URL from METARL_BROKER_URL; JSON only; late acks with idempotent tasks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+from celery import Celery
+from celery.signals import worker_process_init
+from kombu import Queue
+
+from metarl.settings import BROKER_ENV
+
+QUEUES = ("agent", "probe", "train", "eval", "outer")
+VISIBILITY_TIMEOUT_S = 12 * 3600
+
+
+def filesystem_folder(broker_url: str) -> Path | None:
+    """`filesystem:///abs/folder` -> the folder used for both directions of the kombu filesystem transport."""
+    if not broker_url.startswith("filesystem://"):
+        return None
+    return Path(urlparse(broker_url).path or "/tmp/metarl-broker")
+
+
+def transport_options(broker_url: str) -> dict[str, object]:
+    folder = filesystem_folder(broker_url)
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        return {"data_folder_in": str(folder), "data_folder_out": str(folder), "polling_interval": 0.05}
+    return {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+
+
+def make_app(broker_url: str | None = None) -> Celery:
+    url = broker_url or os.environ.get(BROKER_ENV) or "redis://127.0.0.1:6379/0"
+    celery_app = Celery("metarl", broker=url, include=["workers.stages", "workers.outer"])
+    celery_app.conf.update(
+        broker_transport_options=transport_options(url),
+        broker_connection_retry_on_startup=True,
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=False,
+        worker_prefetch_multiplier=1,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_track_started=True,
+        task_queues=[Queue(name) for name in QUEUES],
+        task_default_queue="agent",
+        worker_hijack_root_logger=False,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+    )
+    return celery_app
+
+
+app = make_app()
+
+
+@worker_process_init.connect
+def _fresh_connections(**_: object) -> None:
+    from metarl.db import dispose_engines
+
+    dispose_engines()

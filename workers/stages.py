@@ -1,0 +1,415 @@
+"""Stage tasks. Each claims its row, works outside any transaction, and records its result in one.
+
+A duplicated or replayed message finds the stage claimed or done and does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Task
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert
+
+from metarl import claims
+from metarl.backends import registry
+from metarl.backends.base import EpisodeContext
+from metarl.claims import Claim, ClaimRefused, finish_claim
+from metarl.db import session_scope
+from metarl.episodes import (
+    StaleTransition,
+    build_context,
+    inner_job_of,
+    move_episode,
+    record_costs,
+    run_config_of,
+    store_reward,
+)
+from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
+from metarl.ledger import run_total_usd
+from metarl.probe import probe_job_text
+from orchestrator.transitions import after_agent, after_eval, after_probe, after_train
+from schemas.base import parse_toml_text, validate_model
+from schemas.job import JobSpec
+from schemas.records import (
+    BaselineScore,
+    ClaimStatus,
+    Episode,
+    Evaluation,
+    InnerJob,
+    InnerJobStatus,
+    ProbeAttempt,
+    Run,
+    RunStatus,
+    Stage,
+)
+from schemas.run_config import RunConfig
+from workers.app import app
+from workers.common import database_url, worker_name
+from workers.dispatch import send_stage
+from workers.heartbeat import Heartbeater
+
+log = logging.getLogger("metarl.worker")
+
+RETRY_BACKOFF_S = (1.0, 4.0, 15.0, 60.0)
+
+
+@dataclass
+class StageJob:
+    """A claimed stage with what its work needs."""
+
+    claim: Claim
+    config: RunConfig
+    ctx: EpisodeContext
+
+
+def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token: str | None) -> StageJob | None:
+    """Claim the stage, or return None when the message is stale, done, or held by a live worker."""
+    with session_scope(database_url()) as session:
+        episode = session.get(Episode, episode_id)
+        if episode is None or episode.stage != stage or episode.probe_attempt != probe_attempt:
+            log.info("skip %s episode=%s attempt=%s: episode is elsewhere", stage.value, episode_id, probe_attempt)
+            return None
+        run = session.get(Run, episode.run_id)
+        if run is None or run.status in (RunStatus.stopped, RunStatus.failed, RunStatus.finished):
+            return None
+        config = run_config_of(run)
+        try:
+            claim = claims.claim_stage(
+                session,
+                run_id=run.id,
+                episode_id=episode_id,
+                stage=stage,
+                probe_attempt=probe_attempt,
+                worker=worker_name(),
+                lease_s=config.retries.lease_s,
+                token=token,
+            )
+        except ClaimRefused as refused:
+            log.info("skip %s: %s", stage.value, refused.reason)
+            return None
+        ctx = build_context(session, run, episode, config)
+    return StageJob(claim=claim, config=config, ctx=ctx)
+
+
+def fail_episode(job: StageJob, stage: Stage, message: str) -> None:
+    """Record a permanent failure of the episode (after retry caps or a permanent error)."""
+    from orchestrator.transitions import Transition
+
+    with session_scope(database_url()) as session:
+        if not finish_claim(session, job.claim, ClaimStatus.failed, error=message):
+            return
+        try:
+            move_episode(session, job.ctx.episode_id, stage, job.ctx.probe_attempt, Transition(Stage.failed, job.ctx.probe_attempt), error=message)
+        except StaleTransition:
+            session.rollback()
+    log.warning("episode %s failed at %s: %s", job.ctx.episode_id, stage.value, message)
+
+
+def run_with_retries(task: Task, job: StageJob, stage: Stage, work: Callable[[], Any]) -> Any:
+    """Run backend work; transient errors retry with backoff up to the cap, permanent errors fail the episode."""
+    try:
+        return work()
+    except TransientBackendError as err:
+        with session_scope(database_url()) as session:
+            failures = claims.count_transient_failure(session, job.claim)
+        if failures >= job.config.retries.max_stage_attempts:
+            fail_episode(job, stage, f"gave up after {failures} transient errors: {err}")
+            return None
+        delay = RETRY_BACKOFF_S[min(failures - 1, len(RETRY_BACKOFF_S) - 1)]
+        log.warning("transient error at %s episode=%s (%s); retry in %ss", stage.value, job.ctx.episode_id, err, delay)
+        raise task.retry(args=[job.ctx.episode_id, job.ctx.probe_attempt], kwargs={"token": job.claim.token}, countdown=delay, max_retries=None) from None
+    except PermanentBackendError as err:
+        fail_episode(job, stage, str(err))
+        return None
+
+
+def heartbeating(job: StageJob) -> Heartbeater:
+    return Heartbeater(database_url(), job.claim, interval_s=max(0.5, job.config.retries.lease_s / 3))
+
+
+def dispatch_after(stage: Stage, episode_id: int, probe_attempt: int) -> None:
+    if stage in (Stage.agent, Stage.probe, Stage.train, Stage.eval):
+        send_stage(app, stage, episode_id, probe_attempt)
+
+
+@app.task(bind=True, name="metarl.stage.agent", queue="agent", max_retries=None)
+def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
+    """Run the trainer agent for one attempt and store its submission."""
+    job = claim_episode_stage(Stage.agent, episode_id, probe_attempt, token)
+    if job is None:
+        return "skipped"
+    backend = registry.agent_backend(job.config.backends)
+    with heartbeating(job) as beat:
+        submission = run_with_retries(self, job, Stage.agent, lambda: backend.run_attempt(job.ctx))
+    if submission is None or beat.lost.is_set():
+        return "abandoned"
+    to = after_agent(probe_attempt)
+    with session_scope(database_url()) as session:
+        if not finish_claim(session, job.claim, ClaimStatus.done):
+            return "taken over"
+        session.execute(
+            insert(ProbeAttempt)
+            .values(
+                episode_id=episode_id,
+                attempt=probe_attempt,
+                job_toml=submission.job_toml,
+                workspace_uri=submission.workspace_uri,
+                agent_tokens=submission.agent_tokens,
+                agent_backend=backend.name,
+            )
+            .on_conflict_do_nothing(constraint="uq_probe_attempts_episode_id")
+        )
+        record_costs(session, job.ctx.run_id, episode_id, submission.costs, backend.simulated)
+        move_episode(session, episode_id, Stage.agent, probe_attempt, to)
+    dispatch_after(to.stage, episode_id, to.probe_attempt)
+    return "submitted"
+
+
+@app.task(bind=True, name="metarl.stage.probe", queue="probe", max_retries=None)
+def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
+    """Validate one submission; send errors back to the agent or end the episode at the retry cap."""
+    job = claim_episode_stage(Stage.probe, episode_id, probe_attempt, token)
+    if job is None:
+        return "skipped"
+    with session_scope(database_url()) as session:
+        job_toml = session.execute(
+            select(ProbeAttempt.job_toml).where(ProbeAttempt.episode_id == episode_id, ProbeAttempt.attempt == probe_attempt)
+        ).scalar_one()
+    started = time.perf_counter()
+    verdict = probe_job_text(job_toml, job.ctx.task)
+    seconds = time.perf_counter() - started
+    to = after_probe(verdict.passed, probe_attempt, job.config.retries.max_probe_attempts)
+    with session_scope(database_url()) as session:
+        if not finish_claim(session, job.claim, ClaimStatus.done):
+            return "taken over"
+        session.execute(
+            update(ProbeAttempt)
+            .where(ProbeAttempt.episode_id == episode_id, ProbeAttempt.attempt == probe_attempt)
+            .values(
+                passed=verdict.passed,
+                errors=[problem.model_dump() for problem in verdict.errors],
+                probe_seconds=seconds,
+                probed_at=func.now(),
+                model_name=verdict.job.model.name if verdict.job else None,
+                explicit_hyperparameters=verdict.job.explicit_hyperparameters() if verdict.job else None,
+            )
+        )
+        move_episode(session, episode_id, Stage.probe, probe_attempt, to)
+        if to.ends_unvalidated:
+            episode = session.get(Episode, episode_id)
+            store_reward(session, episode=episode, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
+    dispatch_after(to.stage, episode_id, to.probe_attempt)
+    return "passed" if verdict.passed else "rejected"
+
+
+def passing_job(episode_id: int, probe_attempt: int) -> JobSpec:
+    with session_scope(database_url()) as session:
+        text = session.execute(
+            select(ProbeAttempt.job_toml).where(ProbeAttempt.episode_id == episode_id, ProbeAttempt.attempt == probe_attempt)
+        ).scalar_one()
+    return validate_model(JobSpec, parse_toml_text(text, "job.toml"), "job.toml")
+
+
+def inner_job_name(run_id: str, episode_id: int) -> str:
+    return f"metarl-{run_id[:8]}-{episode_id}"
+
+
+@app.task(bind=True, name="metarl.stage.train", queue="train", max_retries=None)
+def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
+    """Submit the inner job once, then poll it with short retried tasks until it ends."""
+    job = claim_episode_stage(Stage.train, episode_id, probe_attempt, token)
+    if job is None:
+        return "skipped"
+    backend = registry.train_backend(job.config.backends)
+    spec = passing_job(episode_id, probe_attempt)
+    url = database_url()
+
+    def poll_again(countdown: float) -> Exception:
+        return self.retry(args=[episode_id, probe_attempt], kwargs={"token": job.claim.token}, countdown=countdown, max_retries=None)
+
+    with session_scope(url) as session:
+        inner = inner_job_of(session, episode_id)
+        if inner is None:
+            session.execute(select(func.pg_advisory_xact_lock(hash_run(job.ctx.run_id))))
+            if run_total_usd(session, job.ctx.run_id) >= job.config.budget.max_run_usd:
+                budget_blocked = True
+            else:
+                budget_blocked = False
+                active = session.execute(
+                    select(func.count())
+                    .select_from(InnerJob)
+                    .where(InnerJob.backend == backend.name, InnerJob.status.in_((InnerJobStatus.launching, InnerJobStatus.running)))
+                ).scalar_one()
+                if active >= backend.capacity():
+                    claims.heartbeat(session, job.claim)
+                    session.commit()
+                    raise poll_again(backend.poll_interval_s())
+                session.add(
+                    InnerJob(
+                        run_id=job.ctx.run_id,
+                        episode_id=episode_id,
+                        name=inner_job_name(job.ctx.run_id, episode_id),
+                        backend=backend.name,
+                        simulated=backend.simulated,
+                        status=InnerJobStatus.launching,
+                        model_name=spec.model.name,
+                        backend_state={},
+                    )
+                )
+    if inner is None and budget_blocked:
+        fail_episode(job, Stage.train, f"run budget of ${job.config.budget.max_run_usd} reached; job not launched")
+        return "budget"
+    with session_scope(url) as session:
+        inner = inner_job_of(session, episode_id)
+        assert inner is not None
+        name, external_id, state, status = inner.name, inner.external_id, dict(inner.backend_state), inner.status
+    if external_id is None:
+        try:
+            launched = run_with_retries(self, job, Stage.train, lambda: backend.launch(job.ctx, spec, name))
+        except CapacityError as err:
+            with session_scope(url) as session:
+                session.execute(update(InnerJob).where(InnerJob.episode_id == episode_id).values(error=f"capacity: {err}"))
+                claims.heartbeat(session, job.claim)
+            raise poll_again(max(5.0, backend.poll_interval_s())) from None
+        if launched is None:
+            return "failed"
+        with session_scope(url) as session:
+            session.execute(
+                update(InnerJob)
+                .where(InnerJob.episode_id == episode_id, InnerJob.external_id.is_(None))
+                .values(
+                    external_id=launched.external_id,
+                    backend_state=launched.state,
+                    status=InnerJobStatus.running,
+                    launched_at=func.now(),
+                    launch_count=InnerJob.launch_count + 1,
+                    error=None,
+                )
+            )
+            claims.heartbeat(session, job.claim)
+        raise poll_again(backend.poll_interval_s())
+    if status != InnerJobStatus.running:
+        return finish_train(job, episode_id, probe_attempt, status)
+    polled = run_with_retries(self, job, Stage.train, lambda: backend.poll(job.ctx, spec, external_id, state))
+    if polled is None:
+        return "failed"
+    with session_scope(url) as session:
+        record_costs(session, job.ctx.run_id, episode_id, polled.costs, backend.simulated)
+        values: dict[str, Any] = {"backend_state": polled.state}
+        if polled.status != "running":
+            values.update(
+                status=InnerJobStatus.succeeded if polled.status == "succeeded" else InnerJobStatus.failed,
+                finished_at=func.now(),
+                checkpoint_uri=polled.checkpoint_uri,
+                metrics_uri=polled.metrics_uri,
+                train_seconds=polled.train_seconds,
+                error=polled.error,
+            )
+        session.execute(update(InnerJob).where(InnerJob.episode_id == episode_id).values(**values))
+        claims.heartbeat(session, job.claim)
+    if polled.status == "running":
+        raise poll_again(backend.poll_interval_s())
+    return finish_train(job, episode_id, probe_attempt, InnerJobStatus.succeeded if polled.status == "succeeded" else InnerJobStatus.failed)
+
+
+def hash_run(run_id: str) -> int:
+    return int(run_id.replace("-", "")[:15], 16)
+
+
+def finish_train(job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus) -> str:
+    """Move a succeeded job to eval; a failed job ends the episode with no job credit."""
+    from orchestrator.transitions import Transition
+
+    with session_scope(database_url()) as session:
+        if not finish_claim(session, job.claim, ClaimStatus.done):
+            return "taken over"
+        if status == InnerJobStatus.succeeded:
+            to = after_train(probe_attempt)
+            move_episode(session, episode_id, Stage.train, probe_attempt, to)
+        else:
+            to = Transition(Stage.done, probe_attempt)
+            inner = inner_job_of(session, episode_id)
+            move_episode(session, episode_id, Stage.train, probe_attempt, to, error=f"inner job failed: {inner.error if inner else ''}")
+            episode = session.get(Episode, episode_id)
+            store_reward(session, episode=episode, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
+    dispatch_after(to.stage, episode_id, to.probe_attempt)
+    return status.value
+
+
+@app.task(bind=True, name="metarl.stage.eval", queue="eval", max_retries=None)
+def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
+    """Score base (cached) and trained model on the hidden eval; store evaluation and reward."""
+    job = claim_episode_stage(Stage.eval, episode_id, probe_attempt, token)
+    if job is None:
+        return "skipped"
+    backend = registry.eval_backend(job.config.backends)
+    spec = passing_job(episode_id, probe_attempt)
+    task = job.ctx.task
+    url = database_url()
+    with session_scope(url) as session:
+        inner = inner_job_of(session, episode_id)
+        assert inner is not None
+        checkpoint, state, train_seconds = inner.checkpoint_uri, dict(inner.backend_state), inner.train_seconds
+        cached = session.execute(
+            select(BaselineScore).where(
+                BaselineScore.task_id == task.id,
+                BaselineScore.model_name == spec.model.name,
+                BaselineScore.eval_version == task.hidden_eval.version,
+                BaselineScore.backend == backend.name,
+            )
+        ).scalar_one_or_none()
+        base_score = cached.score if cached else None
+    started = time.perf_counter()
+    with heartbeating(job) as beat:
+        if base_score is None:
+            base = run_with_retries(self, job, Stage.eval, lambda: backend.score_base(task, spec.model.name))
+            if base is None:
+                return "failed"
+            with session_scope(url) as session:
+                session.execute(
+                    insert(BaselineScore)
+                    .values(
+                        task_id=task.id,
+                        model_name=spec.model.name,
+                        eval_version=task.hidden_eval.version,
+                        backend=backend.name,
+                        score=base.score,
+                        ci_low=base.ci_low,
+                        ci_high=base.ci_high,
+                        n_items=base.n_items,
+                    )
+                    .on_conflict_do_nothing(constraint="uq_baseline_scores_task_id")
+                )
+            base_score = base.score
+        trained = run_with_retries(self, job, Stage.eval, lambda: backend.score_trained(job.ctx, spec, checkpoint, state))
+    if trained is None or beat.lost.is_set():
+        return "abandoned"
+    to = after_eval(probe_attempt)
+    with session_scope(url) as session:
+        if not finish_claim(session, job.claim, ClaimStatus.done):
+            return "taken over"
+        session.execute(
+            insert(Evaluation)
+            .values(
+                episode_id=episode_id,
+                backend=backend.name,
+                simulated=backend.simulated,
+                base_score=base_score,
+                trained_score=trained.score,
+                ci_low=trained.ci_low,
+                ci_high=trained.ci_high,
+                n_items=trained.n_items,
+                eval_seconds=time.perf_counter() - started,
+            )
+            .on_conflict_do_nothing(constraint="uq_evaluations_episode_id")
+        )
+        record_costs(session, job.ctx.run_id, episode_id, trained.costs, backend.simulated)
+        move_episode(session, episode_id, Stage.eval, probe_attempt, to)
+        episode = session.get(Episode, episode_id)
+        store_reward(session, episode=episode, config=job.config, task=task, base_score=base_score, trained_score=trained.score, train_seconds=train_seconds)
+    return "scored"
