@@ -66,7 +66,7 @@ def outer_update(self: Task, outer_step_id: int) -> str:
         ).all()
         batch = [OuterBatchEpisode(episode_id=r[0], group_id=r[1], policy_version=r[2], reward=r[3]) for r in rows]
         run_id, step_no, before = step.run_id, step.step, step.policy_version_before
-    backend = registry.outer_backend(config.backends)
+    backend = registry.outer_backend(config)
     result = backend.update(run_id, step_no, before + 1, batch, config)
     with session_scope(url) as session:
         metrics = outer_step_metrics(session, outer_step_id, run_id)

@@ -143,7 +143,7 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     job = claim_episode_stage(Stage.agent, episode_id, probe_attempt, token)
     if job is None:
         return "skipped"
-    backend = registry.agent_backend(job.config.backends)
+    backend = registry.agent_backend(job.config)
     with heartbeating(job) as beat:
         submission = run_with_retries(self, job, Stage.agent, lambda: backend.run_attempt(job.ctx))
     if submission is None or beat.lost.is_set():
@@ -225,7 +225,7 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     job = claim_episode_stage(Stage.train, episode_id, probe_attempt, token)
     if job is None:
         return "skipped"
-    backend = registry.train_backend(job.config.backends)
+    backend = registry.train_backend(job.config)
     spec = passing_job(episode_id, probe_attempt)
     url = database_url()
 
@@ -347,7 +347,7 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
     job = claim_episode_stage(Stage.eval, episode_id, probe_attempt, token)
     if job is None:
         return "skipped"
-    backend = registry.eval_backend(job.config.backends)
+    backend = registry.eval_backend(job.config)
     spec = passing_job(episode_id, probe_attempt)
     task = job.ctx.task
     url = database_url()

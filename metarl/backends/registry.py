@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from metarl.backends.base import AgentBackend, EvalBackend, OuterBackend, TrainBackend
 from metarl.backends.sim import SimAgent, SimEval, SimOuter, SimTrain
-from schemas.run_config import Backends
+from pathlib import Path
+
+from schemas.run_config import RunConfig
 
 
-def agent_backend(backends: Backends) -> AgentBackend:
-    return SimAgent(backends.agent)
+def agent_backend(config: RunConfig) -> AgentBackend:
+    return SimAgent(config.backends.agent)
 
 
-def train_backend(backends: Backends) -> TrainBackend:
-    return SimTrain(backends.train)
+def train_backend(config: RunConfig) -> TrainBackend:
+    return SimTrain(config.backends.train, Path(config.artifacts.root) / "sim-cloud")
 
 
-def eval_backend(backends: Backends) -> EvalBackend:
-    return SimEval(backends.eval)
+def eval_backend(config: RunConfig) -> EvalBackend:
+    return SimEval(config.backends.eval)
 
 
-def outer_backend(backends: Backends) -> OuterBackend:
-    return SimOuter(backends.outer)
+def outer_backend(config: RunConfig) -> OuterBackend:
+    return SimOuter(config.backends.outer)

@@ -7,10 +7,12 @@ Nothing here trains or scores a model. Every record these backends produce is ma
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 from metarl.backends.base import (
@@ -23,6 +25,7 @@ from metarl.backends.base import (
     PollResult,
     Score,
 )
+from metarl.errors import CapacityError
 from schemas.base import dump_toml_model
 from schemas.job import JobDataset, JobModel, JobRollout, JobSpec, JobTraining
 from schemas.run_config import RunConfig, SimAgentBackend, SimDuration, SimEvalBackend, SimOuterBackend, SimTrainBackend
@@ -124,14 +127,15 @@ class SimAgent:
 
 
 class SimTrain:
-    """SIMULATOR of a GPU cloud: a launched job's duration and fate are drawn at launch and stored, so a
-    re-attached poller sees the same job; nothing is trained."""
+    """SIMULATOR of a GPU cloud: a launched job's duration and fate are drawn at launch and kept in the
+    simulated cloud's own folder, so launching the same name again re-attaches; nothing is trained."""
 
     name = "sim"
     simulated = True
 
-    def __init__(self, config: SimTrainBackend):
+    def __init__(self, config: SimTrainBackend, cloud_dir: Path):
         self.config = config
+        self.cloud_dir = cloud_dir
 
     def capacity(self) -> int:
         return self.config.max_concurrent_jobs
@@ -140,11 +144,21 @@ class SimTrain:
         return self.config.poll_interval_s
 
     def launch(self, ctx: EpisodeContext, job: JobSpec, job_name: str) -> LaunchResult:
+        """Idempotent by name: the first call creates the simulated job, later calls return it."""
         rng = seeded_rng("train", job_name)
-        duration = sample_duration(self.config.duration, rng)
-        fails = rng.random() < self.config.failure_rate
-        log.info("[SIMULATOR] launch %s duration=%.2fs fails=%s", job_name, duration, fails)
-        return LaunchResult(external_id=f"sim-{job_name}", state={"launched_at": time.time(), "duration_s": duration, "fails": fails})
+        if rng.random() < self.config.capacity_error_rate:
+            raise CapacityError(f"[SIMULATOR] no capacity for {job_name}")
+        self.cloud_dir.mkdir(parents=True, exist_ok=True)
+        record = self.cloud_dir / f"{job_name}.json"
+        state = {"launched_at": time.time(), "duration_s": sample_duration(self.config.duration, rng), "fails": rng.random() < self.config.failure_rate}
+        try:
+            with open(record, "x", encoding="utf-8") as handle:
+                json.dump(state, handle)
+            log.info("[SIMULATOR] launch %s duration=%.2fs fails=%s", job_name, state["duration_s"], state["fails"])
+        except FileExistsError:
+            state = json.loads(record.read_text(encoding="utf-8"))
+            log.info("[SIMULATOR] re-attach %s", job_name)
+        return LaunchResult(external_id=f"sim-{job_name}", state=state)
 
     def poll(self, ctx: EpisodeContext, job: JobSpec, external_id: str, state: dict[str, Any]) -> PollResult:
         elapsed = time.time() - float(state["launched_at"])

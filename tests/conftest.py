@@ -1,0 +1,102 @@
+"""Shared fixtures: real PostgreSQL and Redis on 127.0.0.1, fresh database per test, worker pools as subprocesses."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+REPO = Path(__file__).resolve().parent.parent
+PG_ADMIN_URL = os.environ.get("METARL_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(host: str, port: int, name: str) -> None:
+    if _reachable(host, port):
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is not reachable on {host}:{port}; .ci/run should have started it")
+    pytest.skip(f"{name} is not reachable on {host}:{port}")
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for one test; dropped afterwards."""
+    require_service("127.0.0.1", 5432, "PostgreSQL")
+    name = f"metarl_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    from metarl import db
+
+    db.upgrade(url)
+    yield url
+    db.dispose_engines()
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """A Redis database number of its own, flushed before and after."""
+    require_service(REDIS_HOST, REDIS_PORT, "Redis")
+    import redis
+
+    number = 1 + (os.getpid() + uuid.uuid4().int) % 15
+    url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{number}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def service_env(pg_url: str, redis_url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["METARL_DATABASE_URL"] = pg_url
+    env["METARL_BROKER_URL"] = redis_url
+    return env
+
+
+@pytest.fixture
+def pools(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[object]:
+    """One worker process per pool against the test database and broker."""
+    from metarl.pools import WorkerPools
+
+    worker_pools = WorkerPools(pg_url, redis_url, tmp_path / "logs")
+    worker_pools.start()
+    yield worker_pools
+    worker_pools.stop()
+
+
+def metarl_cli(args: list[str], env: dict[str, str], timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real `metarl` command line in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "metarl.cli", *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`METARL_SKIP_SLOW=1` skips tests marked slow (CI runs them by default)."""
+    if os.environ.get("METARL_SKIP_SLOW") != "1":
+        return
+    skip = pytest.mark.skip(reason="METARL_SKIP_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

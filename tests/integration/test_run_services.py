@@ -1,0 +1,43 @@
+"""A whole run against real Redis and PostgreSQL, each pool a separate worker process."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from metarl.db import session_scope
+from schemas.records import Run, RunStatus
+from tests.conftest import metarl_cli
+from tests.integration.helpers import assert_exactly_once, sim_config
+
+pytestmark = pytest.mark.integration
+
+
+def run_id_from(output: str) -> str:
+    match = re.search(r"run ([0-9a-f\-]{36})", output)
+    assert match, output
+    return match.group(1)
+
+
+def test_sim_run_completes_on_real_services(tmp_path, service_env, pools, pg_url):
+    config = sim_config(tmp_path, max_outer_steps=3)
+    done = metarl_cli(["run", str(config), "--no-workers", "--quiet"], service_env, timeout=240)
+    assert done.returncode == 0, done.stderr + done.stdout
+    run_id = run_id_from(done.stdout)
+    with session_scope(pg_url) as session:
+        run = session.get(Run, run_id)
+        assert run.status == RunStatus.finished
+        assert run.policy_version == 3
+        assert_exactly_once(session, run_id, tmp_path / "artifacts")
+    status = metarl_cli(["status", run_id, "--json"], service_env)
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert report["run"]["status"] == "finished"
+    assert [step["status"] for step in report["outer_steps"]] == ["done"] * 3
+    assert report["episodes_by_stage"]["done"] + report["episodes_by_stage"]["failed"] == sum(report["episodes_by_stage"].values())
+    assert report["rewards"]["episodes"] > 0
+    assert report["queue_depths"]["agent"] is not None
+    table = metarl_cli(["status", run_id], service_env)
+    assert "reward by outer step" in table.stdout and "finished" in table.stdout

@@ -1,0 +1,62 @@
+"""Episode transitions and outer batching rules."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.batching import GroupView, groups_to_open, is_stale, plan_batch, staleness
+from orchestrator.transitions import after_agent, after_eval, after_probe, after_train
+from schemas.records import Stage
+
+
+def test_probe_pass_goes_to_train():
+    assert after_probe(True, 2, 3).stage == Stage.train
+
+
+def test_probe_fail_returns_to_agent_with_next_attempt():
+    move = after_probe(False, 1, 3)
+    assert (move.stage, move.probe_attempt, move.ends_unvalidated) == (Stage.agent, 2, False)
+
+
+def test_probe_fail_at_cap_ends_unvalidated():
+    move = after_probe(False, 3, 3)
+    assert (move.stage, move.ends_unvalidated) == (Stage.done, True)
+
+
+def test_stage_order():
+    assert after_agent(1).stage == Stage.probe
+    assert after_train(1).stage == Stage.eval
+    assert after_eval(1).stage == Stage.done
+
+
+@given(st.integers(1, 20), st.integers(1, 20))
+def test_retry_loop_is_bounded(cap, attempt):
+    move = after_probe(False, min(attempt, cap), cap)
+    assert move.probe_attempt <= cap
+
+
+def test_staleness():
+    assert staleness(3, 5) == 2
+    assert not is_stale(3, 5, 2)
+    assert is_stale(2, 5, 2)
+
+
+def test_plan_waits_for_enough_fresh_groups_and_drops_stale():
+    groups = [GroupView(1, 0), GroupView(2, 3), GroupView(3, 4)]
+    plan = plan_batch(groups, current_version=4, max_steps_off_policy=2, groups_per_batch=3)
+    assert plan.batch == () and plan.stale == (1,)
+    plan = plan_batch(groups, current_version=4, max_steps_off_policy=2, groups_per_batch=2)
+    assert plan.batch == (2, 3)
+
+
+def test_plan_takes_oldest_fresh_first():
+    groups = [GroupView(5, 4), GroupView(4, 3), GroupView(6, 4)]
+    assert plan_batch(groups, 4, 1, 2).batch == (4, 5)
+
+
+def test_window_opens_whole_groups():
+    assert groups_to_open(0, 8, 4) == 2
+    assert groups_to_open(6, 8, 4) == 1
+    assert groups_to_open(8, 8, 4) == 0
+    assert groups_to_open(12, 8, 4) == 0
