@@ -52,13 +52,15 @@ class MetarlCollector:
 
     def _latencies(self, session):  # type: ignore[no-untyped-def]
         histogram = HistogramMetricFamily("metarl_stage_seconds", "Duration of finished stage claims", labels=["stage"])
-        for stage in ("agent", "probe", "train", "eval"):
-            durations = session.execute(
-                select(StageClaim.duration_s).where(StageClaim.stage == stage, StageClaim.status == ClaimStatus.done, StageClaim.duration_s.is_not(None))
-            ).scalars().all()
-            buckets = [(str(bound), sum(1 for d in durations if d <= bound)) for bound in LATENCY_BUCKETS]
-            buckets.append(("+Inf", len(durations)))
-            histogram.add_metric([stage], buckets, sum(durations))
+        finished = (StageClaim.status == ClaimStatus.done) & StageClaim.duration_s.is_not(None)
+        columns = [func.count().filter(StageClaim.duration_s <= bound) for bound in LATENCY_BUCKETS]
+        rows = session.execute(
+            select(StageClaim.stage, func.count(), func.coalesce(func.sum(StageClaim.duration_s), 0.0), *columns).where(finished).group_by(StageClaim.stage)
+        ).all()
+        for stage, total, seconds, *cumulative in rows:
+            buckets = [(str(bound), int(value)) for bound, value in zip(LATENCY_BUCKETS, cumulative)]
+            buckets.append(("+Inf", int(total)))
+            histogram.add_metric([stage.value], buckets, float(seconds))
         yield histogram
 
 
