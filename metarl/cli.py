@@ -61,6 +61,7 @@ def _service_flags(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("METARL_LOGLEVEL", "WARNING"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("kombu.connection").setLevel(logging.ERROR)
     from schemas.base import ConfigError
 
     try:

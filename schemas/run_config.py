@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal, Union
 
 from pydantic import Field, model_validator
 
@@ -56,9 +56,28 @@ class SimOuterBackend(StrictModel):
     duration: SimDuration = Field(default_factory=lambda: SimDuration(median_s=0.1), description="Update duration")
 
 
+class LocalTrainBackend(StrictModel):
+    """Real GRPO on the local CPU: each inner job is a detached trainer process, submitted then polled."""
+
+    type: Literal["local"] = Field(description="Backend kind")
+    max_concurrent_jobs: int = Field(default=1, ge=1, le=64, description="Trainer processes at once (each uses all cores)")
+    poll_interval_s: float = Field(default=1.0, ge=0.05, le=600, description="Seconds between polls of a running job")
+    model_scale: float = Field(default=1.0, gt=0.0, le=10.0, description="Pretraining scale of the base models (tests use less)")
+    model_cache_dir: str | None = Field(default=None, max_length=4096, description="Base-model cache (default METARL_CACHE_DIR or ~/.cache/metarl/models)")
+
+
+class LocalEvalBackend(StrictModel):
+    """Real hidden-eval scoring on the local CPU (torch greedy generation, or pass@k with a seed)."""
+
+    type: Literal["local"] = Field(description="Backend kind")
+    model_scale: float = Field(default=1.0, gt=0.0, le=10.0, description="Must match the train backend's model_scale")
+    model_cache_dir: str | None = Field(default=None, max_length=4096, description="Base-model cache")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of pass@k sampling")
+
+
 AgentBackend = SimAgentBackend
-TrainBackend = SimTrainBackend
-EvalBackend = SimEvalBackend
+TrainBackend = Annotated[Union[SimTrainBackend, LocalTrainBackend], Field(discriminator="type")]
+EvalBackend = Annotated[Union[SimEvalBackend, LocalEvalBackend], Field(discriminator="type")]
 OuterBackend = SimOuterBackend
 
 
@@ -149,6 +168,13 @@ class ArtifactsConfig(StrictModel):
 
 class RunConfig(StrictModel):
     """A complete run configuration (`metarl run CONFIG`)."""
+
+    @model_validator(mode="after")
+    def _same_models_for_train_and_eval(self) -> "RunConfig":
+        train, evaluate = self.backends.train, self.backends.eval
+        if isinstance(train, LocalTrainBackend) and isinstance(evaluate, LocalEvalBackend) and train.model_scale != evaluate.model_scale:
+            raise ValueError("backends.eval.model_scale must equal backends.train.model_scale (both score the same base models)")
+        return self
 
     run: RunSection
     backends: Backends

@@ -181,7 +181,7 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             select(ProbeAttempt.job_toml).where(ProbeAttempt.episode_id == episode_id, ProbeAttempt.attempt == probe_attempt)
         ).scalar_one()
     started = time.perf_counter()
-    verdict = probe_job_text(job_toml, job.ctx.task)
+    verdict = probe_job_text(job_toml, job.ctx.task, registry.probe_checks(job.config))
     seconds = time.perf_counter() - started
     to = after_probe(verdict.passed, probe_attempt, job.config.retries.max_probe_attempts)
     with session_scope(database_url()) as session:

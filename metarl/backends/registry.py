@@ -6,7 +6,9 @@ from metarl.backends.base import AgentBackend, EvalBackend, OuterBackend, TrainB
 from metarl.backends.sim import SimAgent, SimEval, SimOuter, SimTrain
 from pathlib import Path
 
-from schemas.run_config import RunConfig
+from metarl.backends.local import LocalEval, LocalTrain, local_compile_problems
+from metarl.probe import BackendCheck
+from schemas.run_config import LocalEvalBackend, LocalTrainBackend, RunConfig
 
 
 def agent_backend(config: RunConfig) -> AgentBackend:
@@ -14,12 +16,25 @@ def agent_backend(config: RunConfig) -> AgentBackend:
 
 
 def train_backend(config: RunConfig) -> TrainBackend:
-    return SimTrain(config.backends.train, Path(config.artifacts.root) / "sim-cloud")
+    backend = config.backends.train
+    if isinstance(backend, LocalTrainBackend):
+        return LocalTrain(backend, Path(config.artifacts.root) / "jobs")
+    return SimTrain(backend, Path(config.artifacts.root) / "sim-cloud")
 
 
 def eval_backend(config: RunConfig) -> EvalBackend:
-    return SimEval(config.backends.eval)
+    backend = config.backends.eval
+    if isinstance(backend, LocalEvalBackend):
+        return LocalEval(backend)
+    return SimEval(backend)
 
 
 def outer_backend(config: RunConfig) -> OuterBackend:
     return SimOuter(config.backends.outer)
+
+
+def probe_checks(config: RunConfig) -> list[BackendCheck]:
+    """Compile checks of the configured train backend, so a job that would not run is caught by the probe."""
+    if isinstance(config.backends.train, LocalTrainBackend):
+        return [local_compile_problems]
+    return []

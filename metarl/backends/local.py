@@ -1,0 +1,199 @@
+"""Local CPU backends: real GRPO inner jobs in detached trainer processes, and hidden-eval scoring.
+
+An inner job is submitted (a process is started in its own session, its pid and start time stored)
+and then polled, exactly like a cloud pod, so a killed train worker re-attaches instead of
+training again. The trainer process is `python -m metarl.backends.local_job JOB_DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from metarl.backends.base import EpisodeContext, LaunchResult, PollResult, Score
+from metarl.errors import PermanentBackendError
+from schemas.base import FieldProblem
+from schemas.job import JobSpec
+from schemas.run_config import LocalEvalBackend, LocalTrainBackend
+from schemas.task_spec import TaskSpec
+
+REWARD_COMPONENTS = ("correctness", "exact", "format", "length_penalty")
+JOB_FILE, STATUS_FILE, LAUNCH_FILE, DATASET_FILE = "job.json", "status.json", "launch.json", "dataset.jsonl"
+
+
+def compile_local_job(job: JobSpec, task: TaskSpec, model_scale: float = 1.0) -> dict[str, Any]:
+    """Turn a validated job.toml into the local trainer's config (raises ValueError naming the field)."""
+    from metarl.learning.grpo import LocalTrainConfig, RewardWeights
+
+    resolved = job.resolved()
+    unknown = sorted(set(job.reward.components) - set(REWARD_COMPONENTS))
+    if unknown:
+        raise ValueError(f"reward.components: unknown component(s) {unknown}; the local environment provides {list(REWARD_COMPONENTS)}")
+    if resolved.batch_size % resolved.group_size:
+        raise ValueError("training.batch_size must be a multiple of training.group_size")
+    weights = {name: max(0.0, weight) for name, weight in job.reward.components.items() if name != "length_penalty"}
+    if "length_penalty" in job.reward.components:
+        weights["length_penalty"] = abs(job.reward.components["length_penalty"])
+    config = LocalTrainConfig(
+        base_model=job.model.name,
+        learning_rate=resolved.learning_rate,
+        max_steps=resolved.max_steps,
+        batch_size=max(1, resolved.batch_size // resolved.group_size),
+        group_size=resolved.group_size,
+        temperature=resolved.temperature,
+        max_tokens=resolved.max_tokens,
+        kl_coef=resolved.kl_coef,
+        lora_rank=job.model.lora_rank,
+        rewards=RewardWeights(**weights),
+        seed=job.training.seed,
+        time_budget_s=task.budget.max_train_seconds,
+    )
+    return {"train": config.model_dump(mode="json"), "family": task.family, "model_scale": model_scale}
+
+
+def local_compile_problems(job: JobSpec, task: TaskSpec) -> list[FieldProblem]:
+    """The probe's check that the job compiles for the local trainer."""
+    from pydantic import ValidationError
+
+    try:
+        compile_local_job(job, task)
+    except ValidationError as err:
+        from schemas.base import problems_from_validation
+
+        return [problem.model_copy(update={"field": f"(local trainer) {problem.field}"}) for problem in problems_from_validation(err)]
+    except ValueError as err:
+        field, _, message = str(err).partition(": ")
+        return [FieldProblem(field=field if message else "(job)", message=message or str(err), fix="change the job so the local trainer accepts it")]
+    return []
+
+
+def write_dataset(path: Path, family_name: str, size: int, difficulty: float, seed: int) -> None:
+    """Generate the job's training set from the family generator (which never yields hidden-eval items)."""
+    from metarl.learning.families import get_family
+
+    family = get_family(family_name)
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as handle:
+        for _ in range(size):
+            example = family.generate(rng, difficulty)
+            handle.write(json.dumps({"prompt": example.prompt, "answer": example.answer}) + "\n")
+
+
+def process_alive(pid: int, create_time: float) -> bool:
+    """True while the trainer process with this pid and start time runs (zombies count as ended)."""
+    try:
+        process = psutil.Process(pid)
+        if abs(process.create_time() - create_time) > 1.0:
+            return False
+        if process.status() == psutil.STATUS_ZOMBIE:
+            os.waitpid(pid, os.WNOHANG)
+            return False
+        return True
+    except (psutil.NoSuchProcess, ChildProcessError):
+        return False
+
+
+def last_log_line(path: Path) -> str:
+    """The last non-empty line of a log (a trainer's exception), or a note that there is none."""
+    if not path.exists():
+        return "(no log)"
+    lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    return lines[-1][:500] if lines else "(empty log; killed?)"
+
+
+class LocalTrain:
+    """Inner jobs as detached local trainer processes; launch is idempotent by job name."""
+
+    name = "local"
+    simulated = False
+
+    def __init__(self, config: LocalTrainBackend, jobs_dir: Path):
+        self.config = config
+        self.jobs_dir = jobs_dir
+
+    def capacity(self) -> int:
+        return self.config.max_concurrent_jobs
+
+    def poll_interval_s(self) -> float:
+        return self.config.poll_interval_s
+
+    def launch(self, ctx: EpisodeContext, job: JobSpec, job_name: str) -> LaunchResult:
+        job_dir = (self.jobs_dir / job_name).resolve()
+        job_dir.mkdir(parents=True, exist_ok=True)
+        launch_file = job_dir / LAUNCH_FILE
+        if launch_file.exists():
+            return LaunchResult(external_id=f"local-{job_name}", state=json.loads(launch_file.read_text(encoding="utf-8")))
+        try:
+            compiled = compile_local_job(job, ctx.task, self.config.model_scale)
+        except ValueError as err:
+            raise PermanentBackendError(f"job does not compile for the local trainer: {err}") from None
+        compiled["model_cache_dir"] = self.config.model_cache_dir
+        write_dataset(job_dir / DATASET_FILE, ctx.task.family, job.dataset.size, job.dataset.difficulty, job.training.seed)
+        (job_dir / JOB_FILE).write_text(json.dumps(compiled, indent=2), encoding="utf-8")
+        env = {key: value for key, value in os.environ.items() if not key.upper().endswith(("_KEY", "_TOKEN", "_SECRET", "_PASSWORD"))}
+        with open(job_dir / "trainer.log", "ab") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "metarl.backends.local_job", str(job_dir)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
+        state = {"job_dir": str(job_dir), "pid": process.pid, "create_time": psutil.Process(process.pid).create_time(), "launched_at": time.time()}
+        temporary = launch_file.with_suffix(".tmp")
+        temporary.write_text(json.dumps(state), encoding="utf-8")
+        temporary.replace(launch_file)
+        return LaunchResult(external_id=f"local-{job_name}", state=state)
+
+    def poll(self, ctx: EpisodeContext, job: JobSpec, external_id: str, state: dict[str, Any]) -> PollResult:
+        job_dir = Path(state["job_dir"])
+        status_file = job_dir / STATUS_FILE
+        if status_file.exists():
+            status = json.loads(status_file.read_text(encoding="utf-8"))
+            metrics = str(job_dir / "metrics.jsonl")
+            if status["status"] == "succeeded":
+                return PollResult(status="succeeded", state=state, checkpoint_uri=str(job_dir / "checkpoint"), metrics_uri=metrics, train_seconds=status["train_seconds"])
+            return PollResult(status="failed", state=state, metrics_uri=metrics, train_seconds=status.get("train_seconds"), error=status.get("error", "trainer failed"))
+        if process_alive(int(state["pid"]), float(state["create_time"])):
+            return PollResult(status="running", state=state)
+        if status_file.exists():
+            return self.poll(ctx, job, external_id, state)
+        return PollResult(status="failed", state=state, error=f"trainer process ended without a status: {last_log_line(job_dir / 'trainer.log')}")
+
+
+class LocalEval:
+    """Hidden-eval scoring with torch on the CPU, through the same prompt and grading code as every scorer."""
+
+    name = "local"
+    simulated = False
+
+    def __init__(self, config: LocalEvalBackend):
+        self.config = config
+
+    def _score(self, model_dir: Path, task: TaskSpec) -> Score:
+        from metarl.learning.families import get_family
+        from metarl.learning.scoring import score_checkpoint
+
+        family = get_family(task.family)
+        items = family.hidden_eval(task.hidden_eval.n_items, task.hidden_eval.version)
+        result = score_checkpoint(model_dir, family, items, pass_k=task.hidden_eval.pass_k, seed=self.config.seed)
+        return Score(score=result.mean, ci_low=result.ci_low, ci_high=result.ci_high, n_items=max(1, result.n))
+
+    def score_base(self, task: TaskSpec, model_name: str) -> Score:
+        from metarl.learning.models import ensure_base_model
+
+        return self._score(ensure_base_model(model_name, self.config.model_cache_dir, scale=self.config.model_scale), task)
+
+    def score_trained(self, ctx: EpisodeContext, job: JobSpec, checkpoint_uri: str | None, train_state: dict[str, Any]) -> Score:
+        if checkpoint_uri is None:
+            raise PermanentBackendError("the inner job left no checkpoint to score")
+        return self._score(Path(checkpoint_uri), ctx.task)

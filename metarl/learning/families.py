@@ -1,0 +1,357 @@
+"""Task families the tiny local models can learn in seconds, with graders and hidden evals.
+
+Each family generates training items at a difficulty in [0, 1], grades completions (partial
+credit where sensible), and draws a deterministic hidden eval. Training and hidden-eval items
+are disjoint by construction: every item has a canonical key, a hash of the key puts it in the
+training or the eval partition, the training generator rejects eval-partition items, and the
+hidden eval draws only eval-partition items from its own seed namespace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EVAL_PARTITION_MODULUS = 8
+"""One item key in this many (by hash) belongs to the hidden-eval partition."""
+
+HIDDEN_EVAL_SEED_NAMESPACE = "metarl-hidden-eval"
+MAX_GENERATION_ATTEMPTS = 10_000
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+DIGITS = "0123456789"
+
+
+class Example(BaseModel):
+    """One task item: the prompt shown to the model and the reference answer."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str = Field(min_length=1, max_length=200, description="Prompt text given to the model.")
+    answer: str = Field(min_length=1, max_length=100, description="Reference answer the completion must match.")
+
+
+def normalize_completion(completion: str) -> str:
+    """The completion as graded: surrounding whitespace removed."""
+    return completion.strip()
+
+
+def positional_similarity(expected: str, actual: str) -> float:
+    """Fraction of positions (over the longer string) where the two strings agree."""
+    longest = max(len(expected), len(actual))
+    if longest == 0:
+        return 1.0
+    matches = sum(1 for left, right in zip(expected, actual) if left == right)
+    return matches / longest
+
+
+def right_aligned_similarity(expected: str, actual: str) -> float:
+    """Positional similarity with both strings aligned at their last character (for numbers)."""
+    return positional_similarity(expected[::-1], actual[::-1])
+
+
+def partition_hash(family_name: str, item_key: str) -> int:
+    """A stable 64-bit hash of (family, canonical item key)."""
+    digest = hashlib.sha256(f"{family_name}\x1f{item_key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def in_eval_partition(family_name: str, item_key: str) -> bool:
+    """True when the item with this key is reserved for the hidden eval."""
+    return partition_hash(family_name, item_key) % EVAL_PARTITION_MODULUS == 0
+
+
+def hidden_eval_rng(family_name: str, version: int) -> random.Random:
+    """The seed stream of one hidden-eval version, separate from every training seed."""
+    digest = hashlib.sha256(f"{HIDDEN_EVAL_SEED_NAMESPACE}\x1f{family_name}\x1f{version}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:16], "big"))
+
+
+class TaskFamily(ABC):
+    """One task family: item generation, grading, canonical item keys and the hidden eval."""
+
+    name: str
+    description: str
+    max_answer_chars: int
+
+    @abstractmethod
+    def sample_item(self, rng: random.Random, difficulty: float) -> Example:
+        """Draw one item at ``difficulty`` from either partition (no disjointness filtering)."""
+
+    @abstractmethod
+    def item_key(self, prompt: str) -> str:
+        """Canonical content of a prompt, so formatting changes cannot hide an eval item."""
+
+    def similarity(self, answer: str, completion: str) -> float:
+        """Partial-credit similarity in [0, 1] between the answer and a normalised completion."""
+        return positional_similarity(answer, completion)
+
+    def is_exact(self, example: Example, completion: str) -> bool:
+        """True when the completion is exactly the reference answer."""
+        return normalize_completion(completion) == example.answer
+
+    def grade(self, example: Example, completion: str) -> float:
+        """Score in [0, 1]: 1 for an exact answer, otherwise half the partial-credit similarity."""
+        if self.is_exact(example, completion):
+            return 1.0
+        return 0.5 * self.similarity(example.answer, normalize_completion(completion))
+
+    def is_well_formed(self, completion: str) -> bool:
+        """True when the completion has the answer's shape (used by the format reward)."""
+        text = normalize_completion(completion)
+        return 0 < len(text) <= self.max_answer_chars
+
+    def is_hidden_eval_item(self, prompt: str) -> bool:
+        """True when the prompt's canonical item lies in the hidden-eval partition."""
+        return in_eval_partition(self.name, self.item_key(prompt))
+
+    def generate(self, rng: random.Random, difficulty: float) -> Example:
+        """Draw one training item at ``difficulty``; never an item of the hidden-eval partition."""
+        difficulty = min(max(difficulty, 0.0), 1.0)
+        for _ in range(MAX_GENERATION_ATTEMPTS):
+            example = self.sample_item(rng, difficulty)
+            if not self.is_hidden_eval_item(example.prompt):
+                return example
+        raise RuntimeError(f"family {self.name!r}: no training item found at difficulty {difficulty}")
+
+    def hidden_eval(self, n: int, version: int = 1) -> list[Example]:
+        """``n`` distinct hidden-eval items, deterministic in (family, version), difficulty uniform in [0, 1]."""
+        rng = hidden_eval_rng(self.name, version)
+        items: list[Example] = []
+        seen_keys: set[str] = set()
+        for _ in range(MAX_GENERATION_ATTEMPTS * max(n, 1)):
+            if len(items) == n:
+                return items
+            example = self.sample_item(rng, rng.random())
+            key = self.item_key(example.prompt)
+            if key in seen_keys or not in_eval_partition(self.name, key):
+                continue
+            seen_keys.add(key)
+            items.append(example)
+        raise RuntimeError(f"family {self.name!r}: could not draw {n} distinct hidden-eval items")
+
+
+def _squash(text: str) -> str:
+    """Lower-case text without whitespace: the fallback canonical key."""
+    return re.sub(r"\s+", "", text.lower())
+
+
+def _key_from_pattern(pattern: re.Pattern[str], prompt: str, family_name: str) -> str:
+    """Canonical key: the prompt's payload when it matches the family's format, else the squashed prompt."""
+    match = pattern.search(_squash(prompt))
+    if match is None:
+        return _squash(prompt)
+    return f"{family_name}:{match.group(1)}"
+
+
+def _length_for(difficulty: float, shortest: int, longest: int) -> int:
+    """A length that grows with difficulty, jittered by at most one."""
+    return shortest + round(difficulty * (longest - shortest))
+
+
+class AdditionFamily(TaskFamily):
+    """Add two non-negative integers."""
+
+    name = "addition"
+    description = (
+        "Add two non-negative integers. Prompt format: 'add A+B=' (for example 'add 27+5='); "
+        "the answer is the decimal sum with no spaces or leading zeros (for example '32'). "
+        "Difficulty 0 uses one-digit numbers, difficulty 1 up to three digits."
+    )
+    max_answer_chars = 4
+    _pattern = re.compile(r"(\d+\+\d+)")
+
+    def sample_item(self, rng: random.Random, difficulty: float) -> Example:
+        max_digits = _length_for(difficulty, 1, 3)
+        left = rng.randrange(10 ** rng.randint(1, max_digits))
+        right = rng.randrange(10 ** rng.randint(1, max_digits))
+        return Example(prompt=f"add {left}+{right}=", answer=str(left + right))
+
+    def item_key(self, prompt: str) -> str:
+        match = self._pattern.search(_squash(prompt))
+        if match is None:
+            return _squash(prompt)
+        left, right = (int(part) for part in match.group(1).split("+"))
+        return f"{self.name}:{min(left, right)}+{max(left, right)}"
+
+    def similarity(self, answer: str, completion: str) -> float:
+        return right_aligned_similarity(answer, completion)
+
+    def is_well_formed(self, completion: str) -> bool:
+        text = normalize_completion(completion)
+        return text.isdigit() and len(text) <= self.max_answer_chars
+
+
+class ReversalFamily(TaskFamily):
+    """Reverse a string of letters."""
+
+    name = "reversal"
+    description = (
+        "Reverse a string of lower-case letters. Prompt format: 'rev WORD>' (for example "
+        "'rev abcd>'); the answer is the letters in reverse order (for example 'dcba'). "
+        "Difficulty 0 uses 2 letters, difficulty 1 uses 7."
+    )
+    max_answer_chars = 7
+    _pattern = re.compile(r"rev([a-z]+)>")
+
+    def sample_item(self, rng: random.Random, difficulty: float) -> Example:
+        length = _length_for(difficulty, 2, 7)
+        word = "".join(rng.choice(LETTERS) for _ in range(length))
+        return Example(prompt=f"rev {word}>", answer=word[::-1])
+
+    def item_key(self, prompt: str) -> str:
+        return _key_from_pattern(self._pattern, prompt, self.name)
+
+    def is_well_formed(self, completion: str) -> bool:
+        text = normalize_completion(completion)
+        return text.isalpha() and len(text) <= self.max_answer_chars
+
+
+class CaesarFamily(TaskFamily):
+    """Shift every letter forward in the alphabet (Caesar cipher)."""
+
+    name = "caesar"
+    description = (
+        "Caesar cipher: shift every letter forward by N places in the alphabet, wrapping z to a. "
+        "Prompt format: 'rotN WORD>' (for example 'rot2 abz>'); the answer is the shifted word "
+        "(for example 'cdb'). Difficulty raises the word length (2 to 6) and the shift range (1 to 5)."
+    )
+    max_answer_chars = 6
+    _pattern = re.compile(r"(rot\d[a-z]+)>")
+
+    def sample_item(self, rng: random.Random, difficulty: float) -> Example:
+        length = _length_for(difficulty, 2, 6)
+        shift = rng.randint(1, _length_for(difficulty, 1, 5))
+        word = "".join(rng.choice(LETTERS) for _ in range(length))
+        shifted = "".join(LETTERS[(LETTERS.index(char) + shift) % 26] for char in word)
+        return Example(prompt=f"rot{shift} {word}>", answer=shifted)
+
+    def item_key(self, prompt: str) -> str:
+        return _key_from_pattern(self._pattern, prompt, self.name)
+
+    def is_well_formed(self, completion: str) -> bool:
+        text = normalize_completion(completion)
+        return text.isalpha() and len(text) <= self.max_answer_chars
+
+
+class MaxOfListFamily(TaskFamily):
+    """Name the largest digit of a list."""
+
+    name = "max_of_list"
+    description = (
+        "Find the largest number in a comma-separated list of one-digit numbers. Prompt format: "
+        "'max A,B,C=' (for example 'max 3,8,1='); the answer is the largest number (for example "
+        "'8'). Difficulty 0 uses 2 numbers, difficulty 1 uses 7."
+    )
+    max_answer_chars = 1
+    _pattern = re.compile(r"max([\d,]+)=")
+
+    def sample_item(self, rng: random.Random, difficulty: float) -> Example:
+        length = _length_for(difficulty, 2, 7)
+        values = [rng.randrange(10) for _ in range(length)]
+        return Example(prompt=f"max {','.join(map(str, values))}=", answer=str(max(values)))
+
+    def item_key(self, prompt: str) -> str:
+        return _key_from_pattern(self._pattern, prompt, self.name)
+
+    def similarity(self, answer: str, completion: str) -> float:
+        return 0.0
+
+    def is_well_formed(self, completion: str) -> bool:
+        text = normalize_completion(completion)
+        return text.isdigit() and len(text) == 1
+
+
+class SortingFamily(TaskFamily):
+    """Sort a string of digits in ascending order."""
+
+    name = "sorting"
+    description = (
+        "Sort digits in ascending order. Prompt format: 'sort DIGITS>' (for example 'sort 3141>'); "
+        "the answer is the same digits sorted (for example '1134'). Difficulty 0 uses 2 digits, "
+        "difficulty 1 uses 6."
+    )
+    max_answer_chars = 6
+    _pattern = re.compile(r"sort(\d+)>")
+
+    def sample_item(self, rng: random.Random, difficulty: float) -> Example:
+        length = _length_for(difficulty, 2, 6)
+        digits = "".join(rng.choice(DIGITS) for _ in range(length))
+        return Example(prompt=f"sort {digits}>", answer="".join(sorted(digits)))
+
+    def item_key(self, prompt: str) -> str:
+        return _key_from_pattern(self._pattern, prompt, self.name)
+
+    def is_well_formed(self, completion: str) -> bool:
+        text = normalize_completion(completion)
+        return text.isdigit() and len(text) <= self.max_answer_chars
+
+
+class DateFormatFamily(TaskFamily):
+    """Convert an ISO date (year-month-day) to day/month/year."""
+
+    name = "date_format"
+    description = (
+        "Convert a date from ISO form to day/month/year. Prompt format: 'date YYYY-MM-DD>' (for "
+        "example 'date 1987-04-23>'); the answer is 'DD/MM/YYYY' (for example '23/04/1987'). "
+        "Difficulty widens the range of years (1990-1999 at 0, 1000-2999 at 1)."
+    )
+    max_answer_chars = 10
+    _pattern = re.compile(r"date(\d{4}-\d{2}-\d{2})>")
+
+    def sample_item(self, rng: random.Random, difficulty: float) -> Example:
+        span = round(10 + difficulty * 1990)
+        year = rng.randint(max(1000, 1995 - span // 2), min(2999, 1995 + span // 2))
+        month = rng.randint(1, 12)
+        day = rng.randint(1, 28)
+        return Example(prompt=f"date {year:04d}-{month:02d}-{day:02d}>", answer=f"{day:02d}/{month:02d}/{year:04d}")
+
+    def item_key(self, prompt: str) -> str:
+        return _key_from_pattern(self._pattern, prompt, self.name)
+
+    def is_well_formed(self, completion: str) -> bool:
+        return re.fullmatch(r"\d{2}/\d{2}/\d{4}", normalize_completion(completion)) is not None
+
+
+FAMILIES: dict[str, TaskFamily] = {
+    family.name: family
+    for family in (
+        AdditionFamily(),
+        ReversalFamily(),
+        CaesarFamily(),
+        MaxOfListFamily(),
+        SortingFamily(),
+        DateFormatFamily(),
+    )
+}
+"""Every task family by name."""
+
+
+def get_family(name: str) -> TaskFamily:
+    """The family called ``name``; a ``KeyError`` naming the valid names otherwise."""
+    if name not in FAMILIES:
+        raise KeyError(f"unknown task family {name!r}; valid names: {', '.join(sorted(FAMILIES))}")
+    return FAMILIES[name]
+
+
+def is_hidden_eval_item(family: str | TaskFamily, prompt: str) -> bool:
+    """True when ``prompt`` is (or canonically equals) an item of the family's hidden-eval partition."""
+    resolved = get_family(family) if isinstance(family, str) else family
+    return resolved.is_hidden_eval_item(prompt)
+
+
+def contaminated_prompts(family: str | TaskFamily, prompts: Iterable[str]) -> list[str]:
+    """The prompts of a dataset that fall in the family's hidden-eval partition (empty when clean)."""
+    resolved = get_family(family) if isinstance(family, str) else family
+    return [prompt for prompt in prompts if resolved.is_hidden_eval_item(prompt)]
+
+
+def generate_dataset(family: TaskFamily, n: int, seed: int, difficulty: float | tuple[float, float]) -> list[Example]:
+    """``n`` training items from ``seed``; ``difficulty`` is fixed or drawn uniformly from a (low, high) range."""
+    rng = random.Random(f"train\x1f{family.name}\x1f{seed}")
+    low, high = difficulty if isinstance(difficulty, tuple) else (difficulty, difficulty)
+    return [family.generate(rng, rng.uniform(low, high)) for _ in range(n)]

@@ -1,0 +1,318 @@
+"""Local stand-ins for the Qwen3 base models: tiny Qwen3 configs, briefly pretrained, cached on disk.
+
+``ensure_base_model`` builds a model deterministically on first use (supervised next-token
+training on a mix of every family's formats, kept short so the model starts weak), saves it
+with ``save_pretrained`` next to the tokenizer files, and reuses it afterwards. The cache key
+is a content hash of the architecture, the pretraining recipe and ``RECIPE_VERSION``. Builds
+go to a temporary folder renamed into place, under a file lock, so concurrent callers build once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from metarl.learning.families import FAMILIES, Example, TaskFamily
+from metarl.learning.runtime import configure_torch_threads, quiet_transformers
+from metarl.learning.tokenizer import CHARACTERS, EOS_TOKEN, SPECIAL_TOKENS, save_tokenizer, vocabulary
+
+RECIPE_VERSION = "1"
+"""Bump when pretraining code or family generators change in a way that changes the weights."""
+
+CACHE_DIR_ENV = "METARL_CACHE_DIR"
+DEFAULT_CACHE_DIR = Path("~/.cache/metarl/models")
+BUILD_INFO_FILE = "metarl_build.json"
+
+
+class ArchitectureSpec(BaseModel):
+    """Qwen3 architecture of one local base model."""
+
+    model_config = ConfigDict(frozen=True)
+
+    hidden_size: int = Field(ge=16, le=1024, description="Width of the residual stream.")
+    num_hidden_layers: int = Field(ge=1, le=24, description="Number of decoder layers.")
+    num_attention_heads: int = Field(ge=1, le=32, description="Query heads per layer.")
+    num_key_value_heads: int = Field(ge=1, le=32, description="Key/value heads per layer (grouped-query attention).")
+    head_dim: int = Field(ge=8, le=128, description="Width of one attention head.")
+    intermediate_size: int = Field(ge=16, le=8192, description="Hidden width of the MLP.")
+    max_position_embeddings: int = Field(default=64, ge=32, le=4096, description="Longest sequence supported.")
+
+
+class PretrainRecipe(BaseModel):
+    """Short supervised pretraining that leaves a base model weak but not hopeless."""
+
+    model_config = ConfigDict(frozen=True)
+
+    steps: int = Field(ge=1, le=100_000, description="Optimizer steps at scale 1.")
+    batch_size: int = Field(ge=1, le=4096, description="Sequences per step.")
+    learning_rate: float = Field(gt=0.0, le=1.0, description="Peak AdamW learning rate (cosine decay to 10%).")
+    warmup_steps: int = Field(ge=0, le=10_000, description="Linear warm-up steps.")
+    weight_decay: float = Field(ge=0.0, le=1.0, description="AdamW weight decay.")
+    difficulty_low: float = Field(ge=0.0, le=1.0, description="Lowest item difficulty in the mix.")
+    difficulty_high: float = Field(ge=0.0, le=1.0, description="Highest item difficulty in the mix.")
+    family_weights: dict[str, float] = Field(description="Relative share of each family in the mix.")
+    seed: int = Field(ge=0, le=2**31 - 1, description="Seed of weights init and data order.")
+
+
+class BaseModelSpec(BaseModel):
+    """A named local base model: architecture plus pretraining recipe."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(min_length=1, max_length=64, description="Local model name, e.g. 'local-s'.")
+    stands_in_for: str = Field(min_length=1, max_length=128, description="The hub model this one replaces.")
+    architecture: ArchitectureSpec = Field(description="Qwen3 architecture.")
+    recipe: PretrainRecipe = Field(description="Pretraining recipe at scale 1.")
+
+
+EVEN_MIX = {name: 1.0 for name in FAMILIES}
+
+BASE_MODELS: dict[str, BaseModelSpec] = {
+    "local-s": BaseModelSpec(
+        name="local-s",
+        stands_in_for="Qwen/Qwen3-0.6B",
+        architecture=ArchitectureSpec(
+            hidden_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=192,
+        ),
+        recipe=PretrainRecipe(
+            steps=400,
+            batch_size=64,
+            learning_rate=3e-3,
+            warmup_steps=30,
+            weight_decay=0.01,
+            difficulty_low=0.0,
+            difficulty_high=1.0,
+            family_weights=EVEN_MIX,
+            seed=1,
+        ),
+    ),
+    "local-l": BaseModelSpec(
+        name="local-l",
+        stands_in_for="Qwen/Qwen3-1.7B",
+        architecture=ArchitectureSpec(
+            hidden_size=128,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            intermediate_size=384,
+        ),
+        recipe=PretrainRecipe(
+            steps=400,
+            batch_size=64,
+            learning_rate=1e-3,
+            warmup_steps=30,
+            weight_decay=0.01,
+            difficulty_low=0.0,
+            difficulty_high=1.0,
+            family_weights=EVEN_MIX,
+            seed=2,
+        ),
+    ),
+}
+"""Local base models by name."""
+
+MODEL_CATALOG: dict[str, str] = {spec.stands_in_for: name for name, spec in BASE_MODELS.items()}
+"""Hub model names a job may use, mapped to their local stand-ins."""
+
+
+def resolve_model_name(name: str) -> str:
+    """The local model name for a local name or a catalogued hub name; ``KeyError`` listing valid names."""
+    if name in BASE_MODELS:
+        return name
+    if name in MODEL_CATALOG:
+        return MODEL_CATALOG[name]
+    valid = sorted(BASE_MODELS) + sorted(MODEL_CATALOG)
+    raise KeyError(f"unknown base model {name!r}; valid names: {', '.join(valid)}")
+
+
+def qwen3_config(architecture: ArchitectureSpec):
+    """The ``Qwen3Config`` of an architecture over the character vocabulary."""
+    from transformers import Qwen3Config
+
+    vocab = vocabulary()
+    return Qwen3Config(
+        vocab_size=len(vocab),
+        hidden_size=architecture.hidden_size,
+        intermediate_size=architecture.intermediate_size,
+        num_hidden_layers=architecture.num_hidden_layers,
+        num_attention_heads=architecture.num_attention_heads,
+        num_key_value_heads=architecture.num_key_value_heads,
+        head_dim=architecture.head_dim,
+        max_position_embeddings=architecture.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=vocab[SPECIAL_TOKENS[0]],
+        bos_token_id=vocab[SPECIAL_TOKENS[1]],
+        eos_token_id=vocab[EOS_TOKEN],
+        use_cache=True,
+    )
+
+
+def scaled_recipe(recipe: PretrainRecipe, scale: float) -> PretrainRecipe:
+    """The recipe with steps and warm-up multiplied by ``scale`` (at least one step)."""
+    return recipe.model_copy(
+        update={
+            "steps": max(1, round(recipe.steps * scale)),
+            "warmup_steps": round(recipe.warmup_steps * scale),
+        }
+    )
+
+
+def build_key(spec: BaseModelSpec, scale: float) -> str:
+    """Content hash naming a built model: architecture, scaled recipe, vocabulary and code version."""
+    payload = {
+        "architecture": spec.architecture.model_dump(),
+        "recipe": scaled_recipe(spec.recipe, scale).model_dump(),
+        "characters": CHARACTERS,
+        "special_tokens": list(SPECIAL_TOKENS),
+        "recipe_version": RECIPE_VERSION,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def default_cache_dir() -> Path:
+    """``$METARL_CACHE_DIR`` when set, else ``~/.cache/metarl/models``."""
+    configured = os.environ.get(CACHE_DIR_ENV)
+    return Path(configured).expanduser() if configured else DEFAULT_CACHE_DIR.expanduser()
+
+
+def pretraining_batches(recipe: PretrainRecipe) -> Iterator[list[Example]]:
+    """Endless batches of training items from the weighted family mix (never hidden-eval items)."""
+    rng = random.Random(f"pretrain\x1f{recipe.seed}")
+    names = sorted(recipe.family_weights)
+    families: list[TaskFamily] = [FAMILIES[name] for name in names]
+    weights = [recipe.family_weights[name] for name in names]
+    while True:
+        chosen = rng.choices(families, weights=weights, k=recipe.batch_size)
+        yield [
+            family.generate(rng, rng.uniform(recipe.difficulty_low, recipe.difficulty_high)) for family in chosen
+        ]
+
+
+def supervised_batch(tokenizer, examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask, labels) for answer-only next-token loss; right padded."""
+    eos = tokenizer.eos_token_id
+    prompt_ids = tokenizer([example.prompt for example in examples])["input_ids"]
+    answer_ids = tokenizer([example.answer for example in examples], add_special_tokens=False)["input_ids"]
+    sequences = [prompt + answer + [eos] for prompt, answer in zip(prompt_ids, answer_ids)]
+    length = max(len(sequence) for sequence in sequences)
+    input_ids = torch.full((len(sequences), length), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    labels = torch.full((len(sequences), length), -100, dtype=torch.long)
+    for row, (prompt, sequence) in enumerate(zip(prompt_ids, sequences)):
+        input_ids[row, : len(sequence)] = torch.tensor(sequence)
+        attention_mask[row, : len(sequence)] = 1
+        labels[row, len(prompt) : len(sequence)] = torch.tensor(sequence[len(prompt) :])
+    return input_ids, attention_mask, labels
+
+
+def learning_rate_at(step: int, recipe: PretrainRecipe) -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+    import math
+
+    if step < recipe.warmup_steps:
+        return recipe.learning_rate * (step + 1) / recipe.warmup_steps
+    progress = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
+    return recipe.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def pretrain(spec: BaseModelSpec, recipe: PretrainRecipe, tokenizer):
+    """Initialise the model from its seed and run the pretraining recipe; returns the model."""
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(recipe.seed)
+    model = Qwen3ForCausalLM(qwen3_config(spec.architecture))
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=recipe.weight_decay)
+    batches = pretraining_batches(recipe)
+    for step in range(recipe.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate_at(step, recipe)
+        input_ids, attention_mask, labels = supervised_batch(tokenizer, next(batches))
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    model.eval()
+    return model
+
+
+@contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path`` for the duration of the block."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_into(target: Path, spec: BaseModelSpec, scale: float) -> None:
+    """Pretrain and save the model, tokenizer and build info into a temp folder, then rename it to ``target``."""
+    from metarl.learning.tokenizer import build_tokenizer
+
+    configure_torch_threads()
+    quiet_transformers()
+    started = time.monotonic()
+    recipe = scaled_recipe(spec.recipe, scale)
+    tokenizer = build_tokenizer()
+    model = pretrain(spec, recipe, tokenizer)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(str(staging))
+        save_tokenizer(staging)
+        info = {
+            "name": spec.name,
+            "stands_in_for": spec.stands_in_for,
+            "scale": scale,
+            "build_key": target.name,
+            "parameters": sum(parameter.numel() for parameter in model.parameters()),
+            "build_seconds": round(time.monotonic() - started, 2),
+            "recipe": recipe.model_dump(),
+        }
+        (staging / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2))
+        os.rename(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+
+
+def ensure_base_model(name: str, cache_dir: Path | str | None = None, *, scale: float = 1.0) -> Path:
+    """Path of the built base model ``name`` (local or catalogued hub name), building it on first use."""
+    if not 0.0 < scale <= 10.0:
+        raise ValueError(f"scale must be in (0, 10], got {scale}")
+    spec = BASE_MODELS[resolve_model_name(name)]
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"{spec.name}-{build_key(spec, scale)}"
+    if (target / BUILD_INFO_FILE).exists():
+        return target
+    with _exclusive_lock(root / f"{target.name}.lock"):
+        if not (target / BUILD_INFO_FILE).exists():
+            _build_into(target, spec, scale)
+    return target
+
+
+def build_info(model_dir: Path) -> dict:
+    """The build record saved next to a base model (name, scale, parameters, build seconds)."""
+    return json.loads((Path(model_dir) / BUILD_INFO_FILE).read_text())

@@ -1,0 +1,31 @@
+"""Process-level torch settings for the local backends."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+THREADS_ENV = "METARL_TORCH_THREADS"
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def configure_torch_threads() -> int:
+    """Set torch's intra-op threads to the usable core count (or ``METARL_TORCH_THREADS``); return it."""
+    requested = os.environ.get(THREADS_ENV)
+    threads = int(requested) if requested else available_cores()
+    threads = max(1, min(threads, available_cores()))
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
+
+
+def quiet_transformers() -> None:
+    """Turn off transformers' progress bars (weight loading and saving) for this process."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
