@@ -30,17 +30,17 @@ class MetarlCollector:
                 depth.add_metric([queue], value)
         yield depth
         with session_scope(self.database_url) as session:
-            stages = GaugeMetricFamily("metarl_episodes", "Episodes per run and stage", labels=["run", "stage"])
-            for run_name, stage, count in session.execute(
-                select(Run.name, Episode.stage, func.count()).join(Run, Run.id == Episode.run_id).group_by(Run.name, Episode.stage)
+            stages = GaugeMetricFamily("metarl_episodes", "Episodes per run and stage", labels=["run", "run_id", "stage"])
+            for run_name, run_id, stage, count in session.execute(
+                select(Run.name, Run.id, Episode.stage, func.count()).join(Run, Run.id == Episode.run_id).group_by(Run.name, Run.id, Episode.stage)
             ).all():
-                stages.add_metric([run_name, stage.value], count)
+                stages.add_metric([run_name, run_id, stage.value], count)
             yield stages
-            version = GaugeMetricFamily("metarl_policy_version", "Current policy version of active runs", labels=["run"])
-            for run_name, policy_version in session.execute(
-                select(Run.name, Run.policy_version).where(Run.status.in_((RunStatus.running, RunStatus.stopping)))
+            version = GaugeMetricFamily("metarl_policy_version", "Current policy version of active runs", labels=["run", "run_id"])
+            for run_name, run_id, policy_version in session.execute(
+                select(Run.name, Run.id, Run.policy_version).where(Run.status.in_((RunStatus.running, RunStatus.stopping)))
             ).all():
-                version.add_metric([run_name], policy_version)
+                version.add_metric([run_name, run_id], policy_version)
             yield version
             cost = CounterMetricFamily("metarl_cost_usd", "Dollars recorded in the cost ledger", labels=["source", "simulated"])
             for source, simulated, total in session.execute(

@@ -60,12 +60,23 @@ def semantic_problems(job: JobSpec, task: TaskSpec) -> list[FieldProblem]:
 BackendCheck = Callable[[JobSpec, TaskSpec], list[FieldProblem]]
 
 
+MAX_ERRORS = 200
+
+
+def capped(problems: list[FieldProblem]) -> list[FieldProblem]:
+    """At most MAX_ERRORS problems; the last one says how many more there were."""
+    if len(problems) <= MAX_ERRORS:
+        return problems
+    more = len(problems) - (MAX_ERRORS - 1)
+    return problems[: MAX_ERRORS - 1] + [FieldProblem(field="(more)", message=f"{more} more problems not shown", fix="fix the problems above, then probe again")]
+
+
 def probe_job_text(job_toml: str | bytes, task: TaskSpec, backend_checks: Sequence[BackendCheck] = ()) -> ProbeVerdict:
     """Parse and check a job.toml (plus the train backend's compile check); never raises on bad input."""
     try:
         job = validate_model(JobSpec, parse_toml_text(job_toml, "job.toml"), "job.toml")
     except ConfigError as err:
-        return ProbeVerdict(passed=False, errors=err.problems)
+        return ProbeVerdict(passed=False, errors=capped(err.problems))
     problems = semantic_problems(job, task)
     if not problems:
         for check in backend_checks:

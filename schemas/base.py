@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,7 +21,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 class StrictModel(BaseModel):
     """Base for every config schema: unknown keys are rejected, values are validated on assignment."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, strict=True)
 
 
 class FieldProblem(BaseModel):
@@ -40,9 +43,9 @@ class ConfigError(ValueError):
         super().__init__(self.render())
 
     def render(self) -> str:
-        lines = [f"{self.source}: {len(self.problems)} problem(s)"]
+        lines = [f"{printable(self.source)}: {len(self.problems)} problem(s)"]
         for problem in self.problems:
-            lines.append(f"  - {problem.field}: {problem.message}. Fix: {problem.fix}")
+            lines.append(f"  - {printable(problem.field)}: {printable(problem.message)}. Fix: {printable(problem.fix)}")
         return "\n".join(lines)
 
     def as_dicts(self) -> list[dict[str, str]]:
@@ -74,10 +77,38 @@ def _fix_for(error_type: str, ctx: dict[str, Any] | None) -> str:
     return "correct the value as the message says"
 
 
-def problems_from_validation(err: ValidationError) -> list[FieldProblem]:
+def printable(text: str) -> str:
+    """Escape control and other non-printable characters (terminal escapes, NUL, lone surrogates)."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+def field_path(loc: tuple[Any, ...], data: Any) -> str:
+    """The TOML path of a pydantic error location: union tags dropped, odd keys quoted and escaped."""
+    parts: list[str] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and isinstance(part, str) and part not in node and node.get("type") == part:
+            continue  # the discriminated-union tag pydantic adds to the location
+        if isinstance(part, int) or _BARE_KEY.match(str(part)):
+            parts.append(str(part))
+        else:
+            parts.append('"' + printable(str(part)).replace('"', '\\"') + '"')
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            node = None
+    return ".".join(parts) or "(top level)"
+
+
+def problems_from_validation(err: ValidationError, data: Any = None) -> list[FieldProblem]:
     problems = []
     for item in err.errors(include_url=False):
-        loc = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        loc = field_path(tuple(item["loc"]), data)
         message = str(item["msg"])
         if item["type"] == "value_error" and message.startswith("Value error, "):
             message = message[len("Value error, ") :]
@@ -126,21 +157,34 @@ def validate_model(model_type: type[ModelT], data: dict[str, Any], source: str) 
     try:
         return model_type.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(source, problems_from_validation(err)) from None
+        raise ConfigError(source, problems_from_validation(err, data)) from None
 
 
 def load_toml_model(model_type: type[ModelT], path: str | Path) -> ModelT:
     """Read a TOML file into a schema; every failure is a ConfigError naming the file and field."""
     path = Path(path)
     source = str(path)
+    def problem(message: str, fix: str) -> ConfigError:
+        return ConfigError(source, [FieldProblem(field="(file)", message=message, fix=fix)])
+
     try:
-        raw = path.read_bytes()
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise problem("is a directory", "give the path of a TOML file")
+        if not stat.S_ISREG(info.st_mode):
+            raise problem("is not a regular file", "give the path of a TOML file")
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_TOML_BYTES + 1)
+    except ConfigError:
+        raise
     except FileNotFoundError:
-        raise ConfigError(source, [FieldProblem(field="(file)", message="file not found", fix="check the path")]) from None
-    except IsADirectoryError:
-        raise ConfigError(source, [FieldProblem(field="(file)", message="is a directory", fix="give the path of a TOML file")]) from None
+        raise problem("file not found", "check the path") from None
     except PermissionError:
-        raise ConfigError(source, [FieldProblem(field="(file)", message="permission denied", fix="make the file readable")]) from None
+        raise problem("permission denied", "make the file readable") from None
+    except OSError as exc:
+        raise problem(f"cannot read it: {exc.strerror or exc}", "check the path") from None
+    except ValueError as exc:  # e.g. an embedded NUL byte
+        raise problem(f"invalid path: {exc}", "check the path") from None
     return validate_model(model_type, parse_toml_text(raw, source), source)
 
 

@@ -95,7 +95,7 @@ class RunSection(StrictModel):
 
     name: str = Field(pattern=IDENTIFIER, description="Run name (used in logs and pod names)")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the run")
-    tasks: list[str] = Field(min_length=1, max_length=256, description="Task ids, resolved as <task_specs_dir>/<id>.toml")
+    tasks: list[Annotated[str, Field(pattern=IDENTIFIER)]] = Field(min_length=1, max_length=256, description="Task ids, resolved as <task_specs_dir>/<id>.toml")
     task_specs_dir: str = Field(default="tasks_specs", min_length=1, max_length=4096, description="Folder of task specs, relative to the config file")
     max_outer_steps: int = Field(default=5, ge=1, le=1_000_000, description="Stop after this many outer updates")
 

@@ -55,17 +55,24 @@ def pg_url() -> Iterator[str]:
 
 @pytest.fixture
 def redis_url() -> Iterator[str]:
-    """A Redis database number of its own, flushed before and after."""
+    """A Redis database number reserved for this test (lock key in db 0), flushed before and after."""
     require_service(REDIS_HOST, REDIS_PORT, "Redis")
     import redis
 
-    number = 1 + (os.getpid() + uuid.uuid4().int) % 15
+    registry = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=0)
+    owner = f"{os.getpid()}:{uuid.uuid4().hex}"
+    number = next((n for n in range(1, 16) if registry.set(f"metarl-test-db-lock:{n}", owner, nx=True, ex=3600)), None)
+    if number is None:
+        pytest.fail("all Redis test databases 1-15 are reserved by other test sessions")
     url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{number}"
     client = redis.Redis.from_url(url)
     client.flushdb()
     yield url
     client.flushdb()
     client.close()
+    if registry.get(f"metarl-test-db-lock:{number}") == owner.encode():
+        registry.delete(f"metarl-test-db-lock:{number}")
+    registry.close()
 
 
 @pytest.fixture
