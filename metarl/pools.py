@@ -28,6 +28,18 @@ def signal_group(pgid: int, signum: int) -> None:
         return
 
 
+def stop_process_group(process: subprocess.Popen[bytes] | subprocess.Popen[str], timeout_s: float = 10.0) -> None:
+    """SIGTERM a process group (warm shutdown), wait, then SIGKILL whatever is left of it."""
+    if process.poll() is None:
+        signal_group(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    signal_group(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 class WorkerPools:
     """One worker process per pool, each in its own process group; stopped warm, then killed."""
 
@@ -62,10 +74,5 @@ class WorkerPools:
             if process.poll() is None:
                 signal_group(process.pid, signal.SIGTERM)
         for process in self.processes.values():
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                signal_group(process.pid, signal.SIGKILL)
-                process.wait()
-            signal_group(process.pid, signal.SIGKILL)
+            stop_process_group(process, timeout_s)
         self.processes.clear()

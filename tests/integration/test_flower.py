@@ -7,7 +7,6 @@ import base64
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from metarl.pools import stop_process_group
 
 from metarl.settings import BROKER_ENV, DATABASE_ENV
 from tests.conftest import REPO
@@ -53,20 +54,7 @@ def get(url: str, auth: tuple[str, str] | None, timeout: float = 10.0) -> tuple[
 
 def stop_process(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM the process group we created, then SIGKILL whatever is left."""
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
+    stop_process_group(process)
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@ and `metarl metrics` served as a subprocess and scraped once over 127.0.0.1."""
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from metarl.pools import stop_process_group
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -243,17 +243,7 @@ def metrics_server(service_env: dict[str, str], tmp_path: Path) -> Iterator[tupl
     try:
         yield f"http://127.0.0.1:{port}/metrics", log_path
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
+        stop_process_group(process)
 
 
 def test_metrics_command_serves_over_loopback(metrics_server: tuple[str, Path], records: dict[str, str], queued: dict[str, int]) -> None:

@@ -220,7 +220,7 @@ def test_metrics_listens_on_all_interfaces_but_publishes_on_loopback(services: d
     (argv,) = command_lines(services["metrics"])
     args = build_parser().parse_args(argv[1:])
     assert args.command == "metrics" and args.host == "0.0.0.0"
-    assert any(str(port).startswith(f"127.0.0.1:") and str(port).endswith(f":{args.port}") for port in services["metrics"]["ports"])
+    assert any(str(port).startswith("127.0.0.1:") and str(port).endswith(f":{args.port}") for port in services["metrics"]["ports"])
 
 
 def test_flower(services: dict[str, Any], raw: dict[str, Any]) -> None:

@@ -19,7 +19,6 @@ import pytest
 import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from metarl.probe import ProbeVerdict, probe_job_text
 from metarl.runconfig import load_run
