@@ -14,7 +14,7 @@ from metarl.ledger import record_cost
 from metarl.reward import RewardBreakdown, RewardInputs, compute_reward
 from orchestrator.transitions import TERMINAL_STAGES, Transition
 from schemas.base import FieldProblem
-from schemas.records import Episode, EpisodeGroup, GroupStatus, InnerJob, ProbeAttempt, Reward, Run, Stage
+from schemas.records import Episode, EpisodeGroup, GroupStatus, InnerJob, PolicyVersion, ProbeAttempt, Reward, Run, Stage
 from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
@@ -43,7 +43,11 @@ def build_context(session: Session, run: Run, episode: Episode, config: RunConfi
             select(ProbeAttempt.errors).where(ProbeAttempt.episode_id == episode.id, ProbeAttempt.attempt == episode.probe_attempt - 1)
         ).scalar_one_or_none()
         feedback = [FieldProblem.model_validate(item) for item in (previous or [])]
+    state_uri = session.execute(
+        select(PolicyVersion.state_uri).where(PolicyVersion.run_id == run.id, PolicyVersion.version == episode.policy_version)
+    ).scalar_one_or_none()
     return EpisodeContext(
+        policy_state_uri=state_uri,
         run_id=run.id,
         episode_id=episode.id,
         task=task_of(run, episode.task_id),

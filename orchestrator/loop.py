@@ -36,6 +36,7 @@ FINAL_STATUSES = (RunStatus.finished, RunStatus.stopped, RunStatus.failed)
 
 def create_run(database_url: str, config: RunConfig, task_specs: dict[str, TaskSpec]) -> str:
     """Insert the run row and policy version 0; return the run id."""
+    from metarl.backends.registry import outer_backend
     from schemas.records import PolicyVersion
 
     run_id = str(uuid.uuid4())
@@ -51,7 +52,8 @@ def create_run(database_url: str, config: RunConfig, task_specs: dict[str, TaskS
             )
         )
         session.flush()
-        session.add(PolicyVersion(run_id=run_id, version=0, backend=config.backends.outer.type))
+        state_uri = outer_backend(config).initial_state(run_id, config)
+        session.add(PolicyVersion(run_id=run_id, version=0, backend=config.backends.outer.type, state_uri=state_uri))
     return run_id
 
 

@@ -75,10 +75,26 @@ class LocalEvalBackend(StrictModel):
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of pass@k sampling")
 
 
-AgentBackend = SimAgentBackend
+class LocalAgentBackend(StrictModel):
+    """The local trainer-agent policy: a small torch policy writing jobs in a compact job language."""
+
+    type: Literal["local"] = Field(description="Backend kind")
+    temperature: float = Field(default=1.0, gt=0.0, le=5.0, description="Sampling temperature of the policy")
+    init_seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the untrained policy's weights")
+
+
+class LocalOuterBackend(StrictModel):
+    """Importance-sampling GRPO update of the local policy with Adam (torch on the CPU)."""
+
+    type: Literal["local"] = Field(description="Backend kind")
+    normalize_std: bool = Field(default=False, description="Divide group-relative advantages by the group's std")
+    max_grad_norm: float = Field(default=1.0, gt=0.0, le=1000.0, description="Gradient-norm clip of the outer step")
+
+
+AgentBackend = Annotated[Union[SimAgentBackend, LocalAgentBackend], Field(discriminator="type")]
 TrainBackend = Annotated[Union[SimTrainBackend, LocalTrainBackend], Field(discriminator="type")]
 EvalBackend = Annotated[Union[SimEvalBackend, LocalEvalBackend], Field(discriminator="type")]
-OuterBackend = SimOuterBackend
+OuterBackend = Annotated[Union[SimOuterBackend, LocalOuterBackend], Field(discriminator="type")]
 
 
 class Backends(StrictModel):
@@ -185,3 +201,9 @@ class RunConfig(StrictModel):
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     services: ServicesConfig = Field(default_factory=ServicesConfig)
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
+
+    @model_validator(mode="after")
+    def _local_agent_needs_local_outer(self) -> "RunConfig":
+        if isinstance(self.backends.agent, LocalAgentBackend) != isinstance(self.backends.outer, LocalOuterBackend):
+            raise ValueError("backends.agent and backends.outer must both be `local` (the outer update trains the agent's policy) or neither")
+        return self

@@ -10,12 +10,12 @@ from celery import Task
 from sqlalchemy import or_, select, update
 
 from metarl.backends import registry
-from metarl.backends.base import OuterBatchEpisode
+from metarl.backends.base import OuterBatchEpisode, PolicySample
 from metarl.claims import utcnow
 from metarl.db import session_scope
 from metarl.episodes import record_costs, run_config_of
 from orchestrator.step_metrics import outer_step_metrics
-from schemas.records import Episode, EpisodeGroup, OuterStatus, OuterStep, PolicyVersion, Reward, Run
+from schemas.records import Episode, EpisodeGroup, OuterStatus, OuterStep, PolicyVersion, ProbeAttempt, Reward, Run
 from workers.app import app
 from workers.common import database_url, worker_name
 
@@ -64,10 +64,20 @@ def outer_update(self: Task, outer_step_id: int) -> str:
             .where(EpisodeGroup.outer_step_id == outer_step_id)
             .order_by(Episode.id)
         ).all()
-        batch = [OuterBatchEpisode(episode_id=r[0], group_id=r[1], policy_version=r[2], reward=r[3]) for r in rows]
+        samples: dict[int, list[PolicySample]] = {}
+        for attempt in session.execute(
+            select(ProbeAttempt).where(ProbeAttempt.episode_id.in_([r[0] for r in rows]), ProbeAttempt.policy_tokens.is_not(None)).order_by(ProbeAttempt.attempt)
+        ).scalars():
+            samples.setdefault(attempt.episode_id, []).append(
+                PolicySample(tokens=attempt.policy_tokens, logprobs=attempt.behaviour_logprobs, prompt_length=attempt.prompt_length)
+            )
+        batch = [OuterBatchEpisode(episode_id=r[0], group_id=r[1], policy_version=r[2], reward=r[3], samples=samples.get(r[0], [])) for r in rows]
         run_id, step_no, before = step.run_id, step.step, step.policy_version_before
+        base_state_uri = session.execute(
+            select(PolicyVersion.state_uri).where(PolicyVersion.run_id == run_id, PolicyVersion.version == before)
+        ).scalar_one_or_none()
     backend = registry.outer_backend(config)
-    result = backend.update(run_id, step_no, before + 1, batch, config)
+    result = backend.update(run_id, step_no, before + 1, batch, config, base_state_uri)
     with session_scope(url) as session:
         metrics = outer_step_metrics(session, outer_step_id, run_id)
         metrics.update({f"backend_{key}": value for key, value in result.metrics.items()})

@@ -161,6 +161,9 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
                 workspace_uri=submission.workspace_uri,
                 agent_tokens=submission.agent_tokens,
                 agent_backend=backend.name,
+                policy_tokens=submission.sample.tokens if submission.sample else None,
+                behaviour_logprobs=submission.sample.logprobs if submission.sample else None,
+                prompt_length=submission.sample.prompt_length if submission.sample else None,
             )
             .on_conflict_do_nothing(constraint="uq_probe_attempts_episode_id")
         )

@@ -40,6 +40,15 @@ class EpisodeContext(Frozen):
     seed: int = Field(ge=0, description="Seed derived from the run seed and the episode")
     feedback: list[FieldProblem] = Field(default_factory=list, max_length=200, description="Probe errors of the previous attempt")
     artifacts_root: str = Field(min_length=1, max_length=4096, description="Artifact folder or URL of the run")
+    policy_state_uri: str | None = Field(default=None, max_length=4096, description="Saved state of the behaviour policy version")
+
+
+class PolicySample(Frozen):
+    """One sequence sampled by the policy: prompt tokens, completion tokens, behaviour logprobs of the completion."""
+
+    tokens: list[int] = Field(min_length=1, max_length=100_000, description="Prompt followed by completion tokens")
+    logprobs: list[float] = Field(max_length=100_000, description="Behaviour logprob of each completion token")
+    prompt_length: int = Field(ge=1, le=100_000, description="Number of prompt tokens at the start of `tokens`")
 
 
 class AgentSubmission(Frozen):
@@ -49,6 +58,7 @@ class AgentSubmission(Frozen):
     agent_tokens: int = Field(ge=0, le=10**12, description="Policy tokens spent on this attempt")
     workspace_uri: str | None = Field(default=None, max_length=4096, description="Where the workspace was saved")
     costs: list[CostItem] = Field(default_factory=list, max_length=1000, description="Charges of this attempt")
+    sample: "PolicySample | None" = Field(default=None, description="Sampled tokens and behaviour logprobs, for the outer update")
 
 
 class LaunchResult(Frozen):
@@ -87,6 +97,7 @@ class OuterBatchEpisode(Frozen):
     group_id: int = Field(ge=1, description="Group id")
     policy_version: int = Field(ge=0, description="Behaviour policy version")
     reward: float = Field(ge=-1000, le=1000, description="Episode reward")
+    samples: list[PolicySample] = Field(default_factory=list, max_length=1000, description="The episode's sampled attempts")
 
 
 class OuterResult(Frozen):
@@ -130,4 +141,8 @@ class OuterBackend(Protocol):
     name: str
     simulated: bool
 
-    def update(self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig) -> OuterResult: ...
+    def update(
+        self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None
+    ) -> OuterResult: ...
+
+    def initial_state(self, run_id: str, config: RunConfig) -> str | None: ...

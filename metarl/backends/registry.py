@@ -8,11 +8,15 @@ from pathlib import Path
 
 from metarl.backends.local import LocalEval, LocalTrain, local_compile_problems
 from metarl.probe import BackendCheck
-from schemas.run_config import LocalEvalBackend, LocalTrainBackend, RunConfig
+from metarl.backends.local_agent import LocalAgent, LocalOuter
+from schemas.run_config import LocalAgentBackend, LocalEvalBackend, LocalOuterBackend, LocalTrainBackend, RunConfig
 
 
 def agent_backend(config: RunConfig) -> AgentBackend:
-    return SimAgent(config.backends.agent)
+    backend = config.backends.agent
+    if isinstance(backend, LocalAgentBackend):
+        return LocalAgent(backend)
+    return SimAgent(backend)
 
 
 def train_backend(config: RunConfig) -> TrainBackend:
@@ -30,7 +34,10 @@ def eval_backend(config: RunConfig) -> EvalBackend:
 
 
 def outer_backend(config: RunConfig) -> OuterBackend:
-    return SimOuter(config.backends.outer)
+    backend, agent = config.backends.outer, config.backends.agent
+    if isinstance(backend, LocalOuterBackend) and isinstance(agent, LocalAgentBackend):
+        return LocalOuter(backend, agent)
+    return SimOuter(backend)
 
 
 def probe_checks(config: RunConfig) -> list[BackendCheck]:

@@ -221,7 +221,12 @@ class SimOuter:
     def __init__(self, config: SimOuterBackend):
         self.config = config
 
-    def update(self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig) -> OuterResult:
+    def initial_state(self, run_id: str, config: RunConfig) -> str | None:
+        return None
+
+    def update(
+        self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None
+    ) -> OuterResult:
         rng = seeded_rng("outer", run_id, step)
         time.sleep(sample_duration(self.config.duration, rng))
         rewards = [episode.reward for episode in batch]

@@ -1,0 +1,51 @@
+"""The local trainer-agent policy and its importance-sampling outer update, wired into the pools."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from sqlalchemy import select
+
+from metarl.db import session_scope
+from metarl.policy.local_policy import LocalPolicy
+from schemas.records import OuterStep, PolicyVersion, ProbeAttempt, Run, RunStatus
+from tests.conftest import metarl_cli
+from tests.integration.helpers import assert_exactly_once, sim_config
+
+pytestmark = pytest.mark.integration
+
+LOCAL_POLICY = """
+[backends.agent]
+type = "local"
+
+[backends.outer]
+type = "local"
+"""
+
+
+def test_local_policy_samples_jobs_and_outer_steps_change_its_weights(tmp_path, service_env, pools, pg_url):
+    config = sim_config(tmp_path, name="policy", max_outer_steps=3)
+    text = config.read_text()
+    text = re.sub(r'\[backends.agent\]\ntype = "sim"\nduration = .*\n', "", text)
+    text = re.sub(r'\[backends.outer\]\ntype = "sim"\nduration = .*\n', "", text)
+    config.write_text(text + LOCAL_POLICY)
+    done = metarl_cli(["run", str(config), "--no-workers", "--quiet"], service_env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = re.search(r"run ([0-9a-f\-]{36})", done.stdout).group(1)
+    with session_scope(pg_url) as session:
+        assert session.get(Run, run_id).status == RunStatus.finished
+        assert_exactly_once(session, run_id, tmp_path / "artifacts")
+        attempts = session.execute(select(ProbeAttempt)).scalars().all()
+        assert attempts and all(a.agent_backend == "local" and a.policy_tokens and len(a.behaviour_logprobs) == len(a.policy_tokens) - a.prompt_length for a in attempts)
+        assert all(Path(a.workspace_uri, "job.toml").read_text() == a.job_toml for a in attempts)
+        versions = session.execute(select(PolicyVersion).where(PolicyVersion.run_id == run_id).order_by(PolicyVersion.version)).scalars().all()
+        assert [v.version for v in versions] == [0, 1, 2, 3]
+        assert all(Path(v.state_uri).exists() for v in versions)
+        steps = session.execute(select(OuterStep).where(OuterStep.run_id == run_id)).scalars().all()
+        assert all("backend_ratio_mean" in s.metrics for s in steps)
+    first, last = LocalPolicy.from_state(versions[0].state_uri), LocalPolicy.from_state(versions[-1].state_uri)
+    changed = any(not torch.equal(a, b) for a, b in zip(first.net.state_dict().values(), last.net.state_dict().values()))
+    assert changed, "three outer steps left the policy weights unchanged"

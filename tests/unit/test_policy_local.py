@@ -1,0 +1,133 @@
+"""The local torch policy: grammatical, deterministic sampling; behaviour logprobs; state files; initial mix."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from metarl.backends.local import local_compile_problems
+from metarl.policy import job_language as jl
+from metarl.policy.local_policy import LocalPolicy, PolicyConfig
+from metarl.probe import probe_job_text
+from schemas.base import FieldProblem, load_toml_model
+from schemas.task_spec import TaskSpec
+
+REPO = Path(__file__).resolve().parents[2]
+TASK = load_toml_model(TaskSpec, REPO / "tasks_specs" / "addition.toml")
+CTX = jl.context_tokens("addition")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """A tiny model: one intra-op thread is far faster than contending for shared cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_policy_is_small():
+    assert LocalPolicy().num_parameters() < 100_000
+
+
+def test_samples_are_complete_jobs_with_one_logprob_per_job_token():
+    policy = LocalPolicy()
+    samples = policy.sample_batch([CTX, jl.context_tokens("sorting", 3, [FieldProblem(field="model.name", message="m", fix="f")])] * 20, list(range(40)))
+    for sample in samples:
+        assert sample.tokens[: sample.prompt_length] == sample.prompt_tokens
+        assert jl.is_complete(sample.job_tokens)
+        assert len(sample.logprobs) == len(sample.job_tokens)
+        assert all(lp <= 0 for lp in sample.logprobs)
+        assert "[model]" in sample.render(seed=1)
+
+
+def test_sampling_is_deterministic_given_a_seed_and_independent_of_the_batch():
+    policy = LocalPolicy()
+    a = policy.sample(CTX, seed=123)
+    b = policy.sample(CTX, seed=123)
+    assert a == b
+    batch = policy.sample_batch([jl.context_tokens("caesar"), CTX, CTX], [5, 123, 9])
+    assert batch[1].tokens == a.tokens
+    assert batch[1].logprobs == pytest.approx(a.logprobs, abs=1e-5)
+    distinct = {tuple(policy.sample(CTX, seed=s).tokens) for s in range(30)}
+    assert len(distinct) > 10
+    # the same init seed gives the same policy
+    assert LocalPolicy().sample(CTX, seed=123) == a
+    assert LocalPolicy(PolicyConfig(init_seed=1)).sample_batch([CTX] * 8, list(range(8))) != policy.sample_batch([CTX] * 8, list(range(8)))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behaviour_logprobs_match_training_logprobs(temperature):
+    policy = LocalPolicy()
+    for seed in range(5):
+        sample = policy.sample(CTX, seed=seed, temperature=temperature)
+        recomputed = policy.logprobs(sample.prompt_tokens, sample.job_tokens, temperature=temperature)
+        assert recomputed.requires_grad
+        assert recomputed.detach() == pytest.approx(torch.tensor(sample.logprobs), abs=1e-5)
+
+
+def test_target_logprobs_reject_ungrammatical_jobs():
+    policy = LocalPolicy()
+    bad = CTX + jl.parse_tokens("lr=default")
+    with pytest.raises(ValueError, match="not allowed"):
+        policy.target_logprobs(torch.tensor([bad[:-1]]), torch.tensor([bad[1:]]), [len(bad) - 1])
+
+
+def test_bad_contexts_are_refused():
+    policy = LocalPolicy()
+    with pytest.raises(ValueError, match="<sep>"):
+        policy.sample(CTX[:-1], seed=0)
+    with pytest.raises(ValueError, match="one seed per context"):
+        policy.sample_batch([CTX], [1, 2])
+
+
+def test_state_round_trips_with_adam_state_and_loads_weights_only(tmp_path):
+    policy = LocalPolicy()
+    optimizer = policy.make_optimizer(1e-2)
+    sample = policy.sample(CTX, seed=0)
+    loss = -policy.logprobs(sample.prompt_tokens, sample.job_tokens).sum()
+    loss.backward()
+    optimizer.step()
+    path = tmp_path / "state" / "policy.pt"
+    policy.save_state(path)
+    payload = torch.load(path, weights_only=True)
+    assert payload["optimizer"]["state"]  # Adam moments were saved
+    restored = LocalPolicy.from_state(path)
+    for (name, a), (_, b) in zip(policy.net.state_dict().items(), restored.net.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert restored.sample(CTX, seed=4) == policy.sample(CTX, seed=4)
+    state_a, state_b = policy.optimizer.state_dict()["state"], restored.optimizer.state_dict()["state"]
+    assert all(torch.equal(state_a[k]["exp_avg"], state_b[k]["exp_avg"]) for k in state_a)
+    other = LocalPolicy(PolicyConfig(init_seed=5))
+    other.load_state(path)
+    assert other.sample(CTX, seed=4) == policy.sample(CTX, seed=4)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["policy.pt"]  # no temp files left
+
+
+def test_load_refuses_a_foreign_file(tmp_path):
+    path = tmp_path / "x.pt"
+    torch.save({"format": "something-else"}, path)
+    with pytest.raises(ValueError, match="not a local policy state"):
+        LocalPolicy().load_state(path)
+    policy = LocalPolicy(PolicyConfig(hidden_dim=16))
+    policy.save_state(tmp_path / "small.pt")
+    with pytest.raises(ValueError, match="embed/hidden"):
+        LocalPolicy().load_state(tmp_path / "small.pt")
+
+
+def test_untrained_policy_gives_a_mix_of_valid_and_invalid_mostly_default_jobs():
+    policy = LocalPolicy()
+    samples = policy.sample_batch([CTX] * 300, list(range(300)))
+    verdicts = [probe_job_text(sample.render(seed=0), TASK, [local_compile_problems]) for sample in samples]
+    passed = sum(v.passed for v in verdicts) / len(verdicts)
+    choices = [jl.decode_job(sample.job_tokens) for sample in samples]
+    larger = sum(c.model == "Qwen/Qwen3-1.7B" for c in choices) / len(choices)
+    explicit = sum(c.explicit for c in choices) / (7 * len(choices))
+    fields = Counter(jl.feedback_kind(p.field) for v in verdicts for p in v.errors)
+    assert 0.6 < passed < 0.95, passed
+    assert 0.25 < larger < 0.6, larger
+    assert 0.1 < explicit < 0.35, explicit
+    assert len(fields) >= 3, fields  # several kinds of mistakes for the probe to report
