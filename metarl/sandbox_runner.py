@@ -1,0 +1,448 @@
+"""Child side of :mod:`metarl.sandbox`: runs agent-written code under limits and reports one JSON frame.
+
+Started by the parent as ``python -I -S -B sandbox_runner.py`` with cwd = the workspace, an almost
+empty environment and the request (JSON) on stdin. It uses the standard library only and must not
+import metarl (with ``-I -S`` neither the repository nor site-packages is on ``sys.path``).
+
+Order of events (each step before the agent's code runs):
+
+1. read the whole request from stdin, then point stdin at /dev/null;
+2. import an allowlist of pure standard-library modules (the only modules the agent's code may
+   import later: every other import is refused, so process, network and FFI extension modules
+   can never be loaded, and behaviour does not depend on whether the stdlib is readable after
+   the privilege drop);
+3. isolate: a new network namespace (no interfaces but a down loopback) through ``unshare(2)``,
+   run as ``nobody`` when started as root (so RLIMIT_NPROC and file permissions apply), set
+   ``no_new_privs`` and clear the dumpable flag; each step that the kernel refuses is left out
+   of the reported ``isolation`` list;
+4. resource limits: CPU seconds, address space, file size, open files, no core dumps, and
+   RLIMIT_NPROC = 0 (no new processes or threads);
+5. move the result channel to a private fd and send fd 1 to stderr, so prints cannot mix with it;
+6. install an audit hook that denies every event not on an allowlist (fork, exec, spawn,
+   subprocess, sockets, ctypes, signals to other processes, file changes, opening any file for
+   writing, reading anything but plain files inside the workspace or the stdlib, listing
+   directories outside the workspace). A denied event ends the process at once with a
+   ``forbidden`` frame, so the agent's code cannot catch it and carry on. Imports of modules outside the allowlist raise ImportError (or end with
+   ``forbidden`` for process, network and FFI modules).
+
+The result channel carries ``{"status": "ready"}`` once set-up is done (so the parent can tell a
+set-up failure, which is not the agent's fault, from a failure of the agent's code), then one
+frame, a line of JSON:
+``{"status": "ok", "isolation": [...], "exports": {...}, "calls": [...]}`` or
+``{"status": "error", "kind": ..., "message": ..., ...}``. The parent validates it; the agent's
+code could forge it (it shares the process), which gains it nothing it could not compute anyway.
+"""
+
+import os
+import sys
+
+MAX_REQUEST_BYTES = 32 * 1024 * 1024
+RESERVE_BYTES = 4 * 1024 * 1024
+MAX_MESSAGE_CHARS = 1000
+READY_LINE = b'{"status": "ready"}\n'
+
+ALLOWED_MODULES = (
+    "abc", "array", "base64", "binascii", "bisect", "calendar", "cmath", "collections",
+    "collections.abc", "contextlib", "copy", "dataclasses", "datetime", "decimal", "difflib",
+    "enum", "fractions", "functools", "hashlib", "heapq", "html", "itertools", "json", "keyword",
+    "math", "numbers", "operator", "pprint", "random", "re", "reprlib", "statistics", "string",
+    "struct", "textwrap", "time", "types", "typing", "unicodedata", "warnings", "weakref", "zlib",
+    "_strptime", "encodings.ascii", "encodings.latin_1", "encodings.utf_16", "encodings.utf_32",
+    "encodings.unicode_escape", "encodings.raw_unicode_escape",
+)
+"""Modules the environment module may import (pre-imported before the audit hook)."""
+
+DANGEROUS_MODULES = frozenset(
+    {
+        "_ctypes", "ctypes", "_posixsubprocess", "subprocess", "multiprocessing", "_multiprocessing",
+        "_socket", "socket", "ssl", "_ssl", "select", "selectors", "asyncio", "pty", "fcntl", "mmap",
+        "resource", "signal", "shutil", "tempfile", "urllib", "http", "ftplib", "smtplib", "telnetlib",
+        "poplib", "imaplib", "nntplib", "xmlrpc", "socketserver", "webbrowser", "sqlite3", "_sqlite3",
+        "threading", "concurrent", "importlib", "runpy", "pathlib", "glob", "io", "_io", "posix", "os",
+        "gc", "sys", "builtins", "inspect", "code", "pdb", "faulthandler", "tracemalloc",
+    }
+)
+"""Imports that end the run as ``forbidden`` (process, network, FFI, introspection)."""
+
+ALLOWED_EVENTS = frozenset(
+    {
+        "compile", "exec", "code.__new__", "function.__new__", "object.__getattr__",
+        "object.__setattr__", "object.__delattr__", "sys._getframe", "time.sleep", "array.__new__",
+        "marshal.dumps", "marshal.loads", "os.putenv", "os.unsetenv", "builtins.id",
+        "sys.excepthook", "sys.unraisablehook", "cpython.PyInterpreterState_Clear",
+        "cpython.PyInterpreterState_New", "cpython._PySys_ClearAuditHooks", "random.seed",
+        "hashlib.new",
+    }
+)
+"""Audit events the agent's code may raise; ``open``, ``import``, ``os.listdir`` and
+``os.scandir`` are checked separately and every other event is denied."""
+
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _short(text):
+    text = str(text)
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "..."
+
+
+def _isolate(request, applied):
+    """Network namespace, privilege drop, no_new_privs, not dumpable (ctypes unloaded afterwards)."""
+    libc = None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except Exception:  # noqa: BLE001 - no ctypes: audit hook only
+        libc = None
+    if request.get("isolate_network", True):
+        unshare = getattr(os, "unshare", None)  # Python 3.12+; ctypes on 3.11
+
+        def unshared(flags):
+            if unshare is not None:
+                try:
+                    unshare(flags)
+                    return True
+                except OSError:
+                    return False
+            return libc is not None and libc.unshare(flags) == 0
+
+        if unshared(CLONE_NEWNET):
+            applied.append("network-namespace")
+        elif os.geteuid() != 0 and unshared(CLONE_NEWUSER | CLONE_NEWNET):
+            applied.append("network-namespace(user)")
+    if request.get("drop_privileges", True) and os.geteuid() == 0:
+        uid, gid = int(request.get("uid", 65534)), int(request.get("gid", 65534))
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+        if os.getuid() == 0 or os.geteuid() == 0:
+            raise RuntimeError("could not drop root privileges")
+        applied.append(f"uid-{uid}")
+    if libc is not None:
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
+            applied.append("no-new-privs")
+        if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0:
+            applied.append("not-dumpable")
+    libc = None  # drop the handle; ctypes is unloaded next
+    for name in [name for name in sys.modules if name == "ctypes" or name.startswith(("ctypes.", "_ctypes"))]:
+        del sys.modules[name]
+
+
+def _limits(limits, applied):
+    import resource
+
+    def cap(which, soft, hard=None):
+        hard = soft if hard is None else hard
+        _, current_hard = resource.getrlimit(which)
+        if current_hard != resource.RLIM_INFINITY:
+            soft, hard = min(soft, current_hard), min(hard, current_hard)
+        resource.setrlimit(which, (soft, hard))
+
+    cpu = int(limits["cpu_seconds"])
+    cap(resource.RLIMIT_CPU, cpu, cpu + 1)
+    cap(resource.RLIMIT_AS, int(limits["memory_bytes"]))
+    cap(resource.RLIMIT_FSIZE, int(limits["file_size_bytes"]))
+    cap(resource.RLIMIT_NOFILE, int(limits["open_files"]))
+    cap(resource.RLIMIT_CORE, 0)
+    cap(resource.RLIMIT_NPROC, 0)
+    applied.append("rlimits")
+
+
+def _make_hook(out_fd, read_roots, list_roots, isolation_json):
+    """The audit hook. It uses only values captured here (C functions, exact types, constants),
+    never module or builtins globals, so monkeypatching from the agent's code cannot change it."""
+    import _json
+    import _stat
+
+    encode = _json.encode_basestring_ascii
+    write = os.write
+    exit_now = os._exit
+    lstat = os.lstat
+    is_link, is_reg, is_dir = _stat.S_ISLNK, _stat.S_ISREG, _stat.S_ISDIR
+    allowed = ALLOWED_EVENTS
+    dangerous = DANGEROUS_MODULES
+    write_flags = WRITE_FLAGS
+    workspace = list_roots[0]
+    read_roots, list_roots = tuple(read_roots), tuple(list_roots)
+    type_of, repr_of, memview = type, repr, memoryview
+    str_type, bytes_type, int_type = str, bytes, int
+    os_error, import_error = OSError, ImportError
+    allowed_modules = ", ".join(sorted(name for name in ALLOWED_MODULES if not name.startswith(("_", "encodings."))))
+
+    def deny(event, detail):
+        frame = (
+            '{"status":"error","kind":"forbidden","event":' + encode(event) + ',"message":'
+            + encode("the sandbox refused " + event + ": " + detail) + ',"isolation":' + isolation_json + "}\n"
+        )
+        try:
+            view = memview(frame.encode("ascii"))
+            while view:
+                view = view[write(out_fd, view):]
+        finally:
+            exit_now(0)
+
+    def check_path(path, event, want_dir, roots):
+        """Deny unless the path is (lexically) inside one of roots with no link on the way."""
+        if type_of(path) is bytes_type:
+            try:
+                path = path.decode("utf-8", "strict")
+            except Exception:  # noqa: BLE001
+                deny(event, "the path is not UTF-8")
+        if type_of(path) is not str_type:
+            deny(event, "only plain str paths are allowed")
+        if "\x00" in path:
+            deny(event, "the path contains NUL")
+        shown = repr_of(path)[:200]
+        full = path if path.startswith("/") else workspace + "/" + path
+        parts = []
+        for part in full.split("/"):
+            if part == "" or part == ".":
+                continue
+            if part == "..":
+                deny(event, shown + " goes up a level; only files inside the workspace can be read")
+            parts.append(part)
+        normal = "/" + "/".join(parts)
+        root = None
+        for candidate in roots:
+            if normal == candidate or normal.startswith(candidate + "/"):
+                root = candidate
+                break
+        if root is None:
+            deny(event, shown + " is outside the workspace; only files inside it can be read")
+        # Check each component with lstat. Inside the workspace the check uses paths relative to
+        # the cwd (the workspace; chdir is denied), so it resolves exactly as a relative open does
+        # even when the absolute path is not traversable (after the privilege drop). When lstat
+        # fails the operation itself fails the same way, so it is let through to fail.
+        relative = root == workspace
+        rest = [part for part in normal[len(root):].split("/") if part != ""]
+        if not relative and ("site-packages" in rest or "dist-packages" in rest):
+            deny(event, shown + " is in site-packages; only the standard library can be read")
+        walked = "" if relative else root
+        for part in rest:
+            walked = (walked + "/" + part) if walked else part
+            try:
+                mode = lstat(walked).st_mode
+            except os_error:
+                return
+            if is_link(mode):
+                deny(event, shown + " goes through a symbolic link")
+        if not rest:
+            mode = lstat(".").st_mode if relative else lstat(root).st_mode
+        if want_dir and not is_dir(mode):
+            deny(event, shown + " is not a directory")
+        if not want_dir and not is_reg(mode):
+            deny(event, shown + " is not a regular file")
+
+    def hook(event, args):
+        if event in allowed:
+            return
+        if event == "open":
+            path, mode, flags = args
+            if type_of(path) is int_type:
+                deny(event, "opening file descriptors is not allowed")
+            if type_of(mode) is str_type:
+                for ch in "wax+":
+                    if ch in mode:
+                        deny(event, "writing files is not allowed; compute the reward from the arguments")
+            if type_of(flags) is int_type and flags & write_flags:
+                deny(event, "writing files is not allowed; compute the reward from the arguments")
+            check_path(path, event, False, read_roots)
+            return
+        if event == "os.listdir" or event == "os.scandir":
+            path = args[0] if args else None
+            check_path(workspace if path is None else path, event, True, list_roots)
+            return
+        if event == "import":
+            name = args[0]
+            if type_of(name) is not str_type:
+                deny(event, "odd import")
+            if name.split(".")[0] in dangerous:
+                deny(event, "module " + name + " (processes, network, FFI or interpreter internals) is not allowed")
+            raise import_error("import of " + name + " is not allowed in the sandbox; allowed modules: " + allowed_modules)
+        deny(event, "not allowed in the sandbox (no processes, network, signals, file changes or interpreter introspection)")
+
+    return hook
+
+
+def _plain(value, depth, budget):
+    """A copy of a returned value made only of exact JSON types; ValueError otherwise."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ValueError("the return value is too large")
+    kind = type(value)
+    if value is None or kind is bool or kind is str:
+        return value
+    if kind is int:
+        if not -(2**53) <= value <= 2**53:
+            raise ValueError("an integer in the return value is too large")
+        return value
+    if kind is float:
+        if not float("-inf") < value < float("inf"):  # NaN compares false too
+            raise ValueError("the return value contains NaN or infinity")
+        return value
+    if depth > 16:
+        raise ValueError("the return value is nested too deeply")
+    if kind is list or kind is tuple:
+        return [_plain(item, depth + 1, budget) for item in value]
+    if kind is dict:
+        out = {}
+        for key in list(dict.keys(value)):
+            if type(key) is not str:
+                raise ValueError("dictionary keys in the return value must be str")
+            out[key] = _plain(dict.__getitem__(value, key), depth + 1, budget)
+        return out
+    raise ValueError("the function returned a " + kind.__name__ + "; return a number (or other plain JSON value)")
+
+
+def _user_line(exc, filename):
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def _describe(exc):
+    if isinstance(exc, SystemExit):
+        return "SystemExit", "the code called exit(); return a value instead"
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001
+        text = "(unprintable)"
+    return type(exc).__name__, _short(text)
+
+
+def _exports(namespace):
+    functions = sorted(name for name, value in namespace.items() if type(name) is str and not name.startswith("_") and callable(value))[:100]
+    components = None
+    problem = None
+    if "COMPONENTS" in namespace:
+        value = namespace["COMPONENTS"]
+        if type(value) is not dict:
+            problem = "COMPONENTS must be a dict mapping names to functions, not " + type(value).__name__
+        else:
+            bad = [key for key, fn in dict.items(value) if type(key) is not str or not callable(fn)]
+            if bad:
+                problem = "COMPONENTS must map str names to functions; bad entries: " + _short(repr(bad[:5]))
+            else:
+                components = sorted(dict.keys(value))[:64]
+    return {"functions": functions, "components": components, "components_problem": problem}
+
+
+def main():
+    import json
+
+    dumps = json.dumps
+    out_fd = os.dup(1)
+    applied = []
+
+    def finish(frame):
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001, S110 - the agent's code may have broken its stdio
+            pass
+        frame.setdefault("isolation", applied)
+        _write_all(out_fd, (dumps(frame) + "\n").encode("utf-8"))
+        os._exit(0)
+
+    try:
+        raw = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
+        if len(raw) > MAX_REQUEST_BYTES:
+            raise ValueError("request too large")
+        request = json.loads(raw)
+        source = request["source"]
+        filename = request["filename"]
+        calls = request["calls"]
+        limits = request["limits"]
+        max_value_items = int(request.get("max_value_items", 100_000))
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        workspace = os.path.realpath(os.getcwd())
+        missing = []
+        for name in ALLOWED_MODULES:
+            try:
+                __import__(name)
+            except ImportError:
+                missing.append(name)
+        import _json  # noqa: F401 - the hook's encoder
+        import linecache  # noqa: F401 - used by tracebacks the agent's code may format
+        import resource  # noqa: F401 - needed after the privilege drop, when the stdlib may be unreadable
+        import traceback  # noqa: F401
+
+        _isolate(request, applied)
+        _limits(limits, applied)
+        os.dup2(2, 1)
+        applied.append("audit-hook")
+        stdlib = os.path.realpath(os.path.dirname(os.__file__))
+        hook = _make_hook(out_fd, [workspace, stdlib], [workspace], dumps(applied))
+        reserve = bytearray(RESERVE_BYTES)
+    except BaseException as exc:  # noqa: BLE001 - bootstrap failure: fail closed
+        kind, message = _describe(exc)
+        finish({"status": "error", "kind": "bootstrap", "type": kind, "message": "sandbox bootstrap failed: " + message})
+        return
+
+    sys.addaudithook(hook)
+    _write_all(out_fd, READY_LINE)  # set-up done: anything after this is the agent's responsibility
+    namespace = {"__name__": "environment", "__builtins__": __builtins__}
+    try:
+        try:
+            code = compile(source, filename, "exec")
+        except SyntaxError as exc:
+            finish({"status": "error", "kind": "crash", "type": "SyntaxError", "message": _short(exc.msg), "line": exc.lineno})
+        except (ValueError, RecursionError) as exc:
+            kind, message = _describe(exc)
+            finish({"status": "error", "kind": "crash", "type": kind, "message": message})
+        try:
+            exec(code, namespace)  # noqa: S102 - running the agent's module is the point
+        except MemoryError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - any failure at import is the module's fault
+            kind, message = _describe(exc)
+            finish({"status": "error", "kind": "crash", "type": kind, "message": "importing the module failed: " + message, "line": _user_line(exc, filename)})
+        exports = _exports(namespace)
+        outcomes = []
+        budget = [max_value_items]
+        for call in calls:
+            function, key = call.get("function"), call.get("key")
+            target = namespace.get(function)
+            if key is not None:
+                target = dict.get(target, key) if type(target) is dict else None
+            label = function if key is None else f"{function}[{key!r}]"
+            if target is None or not callable(target):
+                outcomes.append({"ok": False, "kind": "crash", "type": "LookupError", "message": f"the module defines no function {label}"})
+                continue
+            try:
+                value = target(*call.get("args", []), **call.get("kwargs", {}))
+            except MemoryError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - SystemExit and friends are the function's failure too
+                kind, message = _describe(exc)
+                outcomes.append({"ok": False, "kind": "crash", "type": kind, "message": message, "line": _user_line(exc, filename)})
+                continue
+            try:
+                outcomes.append({"ok": True, "value": _plain(value, 0, budget)})
+            except ValueError as exc:
+                outcomes.append({"ok": False, "kind": "bad_output", "type": "ValueError", "message": _short(exc)})
+        finish({"status": "ok", "exports": exports, "calls": outcomes, "missing_modules": missing})
+    except MemoryError:
+        del reserve
+        finish({"status": "error", "kind": "memory", "type": "MemoryError", "message": "the module ran out of memory"})
+
+
+if __name__ == "__main__":
+    main()

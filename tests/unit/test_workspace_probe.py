@@ -1,0 +1,267 @@
+"""Workspace-level probe: the environment module in the sandbox, the dataset, contamination."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from metarl.learning.families import generate_dataset, get_family
+from metarl.sandbox import SandboxLimits
+from metarl.workspace import Workspace
+from metarl.workspace_probe import (
+    dataset_problems,
+    probe_workspace,
+    sample_items,
+    wrong_answer,
+)
+from schemas.base import MAX_TOML_DEPTH
+from schemas.job import JobSpec
+from schemas.task_spec import TaskSpec
+
+LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=8.0, memory_bytes=256 * 1024**2)
+GOOD_ENV = """
+import re
+
+
+def reward(prompt, completion, answer):
+    text = completion.strip()
+    if text == answer:
+        return 1.0
+    return 0.2 if re.fullmatch(r"\\d+", text) else 0.0
+
+
+def is_number(prompt, completion, answer):
+    return float(completion.strip().isdigit())
+
+
+COMPONENTS = {"correctness": reward, "format": is_number}
+"""
+JOB = """
+[model]
+name = "Qwen/Qwen3-0.6B"
+
+[training]
+max_steps = 10
+batch_size = 16
+group_size = 8
+
+[reward.components]
+correctness = 1.0
+format = 0.1
+
+[dataset]
+size = 64
+difficulty = 0.3
+"""
+
+
+def make_task() -> TaskSpec:
+    return TaskSpec.model_validate(
+        {
+            "id": "addition",
+            "family": "addition",
+            "public": {"title": "Add", "description": "Add two numbers."},
+            "data": {"generator": "addition", "min_dataset_size": 32, "max_dataset_size": 200},
+        }
+    )
+
+
+def dataset_text(n: int = 64, seed: int = 1) -> str:
+    items = generate_dataset(get_family("addition"), n, seed, 0.3)
+    return "".join(json.dumps({"prompt": item.prompt, "answer": item.answer}) + "\n" for item in items)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    ws = Workspace(tmp_path / "attempt", make_task())
+    assert ws.write_file("job.toml", JOB).ok
+    assert ws.write_file("environment.py", GOOD_ENV).ok
+    assert ws.write_file("dataset.jsonl", dataset_text()).ok
+    return ws
+
+
+def probe(ws: Workspace):
+    return probe_workspace(ws.files_dir, ws.task, limits=LIMITS)
+
+
+def fields(verdict) -> list[str]:
+    return [problem.field for problem in verdict.errors]
+
+
+def test_good_workspace_passes(ws: Workspace) -> None:
+    verdict = probe(ws)
+    assert verdict.passed, verdict.errors
+    assert verdict.job is not None and verdict.job.dataset.size == 64
+
+
+def test_sample_items_are_training_items_and_wrong_answers_differ() -> None:
+    family = get_family("addition")
+    items = sample_items(family, 16, 0.5)
+    assert not any(family.is_hidden_eval_item(item.prompt) for item in items)
+    for index, item in enumerate(items):
+        assert wrong_answer(item, items[index + 1 :] + items[:index]) != item.answer
+
+
+@pytest.mark.parametrize(
+    ("source", "needle"),
+    [
+        ("def reward(prompt, completion, answer):\n    return 1.0\n", "does not score higher"),
+        ("def reward(prompt, completion, answer):\n    return float(completion == '')\n", "does not score higher"),
+        ("def score(prompt, completion, answer):\n    return 1.0\n", "defines no function reward"),
+        ("def reward(prompt, completion, answer):\n    return float('nan')\n", "NaN"),
+        ("def reward(prompt, completion, answer):\n    return 'yes'\n", "not a number"),
+        ("def reward(prompt, completion, answer):\n    return True\n", "not a number"),
+        ("def reward(prompt, completion, answer):\n    return 1 / len(completion)\n", "ZeroDivisionError"),
+        ("def reward(prompt, completion)\n    return 1.0\n", "SyntaxError"),
+        ("import numpy\n", "import of numpy is not allowed"),
+        ("open('/etc/passwd').read()\ndef reward(p, c, a):\n    return 1.0\n", "forbidden"),
+        ("import os\nos.system('id')\n", "os.system"),
+        ("while True:\n    pass\n", "timeout"),
+        ("x = bytearray(10**12)\n", "memory"),
+    ],
+)
+def test_environment_problems(ws: Workspace, source: str, needle: str) -> None:
+    assert ws.write_file("environment.py", source).ok
+    verdict = probe(ws)
+    assert not verdict.passed
+    env = [problem for problem in verdict.errors if problem.field == "environment.module"]
+    assert env, verdict.errors
+    assert needle in env[0].message, env[0]
+    assert env[0].fix
+
+
+def test_missing_environment_module(ws: Workspace) -> None:
+    (ws.files_dir / "environment.py").unlink()
+    problem = next(problem for problem in probe(ws).errors if problem.field == "environment.module")
+    assert "no file" in problem.message and "write_file" in problem.fix
+
+
+def test_components_checked(ws: Workspace) -> None:
+    assert ws.write_file("job.toml", JOB.replace("format = 0.1", "format = 0.1\n\"odd name\" = 0.2")).ok
+    verdict = probe(ws)
+    assert fields(verdict) == ['reward.components."odd name"']
+    broken = GOOD_ENV.replace('return float(completion.strip().isdigit())', 'raise KeyError("boom")')
+    assert ws.write_file("environment.py", broken).ok
+    assert ws.write_file("job.toml", JOB).ok
+    problem = probe(ws).errors[0]
+    assert problem.field == "reward.components.format" and "KeyError" in problem.message
+    assert ws.write_file("environment.py", GOOD_ENV + "COMPONENTS = [reward]\n").ok
+    assert "COMPONENTS must be a dict" in probe(ws).errors[0].message
+    # without COMPONENTS, component names are the backend's business
+    assert ws.write_file("environment.py", GOOD_ENV.replace("COMPONENTS =", "_UNUSED =")).ok
+    assert probe(ws).passed
+
+
+def test_dataset_missing_and_format(ws: Workspace) -> None:
+    (ws.files_dir / "dataset.jsonl").unlink()
+    problem = next(problem for problem in probe(ws).errors if problem.field == "dataset.path")
+    assert "no file" in problem.message
+    lines = dataset_text().splitlines()
+    lines[2] = '{"prompt": "add 1+2="}'
+    lines[4] = '{"prompt": "add 1+2=", "answer": "3", "extra": 1}'
+    lines[6] = "not json"
+    lines[8] = '{"prompt": "' + "x" * 300 + '", "answer": "3"}'
+    lines[10] = '{"prompt": 5, "answer": "3"}'
+    lines[12] = "[" * 10_000 + "]" * 10_000
+    lines[14] = '"just a string"'
+    assert ws.write_file("dataset.jsonl", "\n".join(lines) + "\n\n   \n").ok
+    problems = [problem for problem in probe(ws).errors if problem.field == "dataset.path"]
+    messages = [problem.message for problem in problems]
+    assert messages[0].startswith("dataset.jsonl line 3: missing ['answer']")
+    assert "line 5: unexpected keys ['extra']" in messages[1]
+    assert "line 7: is not valid JSON" in messages[2]
+    assert "line 9: prompt: String should have at most 200 characters" in messages[3]
+    assert "line 11: prompt and answer must both be strings" in messages[4]
+    assert messages[5] == "2 more malformed lines not shown"
+
+
+def test_dataset_crlf_and_blank_lines_are_fine(ws: Workspace) -> None:
+    assert ws.write_file("dataset.jsonl", "\n" + dataset_text().replace("\n", "\r\n") + "\n\n").ok
+    assert probe(ws).passed
+
+
+def test_dataset_size_mismatch_and_bounds(ws: Workspace) -> None:
+    assert ws.write_file("dataset.jsonl", dataset_text(40)).ok
+    problem = next(problem for problem in probe(ws).errors if problem.field == "dataset.size")
+    assert problem.message == "job.toml says 64 items but dataset.jsonl has 40"
+    assert "size = 40" in problem.fix
+    assert ws.write_file("dataset.jsonl", dataset_text(10)).ok
+    messages = [problem.message for problem in probe(ws).errors]
+    assert "dataset.jsonl has 10 items, outside [32, 200]" in messages
+    assert ws.write_file("job.toml", JOB.replace("size = 64", "size = 500")).ok
+    assert ws.write_file("dataset.jsonl", dataset_text(500)).ok
+    assert "dataset.size" in fields(probe(ws))  # the job-level bound check (probe_job_text)
+    assert ws.write_file("dataset.jsonl", "\n\n").ok
+    assert any("has no items" in problem.message for problem in probe(ws).errors)
+
+
+def test_dataset_not_utf8_or_a_link(ws: Workspace, tmp_path: Path) -> None:
+    (ws.files_dir / "dataset.jsonl").write_bytes(dataset_text().encode() + b"\xff\n")
+    problem = next(problem for problem in probe(ws).errors if problem.field == "dataset.path")
+    assert "not valid UTF-8" in problem.message
+    (ws.files_dir / "dataset.jsonl").unlink()
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text(dataset_text(), encoding="utf-8")
+    (ws.files_dir / "dataset.jsonl").symlink_to(outside)
+    problem = next(problem for problem in probe(ws).errors if problem.field == "dataset.path")
+    assert "symbolic link" in problem.message
+
+
+def test_contamination_reports_a_count_only(ws: Workspace) -> None:
+    family = get_family("addition")
+    hidden = family.hidden_eval(5)
+    lines = dataset_text(59).splitlines()
+    # reworded copies are the same items (matched by content)
+    reworded = [item.prompt.replace("add ", "What is ").replace("=", " = ?") for item in hidden[:2]]
+    lines += [json.dumps({"prompt": item.prompt, "answer": item.answer}) for item in hidden[2:]]
+    lines += [json.dumps({"prompt": prompt, "answer": item.answer}) for prompt, item in zip(reworded, hidden)]
+    assert ws.write_file("dataset.jsonl", "\n".join(lines) + "\n").ok
+    verdict = probe(ws)
+    problems = [problem for problem in verdict.errors if "hidden evaluation" in problem.message]
+    assert len(problems) == 1
+    assert problems[0].message == "5 of 64 items belong to the hidden evaluation (which ones is not disclosed)"
+    text = verdict.model_dump_json()
+    for prompt in [item.prompt for item in hidden] + reworded:
+        assert prompt not in text
+    for number in range(60, 65):
+        assert f"line {number}" not in text
+
+
+def test_job_toml_problems(ws: Workspace) -> None:
+    (ws.files_dir / "job.toml").unlink()
+    verdict = probe(ws)
+    assert fields(verdict) == ["job.toml"] and "write job.toml" in verdict.errors[0].fix
+    deep = "x = " + "[" * (MAX_TOML_DEPTH + 5) + "]" * (MAX_TOML_DEPTH + 5) + "\n"
+    assert ws.write_file("job.toml", deep).ok
+    assert fields(probe(ws)) == ["(structure)"]
+    assert ws.write_file("job.toml", "x = " + "[" * 100_000 + "]" * 100_000 + "\n").ok
+    assert fields(probe(ws)) == ["(structure)"]
+    (ws.files_dir / "job.toml").write_bytes(b'[model]\nname = "\xff"\n')
+    assert fields(probe(ws)) == ["(file)"]
+    assert ws.write_file("job.toml", JOB.replace('name = "Qwen/Qwen3-0.6B"', 'name = "gpt-5"')).ok
+    verdict = probe(ws)
+    assert "model.name" in fields(verdict) and verdict.job is not None  # job-level and workspace problems together
+
+
+def test_unknown_family_fails_closed(ws: Workspace) -> None:
+    task = make_task().model_copy(update={"family": "nonesuch"})
+    verdict = probe_workspace(ws.files_dir, task, limits=LIMITS)
+    assert fields(verdict) == ["(task)"]
+
+
+PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=150, suppress_health_check=list(HealthCheck))
+
+
+@PROPERTY
+@given(data=st.one_of(st.binary(max_size=300), st.lists(st.one_of(st.text(max_size=40), st.just('{"prompt": "add 1+1=", "answer": "2"}')), max_size=8).map("\n".join).map(str.encode)))
+def test_property_dataset_problems_never_raise(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    files = tmp_path_factory.mktemp("ds")
+    (files / "dataset.jsonl").write_bytes(data)
+    job = JobSpec.model_validate({"model": {"name": "Qwen/Qwen3-0.6B"}, "dataset": {"size": 2}})
+    problems = dataset_problems(files, job, make_task(), get_family("addition"))
+    for problem in problems:
+        assert problem.field in ("dataset.path", "dataset.size") and problem.message and problem.fix
