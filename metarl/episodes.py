@@ -46,8 +46,12 @@ def build_context(session: Session, run: Run, episode: Episode, config: RunConfi
     state_uri = session.execute(
         select(PolicyVersion.state_uri).where(PolicyVersion.run_id == run.id, PolicyVersion.version == episode.policy_version)
     ).scalar_one_or_none()
+    workspace_uri = session.execute(
+        select(ProbeAttempt.workspace_uri).where(ProbeAttempt.episode_id == episode.id, ProbeAttempt.attempt == episode.probe_attempt)
+    ).scalar_one_or_none()
     return EpisodeContext(
         policy_state_uri=state_uri,
+        workspace_uri=workspace_uri,
         run_id=run.id,
         episode_id=episode.id,
         task=task_of(run, episode.task_id),

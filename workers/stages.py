@@ -180,11 +180,17 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     if job is None:
         return "skipped"
     with session_scope(database_url()) as session:
-        job_toml = session.execute(
-            select(ProbeAttempt.job_toml).where(ProbeAttempt.episode_id == episode_id, ProbeAttempt.attempt == probe_attempt)
-        ).scalar_one()
+        job_toml, workspace_uri = session.execute(
+            select(ProbeAttempt.job_toml, ProbeAttempt.workspace_uri).where(ProbeAttempt.episode_id == episode_id, ProbeAttempt.attempt == probe_attempt)
+        ).one()
     started = time.perf_counter()
-    verdict = probe_job_text(job_toml, job.ctx.task, registry.probe_checks(job.config))
+    checks = registry.probe_checks(job.config)
+    if workspace_uri is not None:
+        verdict = run_with_retries(self, job, Stage.probe, lambda: probe_workspace_or_fail(workspace_uri, job.ctx.task, checks, job.ctx.seed))
+        if verdict is None:
+            return "failed"
+    else:
+        verdict = probe_job_text(job_toml, job.ctx.task, checks)
     seconds = time.perf_counter() - started
     to = after_probe(verdict.passed, probe_attempt, job.config.retries.max_probe_attempts)
     with session_scope(database_url()) as session:
@@ -208,6 +214,17 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             store_reward(session, episode=episode, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
     dispatch_after(to.stage, episode_id, to.probe_attempt)
     return "passed" if verdict.passed else "rejected"
+
+
+def probe_workspace_or_fail(workspace_uri: str, task, checks, seed: int):  # type: ignore[no-untyped-def]
+    """The whole-workspace probe; a sandbox that cannot start is a transient infrastructure error."""
+    from metarl.sandbox import SandboxUnavailable
+    from metarl.workspace_probe import probe_workspace
+
+    try:
+        return probe_workspace(workspace_uri, task, checks, seed=seed)
+    except SandboxUnavailable as err:
+        raise TransientBackendError(f"sandbox unavailable: {err}") from None
 
 
 def passing_job(episode_id: int, probe_attempt: int) -> JobSpec:

@@ -41,6 +41,7 @@ class EpisodeContext(Frozen):
     feedback: list[FieldProblem] = Field(default_factory=list, max_length=200, description="Probe errors of the previous attempt")
     artifacts_root: str = Field(min_length=1, max_length=4096, description="Artifact folder or URL of the run")
     policy_state_uri: str | None = Field(default=None, max_length=4096, description="Saved state of the behaviour policy version")
+    workspace_uri: str | None = Field(default=None, max_length=4096, description="Agent-visible folder of the current attempt's workspace")
 
 
 class PolicySample(Frozen):

@@ -136,7 +136,15 @@ class LocalTrain:
         except ValueError as err:
             raise PermanentBackendError(f"job does not compile for the local trainer: {err}") from None
         compiled["model_cache_dir"] = self.config.model_cache_dir
-        write_dataset(job_dir / DATASET_FILE, ctx.task.family, job.dataset.size, job.dataset.difficulty, job.training.seed)
+        if ctx.workspace_uri is not None:
+            from metarl.workspace import WorkspaceError, read_workspace_bytes
+
+            try:
+                (job_dir / DATASET_FILE).write_bytes(read_workspace_bytes(ctx.workspace_uri, job.dataset.path))
+            except WorkspaceError as err:
+                raise PermanentBackendError(f"dataset {job.dataset.path}: {err.message}") from None
+        else:
+            write_dataset(job_dir / DATASET_FILE, ctx.task.family, job.dataset.size, job.dataset.difficulty, job.training.seed)
         (job_dir / JOB_FILE).write_text(json.dumps(compiled, indent=2), encoding="utf-8")
         env = {key: value for key, value in os.environ.items() if not key.upper().endswith(("_KEY", "_TOKEN", "_SECRET", "_PASSWORD"))}
         with open(job_dir / "trainer.log", "ab") as log_file:

@@ -4,6 +4,9 @@ trained with importance-sampling GRPO. Policy states are files under `<artifacts
 from __future__ import annotations
 
 import hashlib
+import json
+import random
+import tomllib
 from collections import OrderedDict
 from pathlib import Path
 
@@ -37,17 +40,85 @@ def sample_seed(episode_seed: int, attempt: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
+ENVIRONMENT_TEMPLATE = '''"""Reward of the job: the weighted components of [reward.components] (written by the local policy)."""
+
+import difflib
+
+
+def correctness(prompt, completion, answer):
+    return difflib.SequenceMatcher(None, completion.strip(), answer).ratio()
+
+
+def exact(prompt, completion, answer):
+    return 1.0 if completion.strip() == answer else 0.0
+
+
+def well_formed(prompt, completion, answer):
+    text = completion.strip()
+    return 1.0 if text and len(text) <= 2 * len(answer) + 2 and "\\n" not in text else 0.0
+
+
+def length_penalty(prompt, completion, answer):
+    return -min(1.0, abs(len(completion.strip()) - len(answer)) / max(1, len(answer)))
+
+
+COMPONENTS = {"correctness": correctness, "exact": exact, "format": well_formed, "length_penalty": length_penalty}
+WEIGHTS = %s
+
+
+def reward(prompt, completion, answer):
+    return sum(weight * COMPONENTS[name](prompt, completion, answer) for name, weight in WEIGHTS.items() if name in COMPONENTS)
+'''
+
+
+def environment_source(weights: dict[str, float]) -> str:
+    """The environment module for a job's reward components (the contract of metarl.workspace)."""
+    return ENVIRONMENT_TEMPLATE % json.dumps(weights, sort_keys=True)
+
+
+def dataset_text(family_name: str, size: int, difficulty: float, seed: int) -> str:
+    """The job's dataset as JSONL, from the family's training generator (never hidden-eval items)."""
+    from metarl.learning.families import get_family
+
+    family = get_family(family_name)
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(size):
+        example = family.generate(rng, difficulty)
+        lines.append(json.dumps({"prompt": example.prompt, "answer": example.answer}))
+    return "\n".join(lines) + "\n"
+
+
+def workspace_root(ctx: EpisodeContext) -> Path:
+    return Path(ctx.artifacts_root) / "workspaces" / ctx.run_id / str(ctx.episode_id) / str(ctx.probe_attempt)
+
+
 def write_workspace(ctx: EpisodeContext, job_toml: str) -> Path:
-    """The attempt's workspace: TASK.md (public part of the task only) and job.toml."""
-    folder = Path(ctx.artifacts_root) / "workspaces" / ctx.run_id / str(ctx.episode_id) / str(ctx.probe_attempt)
-    folder.mkdir(parents=True, exist_ok=True)
-    public = ctx.task.public
-    task_md = f"# {public.title}\n\n{public.description}\n"
-    if public.example_prompt:
-        task_md += f"\nExample: `{public.example_prompt}` -> `{public.example_answer}`\n"
-    (folder / "TASK.md").write_text(task_md, encoding="utf-8")
-    (folder / "job.toml").write_text(job_toml, encoding="utf-8")
-    return folder
+    """Render the sampled job into the attempt's workspace through the agent's own tools."""
+    from metarl.workspace import Workspace
+
+    workspace = Workspace(workspace_root(ctx), ctx.task, feedback=ctx.feedback)
+    workspace.write_file("job.toml", job_toml)
+    parsed = _parse_job(job_toml)
+    if parsed is not None:
+        weights = {name: float(weight) for name, weight in parsed.get("reward", {}).get("components", {"correctness": 1.0}).items()}
+        dataset = parsed.get("dataset", {})
+        size = int(dataset.get("size", 1000))
+        if 0 < size <= MAX_RENDERED_DATASET:
+            workspace.write_file(str(dataset.get("path", "dataset.jsonl")), dataset_text(ctx.task.family, size, float(dataset.get("difficulty", 0.5)), ctx.seed))
+        workspace.write_file(str(parsed.get("environment", {}).get("module", "environment.py")), environment_source(weights))
+    workspace.submit()
+    return workspace.files_dir
+
+
+MAX_RENDERED_DATASET = 100_000
+
+
+def _parse_job(job_toml: str) -> dict | None:
+    try:
+        return tomllib.loads(job_toml)
+    except tomllib.TOMLDecodeError:
+        return None
 
 
 class LocalAgent:

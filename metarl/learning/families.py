@@ -160,15 +160,14 @@ class AdditionFamily(TaskFamily):
     description = (
         "Add two non-negative integers. Prompt format: 'add A+B=' (for example 'add 27+5='); "
         "the answer is the decimal sum with no spaces or leading zeros (for example '32'). "
-        "Difficulty 0 uses one-digit numbers, difficulty 1 up to three digits."
+        "Difficulty 0 uses numbers below 10, difficulty 1 numbers below 100."
     )
-    max_answer_chars = 4
+    max_answer_chars = 3
     _pattern = re.compile(r"(\d+\+\d+)")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
-        max_digits = _length_for(difficulty, 1, 3)
-        left = rng.randrange(10 ** rng.randint(1, max_digits))
-        right = rng.randrange(10 ** rng.randint(1, max_digits))
+        bound = 10 + round(difficulty * 90)
+        left, right = rng.randrange(bound), rng.randrange(bound)
         return Example(prompt=f"add {left}+{right}=", answer=str(left + right))
 
     def item_key(self, prompt: str) -> str:
@@ -193,13 +192,13 @@ class ReversalFamily(TaskFamily):
     description = (
         "Reverse a string of lower-case letters. Prompt format: 'rev WORD>' (for example "
         "'rev abcd>'); the answer is the letters in reverse order (for example 'dcba'). "
-        "Difficulty 0 uses 2 letters, difficulty 1 uses 7."
+        "Difficulty 0 uses 2 letters, difficulty 1 uses 6."
     )
-    max_answer_chars = 7
+    max_answer_chars = 6
     _pattern = re.compile(r"rev([a-z]+)>")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
-        length = _length_for(difficulty, 2, 7)
+        length = _length_for(difficulty, 2, 6)
         word = "".join(rng.choice(LETTERS) for _ in range(length))
         return Example(prompt=f"rev {word}>", answer=word[::-1])
 
@@ -218,14 +217,14 @@ class CaesarFamily(TaskFamily):
     description = (
         "Caesar cipher: shift every letter forward by N places in the alphabet, wrapping z to a. "
         "Prompt format: 'rotN WORD>' (for example 'rot2 abz>'); the answer is the shifted word "
-        "(for example 'cdb'). Difficulty raises the word length (2 to 6) and the shift range (1 to 5)."
+        "(for example 'cdb'). Difficulty raises the word length (2 to 4) and the shift range (1 to 3)."
     )
-    max_answer_chars = 6
+    max_answer_chars = 4
     _pattern = re.compile(r"(rot\d[a-z]+)>")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
-        length = _length_for(difficulty, 2, 6)
-        shift = rng.randint(1, _length_for(difficulty, 1, 5))
+        length = _length_for(difficulty, 2, 4)
+        shift = rng.randint(1, _length_for(difficulty, 1, 3))
         word = "".join(rng.choice(LETTERS) for _ in range(length))
         shifted = "".join(LETTERS[(LETTERS.index(char) + shift) % 26] for char in word)
         return Example(prompt=f"rot{shift} {word}>", answer=shifted)
@@ -245,13 +244,13 @@ class MaxOfListFamily(TaskFamily):
     description = (
         "Find the largest number in a comma-separated list of one-digit numbers. Prompt format: "
         "'max A,B,C=' (for example 'max 3,8,1='); the answer is the largest number (for example "
-        "'8'). Difficulty 0 uses 2 numbers, difficulty 1 uses 7."
+        "'8'). Difficulty 0 uses 3 numbers, difficulty 1 uses 8."
     )
     max_answer_chars = 1
     _pattern = re.compile(r"max([\d,]+)=")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
-        length = _length_for(difficulty, 2, 7)
+        length = _length_for(difficulty, 3, 8)
         values = [rng.randrange(10) for _ in range(length)]
         return Example(prompt=f"max {','.join(map(str, values))}=", answer=str(max(values)))
 

@@ -72,6 +72,7 @@ class LocalTrainConfig(BaseModel):
     lora_alpha: float = Field(default=16.0, gt=0.0, le=1024.0, description="LoRA scale numerator (scale = alpha / rank).")
     clip_eps: float = Field(default=0.2, gt=0.0, le=10.0, description="PPO ratio clip range.")
     updates_per_batch: int = Field(default=2, ge=1, le=16, description="Optimizer steps on each sampled batch.")
+    warmup_steps: int = Field(default=10, ge=0, le=10_000, description="Steps of linear learning-rate warm-up.")
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
     grad_clip: float = Field(default=1.0, gt=0.0, le=100.0, description="Global gradient-norm clip.")
     rewards: RewardWeights = Field(default_factory=RewardWeights, description="Reward component weights.")
@@ -125,6 +126,13 @@ def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS) -> torch
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True, unbiased=False)
     return (rewards - mean) / (std + eps)
+
+
+def warmup_learning_rate(step: int, peak: float, warmup_steps: int) -> float:
+    """Linear warm-up from ``peak / warmup_steps`` to ``peak``, then constant."""
+    if warmup_steps == 0 or step >= warmup_steps:
+        return peak
+    return peak * (step + 1) / warmup_steps
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -265,6 +273,8 @@ def train(
             if elapsed + last_step_seconds > config.time_budget_s:
                 stopped_by = "time_budget"
                 break
+            for group in optimizer.param_groups:
+                group["lr"] = warmup_learning_rate(step, config.learning_rate, config.warmup_steps)
             examples = prompt_sampler.next_batch(config.batch_size)
             row = _grpo_step(
                 step, config, model, reference_model, optimizer, parameters, tokenizer, family, examples,

@@ -57,7 +57,10 @@ class PretrainRecipe(BaseModel):
 
     steps: int = Field(ge=1, le=100_000, description="Optimizer steps at scale 1.")
     batch_size: int = Field(ge=1, le=4096, description="Sequences per step.")
-    learning_rate: float = Field(gt=0.0, le=1.0, description="Peak AdamW learning rate (cosine decay to 10%).")
+    learning_rate: float = Field(gt=0.0, le=1.0, description="Peak AdamW learning rate.")
+    final_lr_fraction: float = Field(
+        ge=0.0, le=1.0, description="Cosine decay from the peak to this fraction of it (1 keeps it constant)."
+    )
     warmup_steps: int = Field(ge=0, le=10_000, description="Linear warm-up steps.")
     weight_decay: float = Field(ge=0.0, le=1.0, description="AdamW weight decay.")
     difficulty_low: float = Field(ge=0.0, le=1.0, description="Lowest item difficulty in the mix.")
@@ -95,6 +98,7 @@ BASE_MODELS: dict[str, BaseModelSpec] = {
             steps=400,
             batch_size=64,
             learning_rate=3e-3,
+            final_lr_fraction=0.1,
             warmup_steps=30,
             weight_decay=0.01,
             difficulty_low=0.0,
@@ -118,6 +122,7 @@ BASE_MODELS: dict[str, BaseModelSpec] = {
             steps=400,
             batch_size=64,
             learning_rate=1e-3,
+            final_lr_fraction=0.1,
             warmup_steps=30,
             weight_decay=0.01,
             difficulty_low=0.0,
@@ -224,13 +229,14 @@ def supervised_batch(tokenizer, examples: list[Example]) -> tuple[torch.Tensor, 
 
 
 def learning_rate_at(step: int, recipe: PretrainRecipe) -> float:
-    """Linear warm-up, then cosine decay to 10% of the peak."""
+    """Linear warm-up, then cosine decay to ``final_lr_fraction`` of the peak."""
     import math
 
     if step < recipe.warmup_steps:
         return recipe.learning_rate * (step + 1) / recipe.warmup_steps
     progress = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
-    return recipe.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+    floor = recipe.final_lr_fraction
+    return recipe.learning_rate * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 def pretrain(spec: BaseModelSpec, recipe: PretrainRecipe, tokenizer):
