@@ -66,8 +66,10 @@ def outer_update(self: Task, outer_step_id: int) -> str:
         ).all()
         samples: dict[int, list[PolicySample]] = {}
         for attempt in session.execute(
-            select(ProbeAttempt).where(ProbeAttempt.episode_id.in_([r[0] for r in rows]), ProbeAttempt.policy_tokens.is_not(None)).order_by(ProbeAttempt.attempt)
+            select(ProbeAttempt).where(ProbeAttempt.episode_id.in_([r[0] for r in rows])).order_by(ProbeAttempt.attempt)
         ).scalars():
+            if attempt.policy_tokens is None:
+                continue
             samples.setdefault(attempt.episode_id, []).append(
                 PolicySample(tokens=attempt.policy_tokens, logprobs=attempt.behaviour_logprobs, prompt_length=attempt.prompt_length)
             )

@@ -238,31 +238,28 @@ class CaesarFamily(TaskFamily):
 
 
 class MaxOfListFamily(TaskFamily):
-    """Name the largest digit of a list."""
+    """Name the largest two-digit number of a list."""
 
     name = "max_of_list"
     description = (
-        "Find the largest number in a comma-separated list of one-digit numbers. Prompt format: "
-        "'max A,B,C=' (for example 'max 3,8,1='); the answer is the largest number (for example "
-        "'8'). Difficulty 0 uses 3 numbers, difficulty 1 uses 8."
+        "Find the largest number in a comma-separated list of two-digit numbers. Prompt format: "
+        "'max A,B,C=' (for example 'max 37,81,52='); the answer is the largest number (for example "
+        "'81'). Difficulty 0 uses 2 numbers, difficulty 1 uses 6."
     )
-    max_answer_chars = 1
+    max_answer_chars = 2
     _pattern = re.compile(r"max([\d,]+)=")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
-        length = _length_for(difficulty, 3, 8)
-        values = [rng.randrange(10) for _ in range(length)]
+        length = _length_for(difficulty, 2, 6)
+        values = [rng.randrange(10, 100) for _ in range(length)]
         return Example(prompt=f"max {','.join(map(str, values))}=", answer=str(max(values)))
 
     def item_key(self, prompt: str) -> str:
         return _key_from_pattern(self._pattern, prompt, self.name)
 
-    def similarity(self, answer: str, completion: str) -> float:
-        return 0.0
-
     def is_well_formed(self, completion: str) -> bool:
         text = normalize_completion(completion)
-        return text.isdigit() and len(text) == 1
+        return text.isdigit() and len(text) == 2
 
 
 class SortingFamily(TaskFamily):
@@ -290,16 +287,20 @@ class SortingFamily(TaskFamily):
         return text.isdigit() and len(text) <= self.max_answer_chars
 
 
+MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+
+
 class DateFormatFamily(TaskFamily):
-    """Convert an ISO date (year-month-day) to day/month/year."""
+    """Convert an ISO date (year-month-day) to 'day month-name year'."""
 
     name = "date_format"
     description = (
-        "Convert a date from ISO form to day/month/year. Prompt format: 'date YYYY-MM-DD>' (for "
-        "example 'date 1987-04-23>'); the answer is 'DD/MM/YYYY' (for example '23/04/1987'). "
-        "Difficulty widens the range of years (1990-1999 at 0, 1000-2999 at 1)."
+        "Convert a date from ISO form to day, three-letter month name, year. Prompt format: "
+        "'date YYYY-MM-DD>' (for example 'date 1987-04-23>'); the answer is 'DD mon YYYY' (for "
+        "example '23 apr 1987'; months jan feb mar apr may jun jul aug sep oct nov dec). "
+        "Difficulty widens the range of years (1990-2000 at 0, 1000-2999 at 1)."
     )
-    max_answer_chars = 10
+    max_answer_chars = 11
     _pattern = re.compile(r"date(\d{4}-\d{2}-\d{2})>")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -307,13 +308,17 @@ class DateFormatFamily(TaskFamily):
         year = rng.randint(max(1000, 1995 - span // 2), min(2999, 1995 + span // 2))
         month = rng.randint(1, 12)
         day = rng.randint(1, 28)
-        return Example(prompt=f"date {year:04d}-{month:02d}-{day:02d}>", answer=f"{day:02d}/{month:02d}/{year:04d}")
+        return Example(
+            prompt=f"date {year:04d}-{month:02d}-{day:02d}>",
+            answer=f"{day:02d} {MONTH_NAMES[month - 1]} {year:04d}",
+        )
 
     def item_key(self, prompt: str) -> str:
         return _key_from_pattern(self._pattern, prompt, self.name)
 
     def is_well_formed(self, completion: str) -> bool:
-        return re.fullmatch(r"\d{2}/\d{2}/\d{4}", normalize_completion(completion)) is not None
+        pattern = r"\d{2} (" + "|".join(MONTH_NAMES) + r") \d{4}"
+        return re.fullmatch(pattern, normalize_completion(completion)) is not None
 
 
 FAMILIES: dict[str, TaskFamily] = {

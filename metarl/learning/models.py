@@ -55,7 +55,12 @@ class PretrainRecipe(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    steps: int = Field(ge=1, le=100_000, description="Optimizer steps at scale 1.")
+    steps: int = Field(ge=1, le=100_000, description="Most optimizer steps at scale 1.")
+    check_every: int = Field(ge=1, le=10_000, description="Steps between checks of per-family validation accuracy.")
+    target_accuracy: float = Field(
+        gt=0.0, le=1.0, description="A family leaves the mix while its validation accuracy is at or above this."
+    )
+    validation_items: int = Field(ge=8, le=1024, description="Validation items per family (training partition).")
     batch_size: int = Field(ge=1, le=4096, description="Sequences per step.")
     learning_rate: float = Field(gt=0.0, le=1.0, description="Peak AdamW learning rate.")
     final_lr_fraction: float = Field(
@@ -87,18 +92,21 @@ BASE_MODELS: dict[str, BaseModelSpec] = {
         name="local-s",
         stands_in_for="Qwen/Qwen3-0.6B",
         architecture=ArchitectureSpec(
-            hidden_size=64,
+            hidden_size=96,
             num_hidden_layers=3,
             num_attention_heads=4,
             num_key_value_heads=2,
-            head_dim=16,
-            intermediate_size=192,
+            head_dim=24,
+            intermediate_size=256,
         ),
         recipe=PretrainRecipe(
-            steps=400,
+            steps=1500,
+            check_every=50,
+            target_accuracy=0.25,
+            validation_items=64,
             batch_size=64,
-            learning_rate=3e-3,
-            final_lr_fraction=0.1,
+            learning_rate=2e-3,
+            final_lr_fraction=1.0,
             warmup_steps=30,
             weight_decay=0.01,
             difficulty_low=0.0,
@@ -119,10 +127,13 @@ BASE_MODELS: dict[str, BaseModelSpec] = {
             intermediate_size=384,
         ),
         recipe=PretrainRecipe(
-            steps=400,
+            steps=1500,
+            check_every=50,
+            target_accuracy=0.35,
+            validation_items=64,
             batch_size=64,
             learning_rate=1e-3,
-            final_lr_fraction=0.1,
+            final_lr_fraction=1.0,
             warmup_steps=30,
             weight_decay=0.01,
             difficulty_low=0.0,
@@ -198,17 +209,35 @@ def default_cache_dir() -> Path:
     return Path(configured).expanduser() if configured else DEFAULT_CACHE_DIR.expanduser()
 
 
-def pretraining_batches(recipe: PretrainRecipe) -> Iterator[list[Example]]:
-    """Endless batches of training items from the weighted family mix (never hidden-eval items)."""
-    rng = random.Random(f"pretrain\x1f{recipe.seed}")
-    names = sorted(recipe.family_weights)
-    families: list[TaskFamily] = [FAMILIES[name] for name in names]
-    weights = [recipe.family_weights[name] for name in names]
-    while True:
-        chosen = rng.choices(families, weights=weights, k=recipe.batch_size)
-        yield [
-            family.generate(rng, rng.uniform(recipe.difficulty_low, recipe.difficulty_high)) for family in chosen
-        ]
+def pretraining_batch(
+    rng: random.Random, recipe: PretrainRecipe, active_families: list[str]
+) -> list[Example]:
+    """One batch from the weighted mix of the active families (never hidden-eval items)."""
+    families: list[TaskFamily] = [FAMILIES[name] for name in active_families]
+    weights = [recipe.family_weights[name] for name in active_families]
+    chosen = rng.choices(families, weights=weights, k=recipe.batch_size)
+    return [family.generate(rng, rng.uniform(recipe.difficulty_low, recipe.difficulty_high)) for family in chosen]
+
+
+def validation_sets(recipe: PretrainRecipe) -> dict[str, list[Example]]:
+    """Per-family validation items drawn from the training partition with their own seed."""
+    rng = random.Random(f"pretrain-validation\x1f{recipe.seed}")
+    return {
+        name: [FAMILIES[name].generate(rng, rng.uniform(0.0, 1.0)) for _ in range(recipe.validation_items)]
+        for name in sorted(recipe.family_weights)
+    }
+
+
+def validation_accuracy(model, tokenizer, validation: dict[str, list[Example]]) -> dict[str, float]:
+    """Greedy exact-match accuracy of the model on each family's validation items."""
+    from metarl.learning.scoring import score_loaded_model
+
+    model.eval()
+    accuracy = {
+        name: score_loaded_model(model, tokenizer, FAMILIES[name], items).mean for name, items in validation.items()
+    }
+    model.train()
+    return accuracy
 
 
 def supervised_batch(tokenizer, examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -239,26 +268,50 @@ def learning_rate_at(step: int, recipe: PretrainRecipe) -> float:
     return recipe.learning_rate * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
+class PretrainReport(BaseModel):
+    """What a pretraining run did."""
+
+    steps: int = Field(ge=0, description="Optimizer steps taken.")
+    validation_accuracy: dict[str, float] = Field(description="Final per-family validation accuracy.")
+
+
 def pretrain(spec: BaseModelSpec, recipe: PretrainRecipe, tokenizer):
-    """Initialise the model from its seed and run the pretraining recipe; returns the model."""
+    """Initialise the model from its seed and pretrain it; returns (model, report).
+
+    Every ``check_every`` steps each family's validation accuracy is measured; families at or
+    above ``target_accuracy`` sit out until they drop below it, and training stops when all
+    families are at target (or after ``steps``). This lands every family near the target
+    however fast it learns.
+    """
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(recipe.seed)
     model = Qwen3ForCausalLM(qwen3_config(spec.architecture))
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=recipe.weight_decay)
-    batches = pretraining_batches(recipe)
-    for step in range(recipe.steps):
+    rng = random.Random(f"pretrain\x1f{recipe.seed}")
+    validation = validation_sets(recipe)
+    active_families = sorted(recipe.family_weights)
+    accuracy: dict[str, float] = {}
+    step = 0
+    while step < recipe.steps:
+        if step > 0 and step % recipe.check_every == 0:
+            accuracy = validation_accuracy(model, tokenizer, validation)
+            active_families = [name for name in sorted(accuracy) if accuracy[name] < recipe.target_accuracy]
+            if not active_families:
+                break
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(step, recipe)
-        input_ids, attention_mask, labels = supervised_batch(tokenizer, next(batches))
+        input_ids, attention_mask, labels = supervised_batch(tokenizer, pretraining_batch(rng, recipe, active_families))
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        step += 1
+    accuracy = validation_accuracy(model, tokenizer, validation)
     model.eval()
-    return model
+    return model, PretrainReport(steps=step, validation_accuracy=accuracy)
 
 
 @contextmanager
@@ -282,7 +335,7 @@ def _build_into(target: Path, spec: BaseModelSpec, scale: float) -> None:
     started = time.monotonic()
     recipe = scaled_recipe(spec.recipe, scale)
     tokenizer = build_tokenizer()
-    model = pretrain(spec, recipe, tokenizer)
+    model, report = pretrain(spec, recipe, tokenizer)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         model.save_pretrained(str(staging))
@@ -295,6 +348,7 @@ def _build_into(target: Path, spec: BaseModelSpec, scale: float) -> None:
             "parameters": sum(parameter.numel() for parameter in model.parameters()),
             "build_seconds": round(time.monotonic() - started, 2),
             "recipe": recipe.model_dump(),
+            "pretrain": report.model_dump(),
         }
         (staging / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2))
         os.rename(staging, target)
