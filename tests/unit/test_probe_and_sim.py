@@ -65,9 +65,9 @@ def test_sim_base_score_is_stable():
     assert evaluator.score_base(TASK, "Qwen/Qwen3-0.6B") == evaluator.score_base(TASK, "Qwen/Qwen3-0.6B")
 
 
-def test_quickstart_runs_on_the_local_backends_and_sim_example_on_the_simulator():
+def test_quickstart_runs_on_the_simulator_and_local_example_on_the_local_backends():
     config, specs = load_run(REPO / "examples" / "quickstart.toml")
     assert sum(spec.held_out for spec in specs.values()) == 1
-    assert {config.backends.agent.type, config.backends.train.type, config.backends.eval.type, config.backends.outer.type} == {"local"}
-    sim, _ = load_run(REPO / "examples" / "sim.toml")
-    assert {sim.backends.agent.type, sim.backends.train.type, sim.backends.eval.type, sim.backends.outer.type} == {"sim"}
+    assert {config.backends.agent.type, config.backends.train.type, config.backends.eval.type, config.backends.outer.type} == {"sim"}
+    local, _ = load_run(REPO / "examples" / "local.toml")
+    assert {local.backends.agent.type, local.backends.train.type, local.backends.eval.type, local.backends.outer.type} == {"local"}

@@ -1,0 +1,1 @@
+"""Benchmark scripts (each prints its own table)."""
