@@ -484,7 +484,7 @@ def test_spec_unknown_key() -> None:
         ("n_items = 200", "n_items = 0", "hidden_eval.n_items"),
         ("n_items = 200", "n_items = 100001", "hidden_eval.n_items"),
         ("max_tokens = 16", "max_tokens = 0", "hidden_eval.max_tokens"),
-        ("max_train_seconds = 120", "max_train_seconds = 0", "budget.max_train_seconds"),
+        ("max_train_seconds = 60", "max_train_seconds = 0", "budget.max_train_seconds"),
         ('id = "addition"', 'id = "Addition!"', "id"),
         ('allowed_models = ["Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B"]', "allowed_models = []", "budget.allowed_models"),
         ("min_dataset_size = 64", "min_dataset_size = 64.5", "data.min_dataset_size"),
