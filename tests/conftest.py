@@ -94,6 +94,17 @@ def pools(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[object]:
     worker_pools.stop()
 
 
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Tiny torch models run far faster on one intra-op thread than contending for shared cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def metarl_cli(args: list[str], env: dict[str, str], timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the real `metarl` command line in a subprocess."""
     return subprocess.run([sys.executable, "-m", "metarl.cli", *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO)

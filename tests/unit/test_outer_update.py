@@ -22,12 +22,7 @@ from metarl.policy import job_language as jl
 from metarl.policy.local_policy import LocalPolicy
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # -- advantages ----------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
 from metarl.outer_update import (
     build_datum,
@@ -19,12 +18,7 @@ from metarl.policy.local_policy import LocalPolicy
 GROUPS, GROUP_SIZE = 6, 8
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def toy_reward(job_tokens: list[int]) -> float:

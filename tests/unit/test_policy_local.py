@@ -20,13 +20,7 @@ TASK = load_toml_model(TaskSpec, REPO / "tasks_specs" / "addition.toml")
 CTX = jl.context_tokens("addition")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """A tiny model: one intra-op thread is far faster than contending for shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_policy_is_small():
