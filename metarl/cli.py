@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show runs, or one run in detail")
     status.add_argument("run_id", nargs="?")
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    status.add_argument("--episode", type=int, help="what happened to one episode and what it cost")
 
     worker = sub.add_parser("worker", help="start one worker pool (services mode)")
     worker.add_argument("--pool", required=True, choices=["agent", "probe", "train", "eval", "outer"])
@@ -146,6 +147,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     from orchestrator.status import list_runs, run_status
 
     with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
+        if args.episode is not None:
+            from orchestrator.status import episode_report
+
+            try:
+                report = episode_report(session, args.episode)
+            except LookupError:
+                print(f"error: no episode {args.episode}", file=sys.stderr)
+                return EXIT_NOT_FOUND
+            print(json.dumps(report, indent=2, default=str))
+            return 0
         if args.run_id is None:
             runs = list_runs(session)
             if args.json:

@@ -150,3 +150,55 @@ def run_status(session: Session, run_id: str, broker_url: str | None = None) -> 
 
 def _f(value: Any) -> float | None:
     return None if value is None else round(float(value), 4)
+
+
+def episode_report(session: Session, episode_id: int) -> dict[str, Any]:
+    """What happened to one episode and what it cost: stage claims, submissions, inner job, scores, reward, charges."""
+    from schemas.records import Evaluation, StageClaim
+
+    episode = session.get(Episode, episode_id)
+    if episode is None:
+        raise LookupError(episode_id)
+    claims = session.execute(select(StageClaim).where(StageClaim.episode_id == episode_id).order_by(StageClaim.claimed_at)).scalars().all()
+    attempts = session.execute(select(ProbeAttempt).where(ProbeAttempt.episode_id == episode_id).order_by(ProbeAttempt.attempt)).scalars().all()
+    job = session.execute(select(InnerJob).where(InnerJob.episode_id == episode_id)).scalar_one_or_none()
+    evaluation = session.execute(select(Evaluation).where(Evaluation.episode_id == episode_id)).scalar_one_or_none()
+    reward = session.execute(select(Reward).where(Reward.episode_id == episode_id)).scalar_one_or_none()
+    costs = session.execute(select(CostEntry).where(CostEntry.episode_id == episode_id).order_by(CostEntry.created_at)).scalars().all()
+    return {
+        "episode": {
+            "id": episode.id,
+            "run": episode.run_id,
+            "task": episode.task_id,
+            "group": episode.group_id,
+            "policy_version": episode.policy_version,
+            "held_out": episode.held_out,
+            "stage": episode.stage.value,
+            "probe_attempt": episode.probe_attempt,
+            "dispatches": episode.dispatch_count,
+            "error": episode.error,
+        },
+        "claims": [
+            {"stage": c.stage.value, "attempt": c.probe_attempt, "status": c.status.value, "worker": c.worker, "takeovers": c.takeovers,
+             "transient_failures": c.transient_failures, "seconds": _f(c.duration_s), "error": c.error}
+            for c in claims
+        ],
+        "attempts": [
+            {"attempt": a.attempt, "passed": a.passed, "model": a.model_name, "agent_tokens": a.agent_tokens, "errors": a.errors, "workspace": a.workspace_uri}
+            for a in attempts
+        ],
+        "inner_job": None if job is None else {
+            "name": job.name, "backend": job.backend, "simulated": job.simulated, "external_id": job.external_id, "status": job.status.value,
+            "launch_count": job.launch_count, "train_seconds": _f(job.train_seconds), "checkpoint": job.checkpoint_uri, "error": job.error,
+        },
+        "evaluation": None if evaluation is None else {
+            "backend": evaluation.backend, "simulated": evaluation.simulated, "base": evaluation.base_score, "trained": evaluation.trained_score,
+            "ci": [evaluation.ci_low, evaluation.ci_high], "n": evaluation.n_items,
+        },
+        "reward": None if reward is None else {
+            "total": reward.total, "job": reward.job, "validation": reward.validation, "efficiency": reward.efficiency, "speed": reward.speed,
+            "raw_improvement": reward.raw_improvement,
+        },
+        "costs": [{"source": c.source, "description": c.description, "quantity": c.quantity, "unit": c.unit, "usd": float(c.amount_usd)} for c in costs],
+        "cost_usd_total": float(sum(float(c.amount_usd) for c in costs)),
+    }

@@ -41,3 +41,9 @@ def test_sim_run_completes_on_real_services(tmp_path, service_env, pools, pg_url
     assert report["queue_depths"]["agent"] is not None
     table = metarl_cli(["status", run_id], service_env)
     assert "reward by outer step" in table.stdout and "finished" in table.stdout
+    trained = next(e for e in report["recent_episodes"] if e["job"] is not None and e["job"] != 0)
+    episode = json.loads(metarl_cli(["status", "--episode", str(trained["episode"])], service_env).stdout)
+    assert [c["stage"] for c in episode["claims"] if c["status"] == "done"][-3:] == ["probe", "train", "eval"]
+    assert episode["inner_job"]["launch_count"] == 1 and episode["evaluation"]["simulated"] is True
+    assert abs(episode["reward"]["total"] - trained["reward"]) < 1e-3
+    assert episode["cost_usd_total"] > 0
