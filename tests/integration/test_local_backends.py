@@ -48,12 +48,12 @@ invalid_rate = 0.0
 [backends.train]
 type = "local"
 poll_interval_s = 0.5
-model_scale = 0.1
+model_scale = 0.04
 model_cache_dir = "{tmp_path / 'models'}"
 
 [backends.eval]
 type = "local"
-model_scale = 0.1
+model_scale = 0.04
 model_cache_dir = "{tmp_path / 'models'}"
 
 [backends.outer]
