@@ -22,6 +22,7 @@ class Claim:
     episode_id: int
     stage: Stage
     probe_attempt: int
+    takeovers: int = 0
 
 
 class ClaimRefused(Exception):
@@ -80,11 +81,11 @@ def claim_stage(
             heartbeat_at=now,
             takeovers=StageClaim.takeovers + (0 if token == existing.token else 1),
         )
-        .returning(StageClaim.id)
+        .returning(StageClaim.takeovers)
     ).scalar_one_or_none()
     if taken is None:
         raise ClaimRefused(f"stage {stage.value} of episode {episode_id} is held by {existing.worker}")
-    return Claim(existing.id, new_token, episode_id, stage, probe_attempt)
+    return Claim(existing.id, new_token, episode_id, stage, probe_attempt, takeovers=taken)
 
 
 def heartbeat(session: Session, claim: Claim) -> bool:

@@ -93,7 +93,11 @@ def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token
             log.info("skip %s: %s", stage.value, refused.reason)
             return None
         ctx = build_context(session, run, episode, config)
-    return StageJob(claim=claim, config=config, ctx=ctx)
+    job = StageJob(claim=claim, config=config, ctx=ctx)
+    if claim.takeovers > config.retries.max_stage_attempts:
+        fail_episode(job, stage, f"stage {stage.value} was abandoned {claim.takeovers} times (workers died or crashed in it); giving up")
+        return None
+    return job
 
 
 def fail_episode(job: StageJob, stage: Stage, message: str) -> None:
