@@ -75,16 +75,17 @@ def local_compile_problems(job: JobSpec, task: TaskSpec) -> list[FieldProblem]:
     return []
 
 
-def write_dataset(path: Path, family_name: str, size: int, difficulty: float, seed: int) -> None:
-    """Generate the job's training set from the family generator (which never yields hidden-eval items)."""
+def dataset_text(family_name: str, size: int, difficulty: float, seed: int) -> str:
+    """A training set as JSONL, from the family's generator (which never yields hidden-eval items)."""
     from metarl.learning.families import get_family
 
     family = get_family(family_name)
     rng = random.Random(seed)
-    with open(path, "w", encoding="utf-8") as handle:
-        for _ in range(size):
-            example = family.generate(rng, difficulty)
-            handle.write(json.dumps({"prompt": example.prompt, "answer": example.answer}) + "\n")
+    lines = []
+    for _ in range(size):
+        example = family.generate(rng, difficulty)
+        lines.append(json.dumps({"prompt": example.prompt, "answer": example.answer}))
+    return "\n".join(lines) + "\n"
 
 
 def process_alive(pid: int, create_time: float) -> bool:
@@ -144,7 +145,7 @@ class LocalTrain:
             except WorkspaceError as err:
                 raise PermanentBackendError(f"dataset {job.dataset.path}: {err.message}") from None
         else:
-            write_dataset(job_dir / DATASET_FILE, ctx.task.family, job.dataset.size, job.dataset.difficulty, job.training.seed)
+            (job_dir / DATASET_FILE).write_text(dataset_text(ctx.task.family, job.dataset.size, job.dataset.difficulty, job.training.seed), encoding="utf-8")
         (job_dir / JOB_FILE).write_text(json.dumps(compiled, indent=2), encoding="utf-8")
         env = {key: value for key, value in os.environ.items() if not key.upper().endswith(("_KEY", "_TOKEN", "_SECRET", "_PASSWORD"))}
         with open(job_dir / "trainer.log", "ab") as log_file:

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import tomllib
 from collections import OrderedDict
 from pathlib import Path
 
-from metarl.backends.base import AgentSubmission, EpisodeContext, OuterBatchEpisode, OuterResult, PolicySample
+from metarl.backends.base import (
+    AgentSubmission,
+    EpisodeContext,
+    OuterBatchEpisode,
+    OuterResult,
+    PolicySample,
+)
+from metarl.backends.local import dataset_text
 from schemas.run_config import LocalAgentBackend, LocalOuterBackend, RunConfig
 
 _POLICY_CACHE: OrderedDict[str, object] = OrderedDict()
@@ -74,19 +80,6 @@ def reward(prompt, completion, answer):
 def environment_source(weights: dict[str, float]) -> str:
     """The environment module for a job's reward components (the contract of metarl.workspace)."""
     return ENVIRONMENT_TEMPLATE % json.dumps(weights, sort_keys=True)
-
-
-def dataset_text(family_name: str, size: int, difficulty: float, seed: int) -> str:
-    """The job's dataset as JSONL, from the family's training generator (never hidden-eval items)."""
-    from metarl.learning.families import get_family
-
-    family = get_family(family_name)
-    rng = random.Random(seed)
-    lines = []
-    for _ in range(size):
-        example = family.generate(rng, difficulty)
-        lines.append(json.dumps({"prompt": example.prompt, "answer": example.answer}))
-    return "\n".join(lines) + "\n"
 
 
 def workspace_root(ctx: EpisodeContext) -> Path:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from metarl.backends.base import AgentBackend, EvalBackend, OuterBackend, TrainBackend
-from metarl.backends.sim import SimAgent, SimEval, SimOuter, SimTrain
 from pathlib import Path
 
+from metarl.backends.base import AgentBackend, EvalBackend, OuterBackend, TrainBackend
 from metarl.backends.local import LocalEval, LocalTrain, local_compile_problems
-from metarl.probe import BackendCheck
 from metarl.backends.local_agent import LocalAgent, LocalOuter
-from schemas.run_config import LocalAgentBackend, LocalEvalBackend, LocalOuterBackend, LocalTrainBackend, RunConfig
+from metarl.backends.sim import SimAgent, SimEval, SimOuter, SimTrain
+from metarl.probe import BackendCheck
+from schemas.run_config import (
+    LocalAgentBackend,
+    LocalEvalBackend,
+    LocalOuterBackend,
+    LocalTrainBackend,
+    RunConfig,
+)
 
 
 def agent_backend(config: RunConfig) -> AgentBackend:

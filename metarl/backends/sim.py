@@ -28,7 +28,14 @@ from metarl.backends.base import (
 from metarl.errors import CapacityError
 from schemas.base import dump_toml_model
 from schemas.job import JobDataset, JobModel, JobRollout, JobSpec, JobTraining
-from schemas.run_config import RunConfig, SimAgentBackend, SimDuration, SimEvalBackend, SimOuterBackend, SimTrainBackend
+from schemas.run_config import (
+    RunConfig,
+    SimAgentBackend,
+    SimDuration,
+    SimEvalBackend,
+    SimOuterBackend,
+    SimTrainBackend,
+)
 from schemas.task_spec import TaskSpec
 
 log = logging.getLogger("metarl.sim")

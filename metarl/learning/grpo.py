@@ -61,9 +61,11 @@ class LocalTrainConfig(BaseModel):
     base_model: str = Field(
         default="local-s", min_length=1, max_length=128, description="Local model name or catalogued hub name."
     )
-    learning_rate: float = Field(default=1e-3, gt=0.0, le=1.0, description="AdamW learning rate (constant).")
-    max_steps: int = Field(default=200, ge=1, le=100_000, description="Most sampling+update steps to run.")
-    batch_size: int = Field(default=16, ge=1, le=512, description="Prompts per step.")
+    learning_rate: float = Field(
+        default=3e-4, gt=0.0, le=1.0, description="Peak AdamW learning rate (after warm-up, constant)."
+    )
+    max_steps: int = Field(default=150, ge=1, le=100_000, description="Most sampling+update steps to run.")
+    batch_size: int = Field(default=32, ge=1, le=512, description="Prompts per step.")
     group_size: int = Field(default=8, ge=1, le=64, description="Completions sampled per prompt (1 gives no signal).")
     temperature: float = Field(default=1.0, ge=0.05, le=3.0, description="Sampling temperature of the rollouts.")
     max_tokens: int = Field(default=12, ge=1, le=64, description="Most completion tokens per rollout (EOS included).")
@@ -71,14 +73,14 @@ class LocalTrainConfig(BaseModel):
     lora_rank: int = Field(default=0, ge=0, le=128, description="0 trains all weights; >0 trains LoRA adapters of this rank.")
     lora_alpha: float = Field(default=16.0, gt=0.0, le=1024.0, description="LoRA scale numerator (scale = alpha / rank).")
     clip_eps: float = Field(default=0.2, gt=0.0, le=10.0, description="PPO ratio clip range.")
-    updates_per_batch: int = Field(default=2, ge=1, le=16, description="Optimizer steps on each sampled batch.")
+    updates_per_batch: int = Field(default=1, ge=1, le=16, description="Optimizer steps on each sampled batch.")
     warmup_steps: int = Field(default=10, ge=0, le=10_000, description="Steps of linear learning-rate warm-up.")
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
     grad_clip: float = Field(default=1.0, gt=0.0, le=100.0, description="Global gradient-norm clip.")
     rewards: RewardWeights = Field(default_factory=RewardWeights, description="Reward component weights.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of data order, sampling and LoRA init.")
     time_budget_s: float = Field(
-        default=45.0, gt=0.0, le=86_400.0, description="Wall-clock budget; no step starts that would overrun it."
+        default=60.0, gt=0.0, le=86_400.0, description="Wall-clock budget; no step starts that would overrun it."
     )
 
     @model_validator(mode="after")

@@ -28,8 +28,11 @@ from metarl.learning.families import FAMILIES, Example, TaskFamily
 from metarl.learning.runtime import configure_torch_threads, quiet_transformers
 from metarl.learning.tokenizer import CHARACTERS, EOS_TOKEN, SPECIAL_TOKENS, save_tokenizer, vocabulary
 
-RECIPE_VERSION = "1"
-"""Bump when pretraining code or family generators change in a way that changes the weights."""
+RECIPE_VERSION = "2"
+"""Bump to force a rebuild of every cached base model."""
+
+SOURCES_IN_BUILD_KEY = ("families.py", "models.py", "tokenizer.py", "scoring.py", "sampling.py")
+"""Modules whose source text is part of the cache key: editing any of them rebuilds the models."""
 
 CACHE_DIR_ENV = "METARL_CACHE_DIR"
 DEFAULT_CACHE_DIR = Path("~/.cache/metarl/models")
@@ -101,8 +104,8 @@ BASE_MODELS: dict[str, BaseModelSpec] = {
         ),
         recipe=PretrainRecipe(
             steps=1500,
-            check_every=50,
-            target_accuracy=0.25,
+            check_every=10,
+            target_accuracy=0.12,
             validation_items=64,
             batch_size=64,
             learning_rate=2e-3,
@@ -128,8 +131,8 @@ BASE_MODELS: dict[str, BaseModelSpec] = {
         ),
         recipe=PretrainRecipe(
             steps=1500,
-            check_every=50,
-            target_accuracy=0.35,
+            check_every=10,
+            target_accuracy=0.2,
             validation_items=64,
             batch_size=64,
             learning_rate=1e-3,
@@ -191,6 +194,16 @@ def scaled_recipe(recipe: PretrainRecipe, scale: float) -> PretrainRecipe:
     )
 
 
+def source_digest() -> str:
+    """Hash of the source of the modules that determine a built model's weights."""
+    package_dir = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in SOURCES_IN_BUILD_KEY:
+        digest.update(name.encode())
+        digest.update((package_dir / name).read_bytes())
+    return digest.hexdigest()
+
+
 def build_key(spec: BaseModelSpec, scale: float) -> str:
     """Content hash naming a built model: architecture, scaled recipe, vocabulary and code version."""
     payload = {
@@ -199,6 +212,7 @@ def build_key(spec: BaseModelSpec, scale: float) -> str:
         "characters": CHARACTERS,
         "special_tokens": list(SPECIAL_TOKENS),
         "recipe_version": RECIPE_VERSION,
+        "sources": source_digest(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
