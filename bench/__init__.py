@@ -1,1 +1,1 @@
-"""Benchmark scripts (each prints its own table)."""
+"""Benchmarks of the metarl backends (run as modules, e.g. ``python -m bench.inner_jobs``)."""

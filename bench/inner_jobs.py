@@ -1,109 +1,165 @@
-"""Inner-job benchmark: for each family and base model, the hidden-eval score of the base, after a
-sensible GRPO config, after a deliberately bad one, and the wall seconds of each job.
+"""Benchmark local inner jobs: hidden-eval score of each base model before and after GRPO.
 
-    python -m bench.inner_jobs                       # all six families, both models
-    python -m bench.inner_jobs --families addition reversal --models Qwen/Qwen3-0.6B
-    python -m bench.inner_jobs --quick               # smaller base models and shorter jobs (a smoke run)
+For every (base model, family) it prints the base score, the score after the sensible config,
+the score after a deliberately bad config (learning rate far too high), and wall seconds.
 
-Targets (2 cores): sensible >= base + 0.20 on at least 4 of 6 families; one small-model job <= 60 s;
-the bad config clearly worse; the larger model ends higher on most families.
+    python -m bench.inner_jobs [--families addition,sorting] [--models local-s,local-l] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import random
+import json
+import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from metarl.learning.families import FAMILIES, get_family
-from metarl.learning.grpo import LocalTrainConfig, RewardWeights, train
-from metarl.learning.models import ensure_base_model
-from metarl.learning.runtime import configure_torch_threads
-from metarl.learning.scoring import score_checkpoint
+from pydantic import BaseModel, Field
 
-MODELS = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B")
+from metarl.learning.families import FAMILIES, generate_dataset, get_family
+from metarl.learning.grpo import LocalTrainConfig, train
+from metarl.learning.models import BASE_MODELS, build_info, ensure_base_model
+from metarl.learning.presets import bad_config, sensible_config
+from metarl.learning.scoring import EvalScore, score_checkpoint
 
-
-def sensible_config(model: str, seed: int, time_budget_s: float) -> LocalTrainConfig:
-    """Settings a careful practitioner would pick: moderate lr (lower for the larger model), groups of 8."""
-    large = model == MODELS[1]
-    return LocalTrainConfig(
-        base_model=model,
-        learning_rate=3e-4 if large else 1e-3,
-        max_steps=400,
-        batch_size=16,
-        group_size=8,
-        temperature=1.0,
-        max_tokens=12,
-        rewards=RewardWeights(correctness=1.0, exact=0.5),
-        seed=seed,
-        time_budget_s=time_budget_s,
-    )
+TRAIN_ITEMS = 1000
+QUICK_MAX_STEPS = 60
+IMPROVEMENT_TARGET = 0.20
 
 
-def bad_config(model: str, seed: int, time_budget_s: float) -> LocalTrainConfig:
-    """A deliberately poor job: a learning rate that is far too high, and no group signal (G=1)."""
-    return LocalTrainConfig(
-        base_model=model,
-        learning_rate=0.1,
-        max_steps=400,
-        batch_size=16,
-        group_size=1,
-        temperature=1.0,
-        max_tokens=12,
-        rewards=RewardWeights(correctness=1.0),
-        seed=seed,
-        time_budget_s=time_budget_s,
-    )
+class JobResult(BaseModel):
+    """Outcome of one trained config on one family."""
+
+    score: EvalScore = Field(description="Hidden-eval score of the trained checkpoint.")
+    steps: int = Field(ge=0, description="Steps run.")
+    wall_s: float = Field(ge=0.0, description="Training wall seconds (load and save included).")
 
 
-def dataset_for(family_name: str, size: int, seed: int):  # type: ignore[no-untyped-def]
+class BenchRow(BaseModel):
+    """One (base model, family) line of the table."""
+
+    model: str = Field(description="Local base model name.")
+    family: str = Field(description="Task family name.")
+    base: EvalScore = Field(description="Hidden-eval score of the untrained base model.")
+    sensible: JobResult = Field(description="Result of the sensible config.")
+    bad: JobResult = Field(description="Result of the bad config.")
+
+
+def run_job(config: LocalTrainConfig, family_name: str, base_dir: Path, eval_n: int, seed: int) -> JobResult:
+    """Train one config on a fresh training set and score the checkpoint on the hidden eval."""
     family = get_family(family_name)
-    rng = random.Random(seed)
-    return [family.generate(rng, rng.random()) for _ in range(size)]
+    dataset = generate_dataset(family, TRAIN_ITEMS, seed=seed, difficulty=(0.0, 1.0))
+    out_dir = Path(tempfile.mkdtemp(prefix="metarl-bench-"))
+    try:
+        started = time.monotonic()
+        outcome = train(config, dataset, family, base_dir, out_dir)
+        wall = time.monotonic() - started
+        score = score_checkpoint(outcome.checkpoint_dir, family, family.hidden_eval(eval_n))
+    finally:
+        shutil.rmtree(out_dir)
+    return JobResult(score=score, steps=outcome.steps_completed, wall_s=round(wall, 1))
 
 
-def run_job(config: LocalTrainConfig, family_name: str, base_dir: Path, work: Path, eval_items) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    started = time.perf_counter()
-    outcome = train(config, dataset_for(family_name, 2000, config.seed), get_family(family_name), base_dir, work)
-    seconds = time.perf_counter() - started
-    return score_checkpoint(outcome.checkpoint_dir, family_name, eval_items).mean, seconds
+def bench_row(model: str, family_name: str, base_dir: Path, eval_n: int, quick: bool, seed: int) -> BenchRow:
+    """Base score plus one sensible and one bad job for a (model, family) pair."""
+    family = get_family(family_name)
+    base = score_checkpoint(base_dir, family, family.hidden_eval(eval_n))
+    sensible = sensible_config(model, family, seed=seed)
+    bad = bad_config(model, family, seed=seed)
+    if quick:
+        sensible = sensible.model_copy(update={"max_steps": QUICK_MAX_STEPS})
+        bad = bad.model_copy(update={"max_steps": QUICK_MAX_STEPS})
+    return BenchRow(
+        model=model,
+        family=family_name,
+        base=base,
+        sensible=run_job(sensible, family_name, base_dir, eval_n, seed),
+        bad=run_job(bad, family_name, base_dir, eval_n, seed),
+    )
+
+
+def format_row(row: BenchRow) -> str:
+    """One table line."""
+    gain = row.sensible.score.mean - row.base.mean
+    bad_gain = row.bad.score.mean - row.base.mean
+    return (
+        f"{row.model:8s} {row.family:12s} {row.base.mean:6.3f} "
+        f"{row.sensible.score.mean:8.3f} {gain:+7.3f} {row.bad.score.mean:6.3f} {bad_gain:+7.3f} "
+        f"{row.sensible.steps:6d} {row.sensible.wall_s:8.1f} {row.bad.wall_s:7.1f}"
+    )
+
+
+TABLE_HEADER = (
+    f"{'model':8s} {'family':12s} {'base':>6s} {'sensible':>8s} {'gain':>7s} {'bad':>6s} {'bad-gain':>7s} "
+    f"{'steps':>6s} {'wall_s':>8s} {'bad_s':>7s}"
+)
+
+
+def summarize(rows: list[BenchRow]) -> list[str]:
+    """Per-model count of families meeting the improvement target, and larger-vs-smaller comparison."""
+    lines = []
+    models = sorted({row.model for row in rows})
+    for model in models:
+        mine = [row for row in rows if row.model == model]
+        hits = sum(row.sensible.score.mean - row.base.mean >= IMPROVEMENT_TARGET for row in mine)
+        bad_worse = sum(row.bad.score.mean < row.sensible.score.mean for row in mine)
+        slowest = max(row.sensible.wall_s for row in mine)
+        lines.append(
+            f"{model}: gain >= {IMPROVEMENT_TARGET:.2f} on {hits}/{len(mine)} families; bad config worse on "
+            f"{bad_worse}/{len(mine)}; slowest sensible job {slowest:.1f} s"
+        )
+    if {"local-s", "local-l"} <= set(models):
+        small = {row.family: row.sensible.score.mean for row in rows if row.model == "local-s"}
+        large = {row.family: row.sensible.score.mean for row in rows if row.model == "local-l"}
+        shared = sorted(set(small) & set(large))
+        higher = sum(large[family] > small[family] for family in shared)
+        lines.append(f"local-l ends higher than local-s on {higher}/{len(shared)} families")
+    return lines
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated family names")
+    parser.add_argument("--models", default=None, help="comma-separated base models (default: local-s,local-l)")
+    parser.add_argument("--quick", action="store_true", help=f"local-s only, {QUICK_MAX_STEPS} steps, 100 eval items")
+    parser.add_argument("--eval-n", type=int, default=None, help="hidden-eval items per family (default 200)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of datasets and training")
+    parser.add_argument("--cache-dir", default=None, help="base-model cache (default $METARL_CACHE_DIR or ~/.cache)")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", nargs="+", default=sorted(FAMILIES), choices=sorted(FAMILIES))
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--quick", action="store_true", help="base models at scale 0.25 and 15 s jobs (not the targets' setting)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache-dir", default=None, help="base-model cache (default METARL_CACHE_DIR or ~/.cache/metarl/models)")
-    args = parser.parse_args(argv)
-    configure_torch_threads()
-    scale = 0.25 if args.quick else 1.0
-    budgets = {MODELS[0]: 15.0 if args.quick else 45.0, MODELS[1]: 30.0 if args.quick else 90.0}
-    print(f"{'family':<12} {'model':<16} {'base':>6} {'sensible':>9} {'bad':>6} {'gain':>6} {'s(sens)':>8} {'s(bad)':>7}", flush=True)
-    results = {}
-    with tempfile.TemporaryDirectory(prefix="metarl-bench-") as tmp:
-        for model in args.models:
-            built = time.perf_counter()
-            base_dir = ensure_base_model(model, args.cache_dir, scale=scale)
-            print(f"# base model {model}: ready in {time.perf_counter() - built:.1f} s ({base_dir.name})", flush=True)
-            for family_name in args.families:
-                eval_items = get_family(family_name).hidden_eval(200, 1)
-                base = score_checkpoint(base_dir, family_name, eval_items).mean
-                work = Path(tmp) / f"{family_name}-{model.replace('/', '_')}"
-                sensible, sensible_s = run_job(sensible_config(model, args.seed, budgets[model]), family_name, base_dir, work / "sensible", eval_items)
-                bad, bad_s = run_job(bad_config(model, args.seed, budgets[model]), family_name, base_dir, work / "bad", eval_items)
-                results[(family_name, model)] = (base, sensible, bad)
-                print(f"{family_name:<12} {model:<16} {base:6.3f} {sensible:9.3f} {bad:6.3f} {sensible - base:+6.3f} {sensible_s:8.1f} {bad_s:7.1f}", flush=True)
-    small = [results[(f, MODELS[0])] for f in args.families if (f, MODELS[0]) in results]
-    print(f"# families with sensible >= base + 0.20 (small model): {sum(s - b >= 0.20 for b, s, _ in small)}/{len(small)}")
-    print(f"# families where bad < sensible (small model): {sum(bad < s for _, s, bad in small)}/{len(small)}")
-    if len(args.models) == 2:
-        larger = sum(results[(f, MODELS[1])][1] > results[(f, MODELS[0])][1] for f in args.families)
-        print(f"# families where the larger model ends higher: {larger}/{len(args.families)}")
+    """Run the benchmark and print the table."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    families = [get_family(name.strip()).name for name in args.families.split(",") if name.strip()]
+    default_models = "local-s" if args.quick else ",".join(BASE_MODELS)
+    models = [name.strip() for name in (args.models or default_models).split(",") if name.strip()]
+    eval_n = args.eval_n or (100 if args.quick else 200)
+    rows: list[BenchRow] = []
+    for model in models:
+        started = time.monotonic()
+        base_dir = ensure_base_model(model, args.cache_dir)
+        info = build_info(base_dir)
+        print(
+            f"# {model}: {info['parameters']:,} parameters, built in {info['build_seconds']} s "
+            f"(ready after {time.monotonic() - started:.1f} s), {base_dir}",
+            flush=True,
+        )
+    print(TABLE_HEADER, flush=True)
+    for model in models:
+        base_dir = ensure_base_model(model, args.cache_dir)
+        for family in families:
+            row = bench_row(model, family, base_dir, eval_n, args.quick, args.seed)
+            rows.append(row)
+            print(format_row(row), flush=True)
+    for line in summarize(rows):
+        print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps([row.model_dump() for row in rows], indent=2))
     return 0
 
 

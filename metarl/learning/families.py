@@ -149,7 +149,7 @@ def _key_from_pattern(pattern: re.Pattern[str], prompt: str, family_name: str) -
 
 
 def _length_for(difficulty: float, shortest: int, longest: int) -> int:
-    """A length that grows with difficulty, jittered by at most one."""
+    """A length from ``shortest`` (difficulty 0) to ``longest`` (difficulty 1), rounded."""
     return shortest + round(difficulty * (longest - shortest))
 
 
@@ -349,9 +349,20 @@ def is_hidden_eval_item(family: str | TaskFamily, prompt: str) -> bool:
 
 
 def contaminated_prompts(family: str | TaskFamily, prompts: Iterable[str]) -> list[str]:
-    """The prompts of a dataset that fall in the family's hidden-eval partition (empty when clean)."""
+    """The prompts of a dataset that fall in the family's hidden-eval partition (empty when clean).
+
+    Strict: about one random item in ``EVAL_PARTITION_MODULUS`` is flagged, whether or not it is
+    in a drawn eval set; datasets made with ``TaskFamily.generate`` are always clean.
+    """
     resolved = get_family(family) if isinstance(family, str) else family
     return [prompt for prompt in prompts if resolved.is_hidden_eval_item(prompt)]
+
+
+def hidden_eval_overlap(family: str | TaskFamily, prompts: Iterable[str], n: int, version: int = 1) -> list[str]:
+    """The prompts whose canonical item is in the drawn hidden eval ``hidden_eval(n, version)`` (set-based)."""
+    resolved = get_family(family) if isinstance(family, str) else family
+    hidden_keys = {resolved.item_key(example.prompt) for example in resolved.hidden_eval(n, version)}
+    return [prompt for prompt in prompts if resolved.item_key(prompt) in hidden_keys]
 
 
 def generate_dataset(family: TaskFamily, n: int, seed: int, difficulty: float | tuple[float, float]) -> list[Example]:

@@ -15,6 +15,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +26,7 @@ from metarl.learning.families import Example, TaskFamily
 from metarl.learning.lora import adapters_disabled, apply_lora, merge_lora
 from metarl.learning.runtime import configure_torch_threads
 from metarl.learning.sampling import (
+    CompletionBatch,
     PromptBatch,
     completion_logits,
     decode_completions,
@@ -143,16 +145,28 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Logprob of each token under ``softmax(logits / temperature)``; shapes ``(B, T, V)`` -> ``(B, T)``."""
+def token_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Logprob of each token under ``softmax(logits / temperature)``; shapes ``(B, T, V)`` -> ``(B, T)``.
+
+    Where ``mask`` is given, positions with mask 0 (after EOS) get logprob 0 and no gradient.
+    """
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logprobs.gather(-1, token_ids[..., None]).squeeze(-1)
+    picked = logprobs.gather(-1, token_ids[..., None]).squeeze(-1)
+    if mask is None:
+        return picked
+    return picked.masked_fill(mask == 0, 0.0)
 
 
 def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Entropy of ``softmax(logits / temperature)`` at each position; ``(B, T, V)`` -> ``(B, T)``."""
+    """Entropy of ``softmax(logits / temperature)`` at each position; ``(B, T, V)`` -> ``(B, T)``.
+
+    Columns at -inf (forbidden tokens) contribute nothing.
+    """
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return -(logprobs.exp() * logprobs).sum(dim=-1)
+    terms = torch.where(torch.isfinite(logprobs), logprobs.exp() * logprobs, torch.zeros_like(logprobs))
+    return -terms.sum(dim=-1)
 
 
 def clipped_policy_loss(
@@ -232,23 +246,21 @@ def _copy_tokenizer_files(source: Path, target: Path) -> None:
             shutil.copy2(source / name, target / name)
 
 
-def train(
-    config: LocalTrainConfig,
-    dataset: list[Example],
-    family: TaskFamily,
-    base_model_dir: Path | str,
-    out_dir: Path | str,
-    *,
-    after_step: Callable[[StepMetrics, object], None] | None = None,
-) -> TrainOutcome:
-    """Run GRPO from the base model on ``dataset``; write ``metrics.jsonl`` and ``checkpoint/`` in ``out_dir``.
+@dataclass
+class TrainerState:
+    """Everything one GRPO step needs besides the config and the batch."""
 
-    ``after_step(metrics, model)``, when given, is called after every step (for monitoring only).
-    """
-    configure_torch_threads()
-    base_dir = Path(base_model_dir)
-    output_dir = Path(out_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    model: torch.nn.Module
+    reference_model: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer
+    parameters: list[torch.nn.Parameter]
+    tokenizer: object
+    generator: torch.Generator
+    forbidden_ids: tuple[int, ...]
+
+
+def _setup(config: LocalTrainConfig, base_dir: Path) -> tuple[TrainerState, int]:
+    """Load the base model (with LoRA adapters or a frozen KL reference as configured); return state and trainable count."""
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(base_dir)
     model = load_model(base_dir)
@@ -260,10 +272,37 @@ def train(
         if config.kl_coef > 0:
             reference_model = copy.deepcopy(model).eval()
     parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, weight_decay=config.weight_decay)
-    generator = torch.Generator().manual_seed(config.seed)
+    state = TrainerState(
+        model=model,
+        reference_model=reference_model,
+        optimizer=torch.optim.AdamW(parameters, lr=config.learning_rate, weight_decay=config.weight_decay),
+        parameters=parameters,
+        tokenizer=tokenizer,
+        generator=torch.Generator().manual_seed(config.seed),
+        forbidden_ids=(tokenizer.pad_token_id, tokenizer.bos_token_id),
+    )
+    return state, trainable
+
+
+def train(
+    config: LocalTrainConfig,
+    dataset: list[Example],
+    family: TaskFamily,
+    base_model_dir: Path | str,
+    out_dir: Path | str,
+    *,
+    after_step: Callable[[StepMetrics, torch.nn.Module], None] | None = None,
+) -> TrainOutcome:
+    """Run GRPO from the base model on ``dataset``; write ``metrics.jsonl`` and ``checkpoint/`` in ``out_dir``.
+
+    ``after_step(metrics, model)``, when given, is called after every step (for monitoring only).
+    """
+    configure_torch_threads()
+    base_dir = Path(base_model_dir)
+    output_dir = Path(out_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
     prompt_sampler = PromptSampler(dataset, config.seed)
-    forbidden = (tokenizer.pad_token_id, tokenizer.bos_token_id)
+    state, trainable = _setup(config, base_dir)
     metrics_path = output_dir / METRICS_FILE
     started = time.monotonic()
     rows: list[StepMetrics] = []
@@ -271,28 +310,24 @@ def train(
     with open(metrics_path, "w") as metrics_file:
         for step in range(config.max_steps):
             elapsed = time.monotonic() - started
-            last_step_seconds = elapsed / step if step else 0.0
-            if elapsed + last_step_seconds > config.time_budget_s:
+            mean_step_seconds = elapsed / step if step else 0.0
+            if elapsed + mean_step_seconds > config.time_budget_s:
                 stopped_by = "time_budget"
                 break
-            for group in optimizer.param_groups:
+            for group in state.optimizer.param_groups:
                 group["lr"] = warmup_learning_rate(step, config.learning_rate, config.warmup_steps)
-            examples = prompt_sampler.next_batch(config.batch_size)
-            row = _grpo_step(
-                step, config, model, reference_model, optimizer, parameters, tokenizer, family, examples,
-                generator, forbidden,
-            )
+            row = _grpo_step(step, config, state, family, prompt_sampler.next_batch(config.batch_size))
             row = row.model_copy(update={"wall_s": round(time.monotonic() - started, 3)})
             rows.append(row)
             metrics_file.write(row.model_dump_json() + "\n")
             metrics_file.flush()
             if after_step is not None:
-                after_step(row, model)
+                after_step(row, state.model)
     wall_seconds = time.monotonic() - started
     checkpoint_dir = output_dir / CHECKPOINT_DIR
     if config.lora_rank > 0:
-        merge_lora(model)
-    model.save_pretrained(str(checkpoint_dir))
+        merge_lora(state.model)
+    state.model.save_pretrained(str(checkpoint_dir))
     _copy_tokenizer_files(base_dir, checkpoint_dir)
     (output_dir / "train_config.json").write_text(config.model_dump_json(indent=2))
     return TrainOutcome(
@@ -308,20 +343,11 @@ def train(
 
 
 def _grpo_step(
-    step: int,
-    config: LocalTrainConfig,
-    model,
-    reference_model,
-    optimizer: torch.optim.Optimizer,
-    parameters: list[torch.nn.Parameter],
-    tokenizer,
-    family: TaskFamily,
-    examples: list[Example],
-    generator: torch.Generator,
-    forbidden: tuple[int, ...],
+    step: int, config: LocalTrainConfig, state: TrainerState, family: TaskFamily, examples: list[Example]
 ) -> StepMetrics:
     """Sample one batch of groups, score it, and run the clipped-loss updates on it."""
     group_size = config.group_size
+    tokenizer, model = state.tokenizer, state.model
     prompts = _repeat_prompts(encode_prompts(tokenizer, [format_prompt(example) for example in examples]), group_size)
     model.eval()
     completions = sample_completions(
@@ -330,9 +356,9 @@ def _grpo_step(
         max_tokens=config.max_tokens,
         eos_id=tokenizer.eos_token_id,
         pad_id=tokenizer.pad_token_id,
-        forbidden_ids=forbidden,
+        forbidden_ids=state.forbidden_ids,
         temperature=config.temperature,
-        generator=generator,
+        generator=state.generator,
     )
     texts = decode_completions(tokenizer, completions)
     lengths = completions.mask.sum(dim=1).tolist()
@@ -343,18 +369,17 @@ def _grpo_step(
     rewards = torch.tensor([reward for reward, _ in scored], dtype=torch.float32)
     grouped_rewards = rewards.view(len(examples), group_size)
     advantages = group_advantages(grouped_rewards).view(-1)
-    zero_groups = (grouped_rewards.std(dim=1, unbiased=False) == 0).float().mean().item()
     mask = completions.mask
     reference_logprobs = None
     if config.kl_coef > 0:
-        reference_logprobs = _reference_logprobs(model, reference_model, prompts, completions, config.temperature)
+        reference_logprobs = _reference_logprobs(state, prompts, completions, config.temperature)
     needs_update = bool(advantages.abs().sum() > 0) or config.kl_coef > 0
     model.train()
     loss_value, kl_value, entropy_value, clip_value = 0.0, 0.0, 0.0, 0.0
     for update in range(config.updates_per_batch if needs_update else 1):
         with torch.set_grad_enabled(needs_update):
-            logits = completion_logits(model, prompts, completions.token_ids, mask)
-            logprobs = token_logprobs(logits, completions.token_ids, config.temperature)
+            logits = completion_logits(model, prompts, completions.token_ids, mask, state.forbidden_ids)
+            logprobs = token_logprobs(logits, completions.token_ids, config.temperature, mask)
             loss, clip_fraction = clipped_policy_loss(logprobs, completions.logprobs, advantages, mask, config.clip_eps)
             if reference_logprobs is not None:
                 kl = masked_mean(k3_kl(logprobs, reference_logprobs), mask)
@@ -363,36 +388,39 @@ def _grpo_step(
         if update == 0:
             entropy_value = masked_mean(token_entropy(logits.detach(), config.temperature), mask).item()
         if needs_update:
-            optimizer.zero_grad(set_to_none=True)
+            state.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip)
-            optimizer.step()
+            torch.nn.utils.clip_grad_norm_(state.parameters, config.grad_clip)
+            state.optimizer.step()
         loss_value, clip_value = loss.item(), clip_fraction.item()
     return StepMetrics(
         step=step,
         reward_mean=rewards.mean().item(),
         reward_std=rewards.std(unbiased=False).item(),
         exact_rate=sum(exact for _, exact in scored) / len(scored),
-        zero_advantage_groups=zero_groups,
+        zero_advantage_groups=(grouped_rewards.std(dim=1, unbiased=False) == 0).float().mean().item(),
         loss=loss_value,
         kl=max(kl_value, 0.0),
         entropy=max(entropy_value, 0.0),
         clip_fraction=clip_value,
-        completion_tokens=float(mask.sum(dim=1).float().mean().item()),
+        completion_tokens=mask.sum(dim=1).float().mean().item(),
         wall_s=0.0,
     )
 
 
 @torch.no_grad()
-def _reference_logprobs(model, reference_model, prompts: PromptBatch, completions, temperature: float) -> torch.Tensor:
+def _reference_logprobs(
+    state: TrainerState, prompts: PromptBatch, completions: CompletionBatch, temperature: float
+) -> torch.Tensor:
     """Logprobs of the sampled tokens under the base model (adapters off, or the frozen copy)."""
-    if reference_model is None:
-        model.eval()
-        with adapters_disabled(model):
-            logits = completion_logits(model, prompts, completions.token_ids, completions.mask)
+    token_ids, mask, forbidden = completions.token_ids, completions.mask, state.forbidden_ids
+    if state.reference_model is None:
+        state.model.eval()
+        with adapters_disabled(state.model):
+            logits = completion_logits(state.model, prompts, token_ids, mask, forbidden)
     else:
-        logits = completion_logits(reference_model, prompts, completions.token_ids, completions.mask)
-    return token_logprobs(logits, completions.token_ids, temperature)
+        logits = completion_logits(state.reference_model, prompts, token_ids, mask, forbidden)
+    return token_logprobs(logits, completions.token_ids, temperature, completions.mask)
 
 
 def read_metrics(metrics_path: Path | str) -> list[StepMetrics]:

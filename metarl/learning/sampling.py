@@ -47,6 +47,13 @@ def mask_after_eos(token_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
     return (eos_seen_before == 0).long()
 
 
+def mask_forbidden(logits: torch.Tensor, forbidden_ids: tuple[int, ...]) -> torch.Tensor:
+    """A copy of ``logits`` with the forbidden token columns set to -inf (the policy never emits them)."""
+    masked = logits.clone()
+    masked[..., list(forbidden_ids)] = float("-inf")
+    return masked
+
+
 def _pick_tokens(
     logits: torch.Tensor, temperature: float, greedy: bool, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,9 +99,7 @@ def sample_completions(
     chosen_logprobs: list[torch.Tensor] = []
     chosen_mask: list[torch.Tensor] = []
     for _ in range(max_tokens):
-        next_logits = next_logits.clone()
-        next_logits[:, list(forbidden_ids)] = float("-inf")
-        tokens, logprobs = _pick_tokens(next_logits, temperature, greedy, generator)
+        tokens, logprobs = _pick_tokens(mask_forbidden(next_logits, forbidden_ids), temperature, greedy, generator)
         tokens = torch.where(finished, torch.full_like(tokens, pad_id), tokens)
         chosen_tokens.append(tokens)
         chosen_logprobs.append(torch.where(finished, torch.zeros_like(logprobs), logprobs))
@@ -130,13 +135,17 @@ def decode_completions(tokenizer, completions: CompletionBatch) -> list[str]:
 
 
 def completion_logits(
-    model, prompts: PromptBatch, completion_ids: torch.Tensor, completion_mask: torch.Tensor
+    model,
+    prompts: PromptBatch,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    forbidden_ids: tuple[int, ...] = (),
 ) -> torch.Tensor:
-    """One teacher-forced forward pass; returns the logits that predict each completion token."""
+    """One teacher-forced forward pass; the logits that predict each completion token, forbidden ids at -inf."""
     input_ids = torch.cat([prompts.input_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompts.attention_mask, completion_mask.to(prompts.attention_mask.dtype)], dim=1)
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
     ).logits
     prompt_len = prompts.input_ids.shape[1]
-    return logits[:, prompt_len - 1 : prompt_len - 1 + completion_ids.shape[1], :]
+    return mask_forbidden(logits[:, prompt_len - 1 : prompt_len - 1 + completion_ids.shape[1], :], forbidden_ids)

@@ -1,0 +1,36 @@
+"""Reference inner-job configs: a sensible one per base model, and a deliberately bad one."""
+
+from __future__ import annotations
+
+from metarl.learning.families import TaskFamily
+from metarl.learning.grpo import LocalTrainConfig
+from metarl.learning.models import resolve_model_name
+
+SENSIBLE_OVERRIDES: dict[str, dict[str, float | int]] = {
+    "local-s": {"learning_rate": 3e-4, "max_steps": 150, "time_budget_s": 60.0},
+    "local-l": {"learning_rate": 2e-4, "max_steps": 150, "time_budget_s": 180.0},
+}
+"""Per-model settings of the sensible config; the larger model wants a lower rate and more time."""
+
+BAD_LEARNING_RATE = 3e-2
+"""A learning rate two orders of magnitude too high: the policy collapses within a few steps."""
+
+
+def sensible_config(base_model: str, family: TaskFamily, *, seed: int = 0) -> LocalTrainConfig:
+    """A config that reliably improves the base model on ``family`` (B=32 prompts x G=8, one update per batch)."""
+    local_name = resolve_model_name(base_model)
+    return LocalTrainConfig(
+        base_model=local_name,
+        batch_size=32,
+        group_size=8,
+        updates_per_batch=1,
+        temperature=1.0,
+        max_tokens=family.max_answer_chars + 1,
+        seed=seed,
+        **SENSIBLE_OVERRIDES[local_name],
+    )
+
+
+def bad_config(base_model: str, family: TaskFamily, *, seed: int = 0) -> LocalTrainConfig:
+    """The sensible config with a learning rate far too high."""
+    return sensible_config(base_model, family, seed=seed).model_copy(update={"learning_rate": BAD_LEARNING_RATE})

@@ -1,0 +1,266 @@
+"""Tokenizer, base-model cache, sampler, LoRA and scorer on tiny (fast-scale) local models."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from metarl.learning import models as models_module
+from metarl.learning.families import FAMILIES, Example, get_family
+from metarl.learning.grpo import token_logprobs
+from metarl.learning.lora import adapters_disabled, apply_lora, merge_lora
+from metarl.learning.models import (
+    BASE_MODELS,
+    BUILD_INFO_FILE,
+    MODEL_CATALOG,
+    build_info,
+    build_key,
+    default_cache_dir,
+    ensure_base_model,
+    resolve_model_name,
+)
+from metarl.learning.sampling import completion_logits, decode_completions, encode_prompts, sample_completions
+from metarl.learning.scoring import (
+    EvalScore,
+    format_prompt,
+    load_model,
+    score_checkpoint,
+    score_loaded_model,
+    wilson_interval,
+)
+from metarl.learning.tokenizer import UNK_TOKEN, build_tokenizer, load_tokenizer, save_tokenizer
+
+TINY_SCALE = 0.01
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local-s base model pretrained for a handful of steps, shared by the session."""
+    return ensure_base_model("local-s", tmp_path_factory.getbasetemp() / "metarl-models", scale=TINY_SCALE)
+
+
+def test_tokenizer_round_trips_every_family_and_loads_with_auto_tokenizer(tmp_path: Path) -> None:
+    save_tokenizer(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    unk_id = tokenizer.convert_tokens_to_ids(UNK_TOKEN)
+    rng = random.Random(0)
+    for family in FAMILIES.values():
+        for _ in range(50):
+            example = family.generate(rng, rng.random())
+            for text in (example.prompt, example.answer):
+                ids = tokenizer(text)["input_ids"]
+                assert ids[0] == tokenizer.bos_token_id
+                assert unk_id not in ids
+                assert len(ids) == len(text) + 1
+                assert tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+def test_tokenizer_left_pads() -> None:
+    tokenizer = build_tokenizer()
+    batch = encode_prompts(tokenizer, ["add 1+2=", "rev ab>"])
+    assert batch.attention_mask[1, 0].item() == 0
+    assert batch.input_ids[1, 0].item() == tokenizer.pad_token_id
+
+
+def test_model_names_and_catalog() -> None:
+    assert MODEL_CATALOG == {"Qwen/Qwen3-0.6B": "local-s", "Qwen/Qwen3-1.7B": "local-l"}
+    assert resolve_model_name("Qwen/Qwen3-1.7B") == "local-l"
+    assert resolve_model_name("local-s") == "local-s"
+    with pytest.raises(KeyError) as raised:
+        resolve_model_name("gpt2")
+    assert "local-s" in str(raised.value) and "Qwen/Qwen3-0.6B" in str(raised.value)
+
+
+def test_build_key_depends_on_model_and_scale() -> None:
+    small = BASE_MODELS["local-s"]
+    assert build_key(small, 1.0) == build_key(small, 1.0)
+    assert build_key(small, 1.0) != build_key(small, 0.5)
+    assert build_key(small, 1.0) != build_key(BASE_MODELS["local-l"], 1.0)
+
+
+def test_default_cache_dir_honours_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("METARL_CACHE_DIR", str(tmp_path))
+    assert default_cache_dir() == tmp_path
+    monkeypatch.delenv("METARL_CACHE_DIR")
+    assert default_cache_dir() == Path("~/.cache/metarl/models").expanduser()
+
+
+def test_model_sizes_are_in_range() -> None:
+    from transformers import Qwen3ForCausalLM
+
+    sizes = {
+        name: sum(parameter.numel() for parameter in Qwen3ForCausalLM(models_module.qwen3_config(spec.architecture)).parameters())
+        for name, spec in BASE_MODELS.items()
+    }
+    assert 150_000 <= sizes["local-s"] <= 320_000
+    assert 1_000_000 <= sizes["local-l"] <= 2_000_000
+
+
+def test_built_model_has_hugging_face_files(tiny_model_dir: Path) -> None:
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", BUILD_INFO_FILE):
+        assert (tiny_model_dir / name).exists(), name
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    info = build_info(tiny_model_dir)
+    assert info["name"] == "local-s" and info["scale"] == TINY_SCALE
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), local_files_only=True)
+    AutoTokenizer.from_pretrained(str(tiny_model_dir), local_files_only=True)
+
+
+def test_ensure_base_model_builds_once_under_concurrency(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    builds: list[str] = []
+    real_build = models_module._build_into
+
+    def counting_build(target: Path, spec, scale: float) -> None:
+        builds.append(target.name)
+        real_build(target, spec, scale)
+
+    monkeypatch.setattr(models_module, "_build_into", counting_build)
+    results: list[Path] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(ensure_base_model("local-s", tmp_path, scale=TINY_SCALE)))
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(builds) == 1
+    assert len(set(results)) == 1 and len(results) == 3
+    assert ensure_base_model("Qwen/Qwen3-0.6B", tmp_path, scale=TINY_SCALE) == results[0]
+    assert len(builds) == 1
+    leftovers = [path.name for path in tmp_path.iterdir() if path.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_ensure_base_model_rejects_bad_scale(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        ensure_base_model("local-s", tmp_path, scale=0.0)
+
+
+def test_sampler_masks_after_eos_and_never_samples_pad_or_bos(tiny_model_dir: Path) -> None:
+    model, tokenizer = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    prompts = encode_prompts(tokenizer, ["add 1+2=", "rev abcdef>", "max 12,34="] * 4)
+    completions = sample_completions(
+        model,
+        prompts,
+        max_tokens=8,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        forbidden_ids=(tokenizer.pad_token_id, tokenizer.bos_token_id),
+        temperature=1.5,
+        generator=torch.Generator().manual_seed(0),
+    )
+    live_tokens = completions.token_ids[completions.mask.bool()]
+    assert tokenizer.pad_token_id not in live_tokens.tolist()
+    assert tokenizer.bos_token_id not in live_tokens.tolist()
+    for row_tokens, row_mask in zip(completions.token_ids.tolist(), completions.mask.tolist()):
+        if tokenizer.eos_token_id in row_tokens:
+            eos_at = row_tokens.index(tokenizer.eos_token_id)
+            assert row_mask[: eos_at + 1] == [1] * (eos_at + 1)
+            assert sum(row_mask[eos_at + 1 :]) == 0
+    assert (completions.logprobs[completions.mask == 0] == 0).all()
+    assert (completions.logprobs[completions.mask == 1] < 0).all()
+
+
+def test_sampled_logprobs_match_teacher_forced_logprobs(tiny_model_dir: Path) -> None:
+    model, tokenizer = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    prompts = encode_prompts(tokenizer, ["add 1+2=", "rev abcdef>", "date 1999-01-02>"])
+    completions = sample_completions(
+        model,
+        prompts,
+        max_tokens=10,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        forbidden_ids=(tokenizer.pad_token_id, tokenizer.bos_token_id),
+        temperature=0.8,
+        generator=torch.Generator().manual_seed(1),
+    )
+    with torch.no_grad():
+        logits = completion_logits(
+            model, prompts, completions.token_ids, completions.mask, (tokenizer.pad_token_id, tokenizer.bos_token_id)
+        )
+    recomputed = token_logprobs(logits, completions.token_ids, 0.8, completions.mask)
+    assert torch.allclose(recomputed, completions.logprobs, atol=1e-3)
+
+
+def test_greedy_output_does_not_depend_on_padding(tiny_model_dir: Path) -> None:
+    model, tokenizer = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    kwargs = dict(
+        max_tokens=6,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        forbidden_ids=(tokenizer.pad_token_id, tokenizer.bos_token_id),
+        greedy=True,
+    )
+    alone = sample_completions(model, encode_prompts(tokenizer, ["add 1+2="]), **kwargs)
+    padded = sample_completions(model, encode_prompts(tokenizer, ["add 1+2=", "date 1999-01-02>"]), **kwargs)
+    assert decode_completions(tokenizer, alone)[0] == decode_completions(tokenizer, padded)[0]
+
+
+def test_lora_starts_as_identity_merges_exactly_and_can_be_disabled(tiny_model_dir: Path) -> None:
+    model = load_model(tiny_model_dir)
+    input_ids = torch.tensor([[1, 14, 17, 17, 40, 5, 41, 6, 43]])
+    with torch.no_grad():
+        reference = model(input_ids=input_ids).logits
+    torch.manual_seed(0)
+    trainable = apply_lora(model, rank=4, alpha=8.0)
+    assert 0 < trainable < sum(parameter.numel() for parameter in model.parameters())
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=input_ids).logits, reference, atol=1e-6)
+        for name, parameter in model.named_parameters():
+            if name.endswith("lora_b"):
+                parameter.normal_(0.0, 0.05)
+        adapted = model(input_ids=input_ids).logits
+        with adapters_disabled(model):
+            assert torch.allclose(model(input_ids=input_ids).logits, reference, atol=1e-6)
+    assert not torch.allclose(adapted, reference, atol=1e-4)
+    merge_lora(model)
+    assert not any("lora" in name for name, _ in model.named_parameters())
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=input_ids).logits, adapted, atol=1e-4)
+
+
+def test_wilson_interval() -> None:
+    low, high = wilson_interval(50, 100)
+    assert low == pytest.approx(0.4038, abs=1e-3) and high == pytest.approx(0.5962, abs=1e-3)
+    assert wilson_interval(0, 20)[0] == 0.0
+    assert wilson_interval(20, 20)[1] == 1.0
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_score_checkpoint_returns_bounded_deterministic_scores(tiny_model_dir: Path) -> None:
+    family = get_family("caesar")
+    items = family.hidden_eval(40)
+    first = score_checkpoint(tiny_model_dir, "caesar", items)
+    assert isinstance(first, EvalScore)
+    assert first.n == 40 and first.pass_k == 1
+    assert first.ci_low <= first.mean <= first.ci_high
+    assert score_checkpoint(tiny_model_dir, family, items) == first
+    sampled = score_checkpoint(tiny_model_dir, family, items, pass_k=3, seed=5)
+    assert sampled == score_checkpoint(tiny_model_dir, family, items, pass_k=3, seed=5)
+    assert sampled.pass_k == 3
+
+
+def test_perfect_model_scores_one(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from metarl.learning import scoring
+
+    family = get_family("addition")
+    items = family.hidden_eval(10)
+    answers = {example.prompt: example.answer for example in items}
+    monkeypatch.setattr(
+        scoring, "generate_texts", lambda model, tokenizer, prompts, **kwargs: [answers[p] for p in prompts]
+    )
+    score = score_loaded_model(None, None, family, items)
+    assert score.mean == 1.0 and score.partial_mean == 1.0
+
+
+def test_format_prompt_is_the_prompt() -> None:
+    assert format_prompt(Example(prompt="add 1+2=", answer="3")) == "add 1+2="
