@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     status.add_argument("--episode", type=int, help="what happened to one episode and what it cost")
 
+    report = sub.add_parser("report", help="write one run's report: an HTML page, PNG plots and CSV tables")
+    report.add_argument("run_id")
+    report.add_argument("--out", type=Path, help="output folder (default: <artifacts root or METARL_HOME>/reports/RUN_ID)")
+
     worker = sub.add_parser("worker", help="start one worker pool (services mode)")
     worker.add_argument("--pool", required=True, choices=["agent", "probe", "train", "eval", "outer"])
     worker.add_argument("--concurrency", type=int, default=1)
@@ -178,6 +182,31 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write the report of one run (HTML, PNG, CSV) and print the path of its index.html."""
+    from metarl.db import session_scope
+    from metarl.report_data import load_report_data
+    from metarl.report_tables import default_report_dir, printable
+
+    with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
+        try:
+            data = load_report_data(session, args.run_id)
+        except LookupError:
+            print(f"error: no run with id {printable(args.run_id)}; `metarl status` lists runs", file=sys.stderr)
+            return EXIT_NOT_FOUND
+        home = services.home
+    from metarl.report import write_report
+
+    out = args.out if args.out is not None else default_report_dir(data.artifacts_root, home, data.run.id)
+    try:
+        index = write_report(data, out)
+    except OSError as err:
+        print(f"error: cannot write the report to {printable(str(out))}: {err.strerror or err}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    print(index.resolve())
+    return 0
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from metarl.pools import worker_command
 
@@ -260,6 +289,7 @@ COMMANDS = {
     "resume": cmd_resume,
     "stop": cmd_stop,
     "status": cmd_status,
+    "report": cmd_report,
     "worker": cmd_worker,
     "db": cmd_db,
     "metrics": cmd_metrics,
