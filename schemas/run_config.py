@@ -91,10 +91,86 @@ class LocalOuterBackend(StrictModel):
     max_grad_norm: float = Field(default=1.0, gt=0.0, le=1000.0, description="Gradient-norm clip of the outer step")
 
 
-AgentBackend = Annotated[Union[SimAgentBackend, LocalAgentBackend], Field(discriminator="type")]
+TINKER_API_KEY_ENV = "TINKER_API_KEY"
+"""The only place the Tinker API key is read from (never the config, records or logs)."""
+
+TinkerRendererName = Literal["qwen3", "qwen3_disable_thinking", "qwen3_instruct", "qwen3_5", "qwen3_5_disable_thinking"]
+_SECRET_KEYS = frozenset({"api_key", "apikey", "tinker_api_key", "key", "token", "secret"})
+
+
+def _refuse_secrets(data: object) -> object:
+    """Reject an API key written into a Tinker backend table, without echoing it.
+
+    The value is overwritten in the parsed mapping before the error is raised: pydantic keeps the
+    input next to each error, and a logged ValidationError must not carry the key.
+    """
+    if isinstance(data, dict):
+        found = sorted(str(key) for key in data if str(key).lower().replace("-", "_") in _SECRET_KEYS)
+        for key in list(data):
+            if str(key) in found:
+                data[key] = "(redacted)"
+        if found:
+            raise ValueError(
+                f"`{found[0]}` must not be in the config: the Tinker API key is read only from the {TINKER_API_KEY_ENV} "
+                f"environment variable; remove `{found[0]}` and export {TINKER_API_KEY_ENV}"
+            )
+    return data
+
+
+class TinkerAgentBackend(StrictModel):
+    """The trainer agent as an LLM on Tinker: snapshot sampling client per policy version, chat renderer, tool calls."""
+
+    type: Literal["tinker"] = Field(description="Backend kind")
+    base_model: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*(/[A-Za-z0-9][A-Za-z0-9._\-]*)?$", description="Tinker base model of the LoRA policy, e.g. Qwen/Qwen3-30B-A3B")
+    renderer: TinkerRendererName = Field(description="Chat format of the base model (Qwen markup; qwen3_5 writes XML-style tool calls)")
+    max_turns: int = Field(default=24, ge=1, le=500, description="Sampled turns per attempt before it ends without submit()")
+    max_tokens_per_turn: int = Field(default=4096, ge=16, le=65_536, description="Most tokens sampled in one turn")
+    max_context_tokens: int = Field(default=65_536, ge=1024, le=100_000, description="Most tokens in one attempt's conversation (prompt, turns, tool results)")
+    max_observation_chars: int = Field(default=8000, ge=256, le=1_000_000, description="Tool results longer than this are cut before they reach the model")
+    max_tool_calls_per_turn: int = Field(default=8, ge=1, le=100, description="Tool calls run from one reply; later ones are refused")
+    temperature: float = Field(default=1.0, gt=0.0, le=2.0, description="Sampling temperature (behaviour logprobs are at this temperature)")
+    usd_per_million_prompt_tokens: float = Field(ge=0.0, le=1000.0, description="Tinker price of prefilled prompt tokens, from its price list (each turn re-sends the whole conversation)")
+    usd_per_million_sample_tokens: float = Field(ge=0.0, le=1000.0, description="Tinker price of sampled tokens, from its price list")
+    base_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$", description="Tinker API URL (default: TINKER_BASE_URL, then the SDK's)")
+    timeout_s: float = Field(default=900.0, ge=1.0, le=86_400.0, description="Longest wait for one Tinker request")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data: object) -> object:
+        return _refuse_secrets(data)
+
+
+class TinkerOuterBackend(StrictModel):
+    """Importance-sampling GRPO of the Tinker LoRA policy: forward_backward, Adam optim_step, save_state every step."""
+
+    type: Literal["tinker"] = Field(description="Backend kind")
+    lora_rank: int = Field(default=8, ge=1, le=512, description="LoRA rank of the trainer policy")
+    loss: Literal["importance_sampling", "truncated_importance_sampling"] = Field(
+        default="importance_sampling",
+        description="Tinker's built-in importance_sampling (ratio not truncated; staleness bounds it), or the outer.ratio_cap-truncated loss through forward_backward_custom (one extra forward pass)",
+    )
+    normalize_std: bool = Field(default=False, description="Divide group-relative advantages by the group's std")
+    grad_clip_norm: float = Field(default=1.0, ge=0.0, le=1000.0, description="Gradient-norm clip of the Adam step (0 = none)")
+    adam_beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="Adam beta1")
+    adam_beta2: float = Field(default=0.95, ge=0.0, lt=1.0, description="Adam beta2")
+    adam_eps: float = Field(default=1e-12, gt=0.0, le=1.0, description="Adam epsilon")
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="Decoupled weight decay of the Adam step")
+    max_recoveries: int = Field(default=2, ge=0, le=10, description="Times one update recreates a failed training client from the last saved state")
+    checkpoint_ttl_s: int | None = Field(default=None, ge=3600, le=10 * 365 * 86_400, description="Expiry of saved states and sampler weights (None = never)")
+    usd_per_million_train_tokens: float = Field(ge=0.0, le=1000.0, description="Tinker price of trained tokens, from its price list")
+    base_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$", description="Tinker API URL; must equal backends.agent.base_url")
+    timeout_s: float = Field(default=1800.0, ge=1.0, le=86_400.0, description="Longest wait for one Tinker request")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data: object) -> object:
+        return _refuse_secrets(data)
+
+
+AgentBackend = Annotated[Union[SimAgentBackend, LocalAgentBackend, TinkerAgentBackend], Field(discriminator="type")]
 TrainBackend = Annotated[Union[SimTrainBackend, LocalTrainBackend], Field(discriminator="type")]
 EvalBackend = Annotated[Union[SimEvalBackend, LocalEvalBackend], Field(discriminator="type")]
-OuterBackend = Annotated[Union[SimOuterBackend, LocalOuterBackend], Field(discriminator="type")]
+OuterBackend = Annotated[Union[SimOuterBackend, LocalOuterBackend, TinkerOuterBackend], Field(discriminator="type")]
 
 
 class Backends(StrictModel):
@@ -206,4 +282,13 @@ class RunConfig(StrictModel):
     def _local_agent_needs_local_outer(self) -> "RunConfig":
         if isinstance(self.backends.agent, LocalAgentBackend) != isinstance(self.backends.outer, LocalOuterBackend):
             raise ValueError("backends.agent and backends.outer must both be `local` (the outer update trains the agent's policy) or neither")
+        return self
+
+    @model_validator(mode="after")
+    def _tinker_agent_needs_tinker_outer(self) -> "RunConfig":
+        agent, outer = self.backends.agent, self.backends.outer
+        if isinstance(agent, TinkerAgentBackend) != isinstance(outer, TinkerOuterBackend):
+            raise ValueError("backends.agent and backends.outer must both be `tinker` (the outer update trains the agent's LoRA policy) or neither")
+        if isinstance(agent, TinkerAgentBackend) and isinstance(outer, TinkerOuterBackend) and agent.base_url != outer.base_url:
+            raise ValueError("backends.outer.base_url must equal backends.agent.base_url (the agent samples the weights the outer update saves)")
         return self

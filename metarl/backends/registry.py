@@ -8,6 +8,8 @@ from metarl.backends.base import AgentBackend, EvalBackend, OuterBackend, TrainB
 from metarl.backends.local import LocalEval, LocalTrain, local_compile_problems
 from metarl.backends.local_agent import LocalAgent, LocalOuter
 from metarl.backends.sim import SimAgent, SimEval, SimOuter, SimTrain
+from metarl.backends.tinker_agent import TinkerAgent
+from metarl.backends.tinker_outer import TinkerOuter
 from metarl.probe import BackendCheck
 from schemas.run_config import (
     LocalAgentBackend,
@@ -15,6 +17,8 @@ from schemas.run_config import (
     LocalOuterBackend,
     LocalTrainBackend,
     RunConfig,
+    TinkerAgentBackend,
+    TinkerOuterBackend,
 )
 
 
@@ -22,6 +26,8 @@ def agent_backend(config: RunConfig) -> AgentBackend:
     backend = config.backends.agent
     if isinstance(backend, LocalAgentBackend):
         return LocalAgent(backend)
+    if isinstance(backend, TinkerAgentBackend):
+        return TinkerAgent(backend)
     return SimAgent(backend)
 
 
@@ -43,6 +49,8 @@ def outer_backend(config: RunConfig) -> OuterBackend:
     backend, agent = config.backends.outer, config.backends.agent
     if isinstance(backend, LocalOuterBackend) and isinstance(agent, LocalAgentBackend):
         return LocalOuter(backend, agent)
+    if isinstance(backend, TinkerOuterBackend) and isinstance(agent, TinkerAgentBackend):
+        return TinkerOuter(backend, agent)
     return SimOuter(backend)
 
 
