@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -335,7 +336,11 @@ class CostEntry(Base):
 
 
 class OuterStep(Base):
-    """One outer (policy) update and its batch statistics."""
+    """One outer (policy) update and its batch statistics.
+
+    `takeovers` counts claims taken from a worker that stopped heartbeating (it died or crashed);
+    past the stage-attempt cap the step fails with `error` instead of being re-sent forever.
+    """
 
     __tablename__ = "outer_steps"
     __table_args__ = (UniqueConstraint("run_id", "step"),)
@@ -351,8 +356,10 @@ class OuterStep(Base):
     dropped_stale_groups: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     worker: Mapped[str | None] = mapped_column(String(255))
     token: Mapped[str | None] = mapped_column(String(36))
+    takeovers: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default=text("0"))
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     dispatched_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    error: Mapped[str | None] = mapped_column(Text)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False, default=dict)
     created_at: Mapped[dt.datetime] = _now_column()
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,81 @@
+"""Pure rules of the outer-step claim: heartbeat interval, crash-loop cap, transient retries, error text."""
+
+from __future__ import annotations
+
+import pytest
+
+from metarl.backends.base import OuterResult
+from metarl.errors import PermanentBackendError, TransientBackendError
+from workers.heartbeat import heartbeat_interval
+from workers.outer import (
+    MAX_ERROR_CHARS,
+    crash_loop_message,
+    crash_looping,
+    describe_error,
+    transient_delay,
+    update_with_retries,
+)
+
+
+def test_heartbeat_interval_beats_three_times_per_lease_but_not_too_often() -> None:
+    assert heartbeat_interval(30.0) == 10.0
+    assert heartbeat_interval(1.0) == 0.5
+    for lease in (1.0, 1.5, 2.0, 60.0, 3600.0):
+        assert heartbeat_interval(lease) < lease
+
+
+def test_crash_loop_cap_matches_the_stage_rule() -> None:
+    assert not crash_looping(0, 3)
+    assert not crash_looping(3, 3)
+    assert crash_looping(4, 3)
+    assert crash_looping(2, 1)
+
+
+def test_crash_loop_message_names_step_count_cap_and_last_error() -> None:
+    message = crash_loop_message(7, 4, 3, "MemoryError: out of memory")
+    assert "outer step 7" in message and "4 times" in message and "max_stage_attempts = 3" in message
+    assert message.endswith("last error: MemoryError: out of memory")
+    assert "last error" not in crash_loop_message(7, 4, 3, None)
+
+
+def test_describe_error_is_one_bounded_line() -> None:
+    assert describe_error(ValueError("bad\n  value")) == "ValueError: bad value"
+    long = describe_error(RuntimeError("x" * 10_000))
+    assert len(long) == MAX_ERROR_CHARS and long.endswith("...")
+
+
+def test_transient_delay_backs_off_and_saturates() -> None:
+    assert [transient_delay(n, (1.0, 4.0, 15.0)) for n in (1, 2, 3, 4, 10)] == [1.0, 4.0, 15.0, 15.0, 15.0]
+    assert transient_delay(0, (2.0,)) == 2.0
+
+
+def test_update_with_retries_retries_transient_errors_then_gives_up() -> None:
+    slept: list[float] = []
+    calls = {"n": 0}
+
+    def flaky() -> OuterResult:
+        calls["n"] += 1
+        if calls["n"] < 3:
+            raise TransientBackendError("503")
+        return OuterResult(state_uri="s", metrics={})
+
+    assert update_with_retries(flaky, 3, sleep=slept.append).state_uri == "s"
+    assert calls["n"] == 3 and slept == [1.0, 4.0]
+
+    def always() -> OuterResult:
+        raise TransientBackendError("timeout")
+
+    slept.clear()
+    with pytest.raises(PermanentBackendError, match="gave up after 2 transient errors: TransientBackendError: timeout"):
+        update_with_retries(always, 2, sleep=slept.append)
+    assert slept == [1.0]
+
+
+def test_update_with_retries_lets_other_errors_through_at_once() -> None:
+    def broken() -> OuterResult:
+        raise PermanentBackendError("auth")
+
+    slept: list[float] = []
+    with pytest.raises(PermanentBackendError, match="auth"):
+        update_with_retries(broken, 5, sleep=slept.append)
+    assert slept == []
