@@ -1,0 +1,51 @@
+# syntax=docker/dockerfile:1
+# The inner-job pod image: the pinned prime-rl release plus metarl's pod runner.
+#
+# The build context is the metarl/ package folder (the runner needs nothing else from the repo):
+#   docker build -f docker/inner.Dockerfile -t metarl-inner:prime-rl-v0.8.0 metarl
+#
+# The base is the image prime-rl's release workflow builds for the tag (build_image.yaml:
+# ghcr.io/primeintellect-ai/prime-rl:<tag>); its venv is /app/.venv, its entry script
+# /app/docker-entrypoint.sh (ulimit, then exec "$@"), its user appuser. The pin lives in
+# metarl/primerl/pin.py; tests/unit/test_primerl_dockerfile.py keeps this file in step with it.
+# Pods start with METARL_RUNNER_JOB_URL / METARL_RUNNER_RESULT_URL (and storage credentials for
+# the runner only: rl never sees them) and run one job; see metarl/pod_runner.py.
+ARG PRIME_RL_IMAGE=ghcr.io/primeintellect-ai/prime-rl:v0.8.0
+FROM ${PRIME_RL_IMAGE}
+
+ARG PRIME_RL_TAG=v0.8.0
+ARG PRIME_RL_VERSION=0.8.0
+ARG PRIME_RL_COMMIT=60bc29547a8824ad1de7b9af8d265e2b27b2a72d
+LABEL org.opencontainers.image.title="metarl-inner" \
+      org.opencontainers.image.description="prime-rl ${PRIME_RL_TAG} with the metarl pod runner" \
+      ai.metarl.prime-rl.tag="${PRIME_RL_TAG}" \
+      ai.metarl.prime-rl.commit="${PRIME_RL_COMMIT}"
+
+USER root
+
+# Refuse a base image that is not the pinned release.
+RUN /app/.venv/bin/python -c "import importlib.metadata as m, sys; v = m.version('prime-rl'); sys.exit(0 if v == '${PRIME_RL_VERSION}' else 'prime-rl ' + v + ' is not the pinned ${PRIME_RL_VERSION}')" \
+    && /app/.venv/bin/python -c "import verifiers, datasets"
+
+# Environment packages are installed with --no-build-isolation (no index needed at job start):
+# make sure prime-rl's venv has the setuptools build backend.
+RUN /app/.venv/bin/python -c "import setuptools" \
+    || uv pip install --python /app/.venv/bin/python "setuptools>=64"
+
+# The runner's own small environment, apart from prime-rl's: pydantic, fsspec, s3fs.
+RUN uv venv --python /usr/bin/python3.12 /opt/metarl-runner \
+    && uv pip install --python /opt/metarl-runner/bin/python "pydantic==2.14.4" "fsspec==2026.9.0" "s3fs==2026.9.0"
+
+COPY __init__.py pod_runner.py /opt/metarl-runner/src/metarl/
+COPY primerl/ /opt/metarl-runner/src/metarl/primerl/
+RUN rm -rf /opt/metarl-runner/src/metarl/primerl/__pycache__ \
+    && echo /opt/metarl-runner/src \
+       > "$(/opt/metarl-runner/bin/python -c 'import site; print(site.getsitepackages()[0])')/metarl_runner.pth" \
+    && /opt/metarl-runner/bin/python -c "import metarl.pod_runner as r, metarl.primerl.pin as p; assert p.PRIME_RL_TAG == '${PRIME_RL_TAG}'" \
+    && mkdir -p /tmp/metarl-job && chown -R appuser:appuser /tmp/metarl-job /opt/metarl-runner
+
+USER appuser
+ENV METARL_RUNNER_WORK_DIR=/tmp/metarl-job
+
+ENTRYPOINT ["/app/docker-entrypoint.sh", "/opt/metarl-runner/bin/python", "-m", "metarl.pod_runner"]
+CMD []

@@ -1,0 +1,13 @@
+"""prime-rl inner jobs: the pinned release, its config schema, the job compiler and the probe check.
+
+Importing this package imports nothing else: the pod runner (``metarl.pod_runner``) uses
+``metarl.primerl.pin`` and ``metarl.primerl.manifest`` inside the pod image, where only pydantic
+and fsspec are installed.
+
+- ``pin``: the pinned prime-rl release (tag, commits, image).
+- ``schema``: the pinned release's ``rl.toml`` field names and types, and a validator that rejects
+  unknown keys as prime-rl's configs do (they forbid extra fields).
+- ``compiler``: a job (job.toml + workspace) becomes ``rl.toml`` plus an installable verifiers
+  environment package, written as a job bundle.
+- ``checks``: :func:`metarl.primerl.checks.primerl_compile_problems`, the probe's backend check.
+"""
