@@ -363,3 +363,21 @@ def test_manifest_is_what_the_runner_reads(tmp_path: Path) -> None:
     job_url, bundle = make_bundle(tmp_path)
     stored = json.loads((Path(job_url.removeprefix("file://")) / MANIFEST_FILE).read_text())
     assert stored["env_id"] == bundle.manifest.env_id and stored["prime_rl_tag"] == PRIME_RL_TAG
+
+
+def test_config_from_environment_and_flags() -> None:
+    from metarl.pod_runner import parse_args
+
+    environ = {
+        "METARL_RUNNER_JOB_URL": "s3://bucket/jobs/j1",
+        "METARL_RUNNER_RESULT_URL": "s3://bucket/results/j1",
+        "METARL_RUNNER_RL_COMMAND": '["uv", "run", "rl"]',
+        "METARL_RUNNER_EXTRA_ENV": '{"HF_HUB_OFFLINE": "1"}',
+        "METARL_RUNNER_HEARTBEAT_INTERVAL_S": "5",
+    }
+    config = parse_args([], environ)
+    assert config.job_url == "s3://bucket/jobs/j1" and config.rl_command == ["uv", "run", "rl"]
+    assert config.extra_env == {"HF_HUB_OFFLINE": "1"} and config.heartbeat_interval_s == 5.0
+    assert config.install_command[-1] == "{package}" and "--no-build-isolation" in config.install_command
+    overridden = parse_args(["--result-url", "/tmp/r", "--work-dir", "/tmp/w"], environ)
+    assert overridden.result_url == "/tmp/r" and overridden.work_dir == "/tmp/w"
