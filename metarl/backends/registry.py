@@ -10,6 +10,7 @@ from metarl.backends.local_agent import LocalAgent, LocalOuter
 from metarl.backends.sim import SimAgent, SimEval, SimOuter, SimTrain
 from metarl.backends.tinker_agent import TinkerAgent
 from metarl.backends.tinker_outer import TinkerOuter
+from metarl.backends.vllm_eval import VllmEval
 from metarl.probe import BackendCheck
 from schemas.run_config import (
     LocalAgentBackend,
@@ -19,6 +20,7 @@ from schemas.run_config import (
     RunConfig,
     TinkerAgentBackend,
     TinkerOuterBackend,
+    VllmEvalBackend,
 )
 
 
@@ -42,6 +44,8 @@ def eval_backend(config: RunConfig) -> EvalBackend:
     backend = config.backends.eval
     if isinstance(backend, LocalEvalBackend):
         return LocalEval(backend)
+    if isinstance(backend, VllmEvalBackend):
+        return VllmEval(backend)
     return SimEval(backend)
 
 

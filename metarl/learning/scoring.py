@@ -1,12 +1,16 @@
 """Score a checkpoint on eval items: greedy pass@1 or seeded-sampling pass@k, with a 95% interval.
 
-``format_prompt`` and ``grade_completion`` are the single definition of prompt text and grading;
-another evaluator (e.g. vLLM) imports them unchanged so both give the same numbers.
+Only the generate step is torch-specific. Prompt text and token ids (``format_prompt``,
+``prompt_token_ids``), the never-generated tokens (``forbidden_token_ids``), completion
+post-processing (``completion_text``) and grading with aggregation (``score_completions``) are
+pure functions that every evaluator (``metarl.vllm_scoring`` too) calls unchanged, so both give
+the same numbers on the same completions.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -14,7 +18,10 @@ from pydantic import BaseModel, Field
 
 from metarl.learning.families import Example, TaskFamily, get_family
 from metarl.learning.runtime import configure_torch_threads, quiet_transformers
-from metarl.learning.sampling import decode_completions, encode_prompts, sample_completions
+from metarl.learning.sampling import (
+    encode_prompts,
+    sample_completions,
+)
 from metarl.learning.tokenizer import load_tokenizer
 
 WILSON_Z_95 = 1.959963984540054
@@ -36,6 +43,30 @@ class EvalScore(BaseModel):
 def format_prompt(example: Example) -> str:
     """The exact text given to the model for an item (the tokenizer adds BOS)."""
     return example.prompt
+
+
+def prompt_token_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Token ids of each prompt as the model sees them (BOS first, no padding); torch left-pads these."""
+    return [list(ids) for ids in tokenizer(prompts)["input_ids"]]
+
+
+def forbidden_token_ids(tokenizer) -> tuple[int, ...]:
+    """Tokens a scorer never generates (pad and BOS, where defined and not EOS), whichever engine samples."""
+    special = (tokenizer.pad_token_id, tokenizer.bos_token_id)
+    return tuple(token for token in special if token is not None and token != tokenizer.eos_token_id)
+
+
+def completion_text(tokenizer, token_ids: Sequence[int]) -> str:
+    """Text of one generated completion: its tokens up to and including the first EOS, special tokens dropped."""
+    kept = list(token_ids)
+    if tokenizer.eos_token_id in kept:
+        kept = kept[: kept.index(tokenizer.eos_token_id) + 1]
+    return tokenizer.decode(kept, skip_special_tokens=True)
+
+
+def pass_k_seed(seed: int, sample_index: int) -> int:
+    """Seed of the ``sample_index``-th sampling round of a pass@k score."""
+    return seed * 1_000_003 + sample_index
 
 
 def grade_completion(family: TaskFamily, example: Example, completion: str) -> tuple[bool, float]:
@@ -74,7 +105,7 @@ def generate_texts(
 ) -> list[str]:
     """Completions for ``prompts`` in batches (greedy, or sampled from a generator seeded with ``seed``)."""
     generator = torch.Generator().manual_seed(seed)
-    forbidden = (tokenizer.pad_token_id, tokenizer.bos_token_id)
+    forbidden = forbidden_token_ids(tokenizer)
     texts: list[str] = []
     for start in range(0, len(prompts), EVAL_BATCH_SIZE):
         batch = encode_prompts(tokenizer, prompts[start : start + EVAL_BATCH_SIZE])
@@ -89,32 +120,27 @@ def generate_texts(
             greedy=greedy,
             generator=generator,
         )
-        texts.extend(decode_completions(tokenizer, completions))
+        texts.extend(completion_text(tokenizer, row) for row in completions.token_ids.tolist())
     return texts
 
 
-def score_loaded_model(
-    model, tokenizer, family: TaskFamily, eval_items: list[Example], *, pass_k: int = 1, seed: int = 0
+def score_completions(
+    family: TaskFamily, eval_items: list[Example], completions: Sequence[Sequence[str]], *, pass_k: int
 ) -> EvalScore:
-    """Score an already-loaded model; pass@1 is greedy, pass@k samples k completions per item."""
-    prompts = [format_prompt(example) for example in eval_items]
-    greedy = pass_k == 1
-    solved = [False] * len(eval_items)
-    best_grade = [0.0] * len(eval_items)
-    for sample_index in range(pass_k):
-        texts = generate_texts(
-            model,
-            tokenizer,
-            prompts,
-            max_tokens=max_completion_tokens(family),
-            greedy=greedy,
-            temperature=PASS_K_TEMPERATURE,
-            seed=seed * 1_000_003 + sample_index,
-        )
-        for index, (example, text) in enumerate(zip(eval_items, texts)):
-            exact, grade = grade_completion(family, example, text)
-            solved[index] = solved[index] or exact
-            best_grade[index] = max(best_grade[index], grade)
+    """Grade and aggregate: ``completions[i]`` holds the ``pass_k`` completions of ``eval_items[i]``.
+
+    An item is solved when any of its completions is exact; partial credit is its best grade.
+    """
+    if len(completions) != len(eval_items):
+        raise ValueError(f"{len(completions)} completion lists for {len(eval_items)} eval items")
+    solved: list[bool] = []
+    best_grade: list[float] = []
+    for example, texts in zip(eval_items, completions):
+        if len(texts) != pass_k:
+            raise ValueError(f"{len(texts)} completions for an item scored at pass@{pass_k}")
+        grades = [grade_completion(family, example, text) for text in texts]
+        solved.append(any(exact for exact, _ in grades))
+        best_grade.append(max([0.0] + [grade for _, grade in grades]))
     n = len(eval_items)
     successes = sum(solved)
     ci_low, ci_high = wilson_interval(successes, n)
@@ -126,6 +152,27 @@ def score_loaded_model(
         pass_k=pass_k,
         partial_mean=sum(best_grade) / n if n else 0.0,
     )
+
+
+def score_loaded_model(
+    model, tokenizer, family: TaskFamily, eval_items: list[Example], *, pass_k: int = 1, seed: int = 0
+) -> EvalScore:
+    """Score an already-loaded model; pass@1 is greedy, pass@k samples k completions per item."""
+    prompts = [format_prompt(example) for example in eval_items]
+    rounds = [
+        generate_texts(
+            model,
+            tokenizer,
+            prompts,
+            max_tokens=max_completion_tokens(family),
+            greedy=pass_k == 1,
+            temperature=PASS_K_TEMPERATURE,
+            seed=pass_k_seed(seed, sample_index),
+        )
+        for sample_index in range(pass_k)
+    ]
+    per_item = [list(texts) for texts in zip(*rounds)]
+    return score_completions(family, eval_items, per_item, pass_k=pass_k)
 
 
 def score_checkpoint(
