@@ -24,7 +24,7 @@ from tests.conftest import REPO, metarl_cli
 
 pytestmark = pytest.mark.integration
 
-QUICKSTART = REPO / "examples" / "quickstart.toml"
+QUICKSTART = REPO / "examples" / "sim.toml"
 SPECS = REPO / "tasks_specs"
 EXIT_CONFIG_ERROR = 2
 
@@ -101,7 +101,7 @@ CASES: dict[str, tuple[Callable[[Path], bytes], str]] = {
     "huge-file": (raw(b"# x\n" * 300_000), "(file)"),
     "wrong-backend-type": (edited('[backends.train]\ntype = "sim"', '[backends.train]\ntype = "runpod-free-gpus"'), "backends.train"),
     "speed-weight-too-large": (appended("[reward]\njob = 1.0\nspeed = 0.9\n"), "reward"),
-    "sql-in-run-name": (edited('name = "quickstart"', "name = \"x'); DROP TABLE runs; --\""), "run.name"),
+    "sql-in-run-name": (edited('name = "sim-loop"', "name = \"x'); DROP TABLE runs; --\""), "run.name"),
     "too-many-tasks": (edited('tasks = ["addition"', 'tasks = [' + ", ".join('"addition"' for _ in range(300)) + ', "addition"'), "run.tasks"),
     "missing-task-spec": (edited('tasks = ["addition"', 'tasks = ["no_such_task", "addition"'), "run.tasks.0"),
     "task-id-mismatch": (with_specs({"addition": spec("caesar")}, ["addition"]), "id"),

@@ -278,7 +278,7 @@ def test_exporter_agrees_with_a_short_sim_run(service_env: dict[str, str], pg_ur
 
     from tests.conftest import metarl_cli
 
-    config = (REPO / "examples" / "quickstart.toml").read_text()
+    config = (REPO / "examples" / "sim.toml").read_text()
     config = config.replace('task_specs_dir = "../tasks_specs"', f'task_specs_dir = "{REPO / "tasks_specs"}"')
     config = config.replace("max_outer_steps = 4", "max_outer_steps = 1")
     (tmp_path / "run.toml").write_text(config)
@@ -296,7 +296,7 @@ def test_exporter_agrees_with_a_short_sim_run(service_env: dict[str, str], pg_ur
             ).all()
         )
         active = session.execute(select(func.count()).select_from(Run).where(Run.status.in_((RunStatus.running, RunStatus.stopping)))).scalar_one()
-    assert samples(families["metarl_episodes"]) == {(("run", "quickstart"), ("stage", stage.value)): float(count) for stage, count in stages.items()}
+    assert samples(families["metarl_episodes"]) == {(("run", "sim-loop"), ("stage", stage.value)): float(count) for stage, count in stages.items()}
     assert sum(samples(families["metarl_cost_usd"], "_total").values()) == pytest.approx(float(ledger))
     assert float(ledger) > 0, "the sim backends record simulated costs"
     counts = {s.labels["stage"]: s.value for s in families["metarl_stage_seconds"].samples if s.name.endswith("_count")}

@@ -28,7 +28,7 @@ from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
 REPO = Path(__file__).resolve().parents[2]
-QUICKSTART = REPO / "examples" / "quickstart.toml"
+QUICKSTART = REPO / "examples" / "sim.toml"
 SPECS_DIR = REPO / "tasks_specs"
 
 VALID_JOB_TOML = """
@@ -210,8 +210,8 @@ def test_run_wrong_type(old: str, new: str, field: str | None) -> None:
         ("max_run_usd = 10.0", "max_run_usd = inf", "budget.max_run_usd", "<="),
         ("tick_s = 0.3", "tick_s = 0.0", "window.tick_s", ">= 0.01"),
         ("max_probe_attempts = 3", "max_probe_attempts = 101", "retries.max_probe_attempts", "<= 100"),
-        ('name = "quickstart"', 'name = "Quick Start!"', "run.name", "pattern"),
-        ('name = "quickstart"', 'name = ""', "run.name", "pattern"),
+        ('name = "sim-loop"', 'name = "Quick Start!"', "run.name", "pattern"),
+        ('name = "sim-loop"', 'name = ""', "run.name", "pattern"),
     ],
 )
 def test_run_out_of_bounds(old: str, new: str, field: str, fix: str) -> None:

@@ -65,9 +65,10 @@ def test_sim_base_score_is_stable():
     assert evaluator.score_base(TASK, "Qwen/Qwen3-0.6B") == evaluator.score_base(TASK, "Qwen/Qwen3-0.6B")
 
 
-def test_quickstart_runs_on_the_simulator_and_local_example_on_the_local_backends():
-    config, specs = load_run(REPO / "examples" / "quickstart.toml")
+def test_sim_example_runs_on_the_simulator_and_quickstart_and_local_example_on_the_local_backends():
+    config, specs = load_run(REPO / "examples" / "sim.toml")
     assert sum(spec.held_out for spec in specs.values()) == 1
     assert {config.backends.agent.type, config.backends.train.type, config.backends.eval.type, config.backends.outer.type} == {"sim"}
-    local, _ = load_run(REPO / "examples" / "local.toml")
-    assert {local.backends.agent.type, local.backends.train.type, local.backends.eval.type, local.backends.outer.type} == {"local"}
+    for name in ("quickstart.toml", "local.toml"):
+        local, _ = load_run(REPO / "examples" / name)
+        assert {local.backends.agent.type, local.backends.train.type, local.backends.eval.type, local.backends.outer.type} == {"local"}
