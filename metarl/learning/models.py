@@ -1,7 +1,8 @@
 """Local stand-ins for the Qwen3 base models: tiny Qwen3 configs, briefly pretrained, cached on disk.
 
 ``ensure_base_model`` builds a model deterministically on first use (supervised next-token
-training on a mix of every family's formats, kept short so the model starts weak), saves it
+training on a mix of every family's formats; a family sits out while its validation accuracy is
+at the recipe's target, so every family starts weak but not hopeless), saves it
 with ``save_pretrained`` next to the tokenizer files, and reuses it afterwards. The cache key
 is a content hash of the architecture, the pretraining recipe and ``RECIPE_VERSION``. Builds
 go to a temporary folder renamed into place, under a file lock, so concurrent callers build once.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -26,7 +28,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from metarl.learning.families import FAMILIES, Example, TaskFamily
 from metarl.learning.runtime import configure_torch_threads, quiet_transformers
-from metarl.learning.tokenizer import CHARACTERS, EOS_TOKEN, SPECIAL_TOKENS, save_tokenizer, vocabulary
+from metarl.learning.tokenizer import (
+    CHARACTERS,
+    EOS_TOKEN,
+    SPECIAL_TOKENS,
+    build_tokenizer,
+    save_tokenizer,
+    vocabulary,
+)
 
 RECIPE_VERSION = "2"
 """Bump to force a rebuild of every cached base model."""
@@ -273,8 +282,6 @@ def supervised_batch(tokenizer, examples: list[Example]) -> tuple[torch.Tensor, 
 
 def learning_rate_at(step: int, recipe: PretrainRecipe) -> float:
     """Linear warm-up, then cosine decay to ``final_lr_fraction`` of the peak."""
-    import math
-
     if step < recipe.warmup_steps:
         return recipe.learning_rate * (step + 1) / recipe.warmup_steps
     progress = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
@@ -342,8 +349,6 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
 
 def _build_into(target: Path, spec: BaseModelSpec, scale: float) -> None:
     """Pretrain and save the model, tokenizer and build info into a temp folder, then rename it to ``target``."""
-    from metarl.learning.tokenizer import build_tokenizer
-
     configure_torch_threads()
     quiet_transformers()
     started = time.monotonic()
@@ -365,6 +370,7 @@ def _build_into(target: Path, spec: BaseModelSpec, scale: float) -> None:
             "pretrain": report.model_dump(),
         }
         (staging / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2))
+        staging.chmod(0o755)
         os.rename(staging, target)
     finally:
         if staging.exists():
@@ -372,7 +378,11 @@ def _build_into(target: Path, spec: BaseModelSpec, scale: float) -> None:
 
 
 def ensure_base_model(name: str, cache_dir: Path | str | None = None, *, scale: float = 1.0) -> Path:
-    """Path of the built base model ``name`` (local or catalogued hub name), building it on first use."""
+    """Path of the built base model ``name`` (local or catalogued hub name), building it on first use.
+
+    ``cache_dir`` defaults to ``$METARL_CACHE_DIR`` or ``~/.cache/metarl/models``. ``scale`` multiplies
+    the pretraining step budget: tests use a small scale for a fast, weaker model (its own cache entry).
+    """
     if not 0.0 < scale <= 10.0:
         raise ValueError(f"scale must be in (0, 10], got {scale}")
     spec = BASE_MODELS[resolve_model_name(name)]

@@ -7,13 +7,19 @@ from metarl.learning.grpo import LocalTrainConfig
 from metarl.learning.models import resolve_model_name
 
 SENSIBLE_OVERRIDES: dict[str, dict[str, float | int]] = {
-    "local-s": {"learning_rate": 3e-4, "max_steps": 150, "time_budget_s": 60.0},
-    "local-l": {"learning_rate": 2e-4, "max_steps": 150, "time_budget_s": 180.0},
+    "local-s": {"learning_rate": 3e-4, "max_steps": 300, "time_budget_s": 55.0},
+    "local-l": {"learning_rate": 2e-4, "max_steps": 300, "time_budget_s": 240.0},
 }
-"""Per-model settings of the sensible config; the larger model wants a lower rate and more time."""
+"""Per-model settings of the sensible config; the larger model wants a lower rate and more time.
+
+The time budget binds before ``max_steps`` on 2 cores; the small model's budget leaves room for
+loading and saving inside one minute of wall time."""
 
 BAD_LEARNING_RATE = 3e-2
 """A learning rate two orders of magnitude too high: the policy collapses within a few steps."""
+
+BAD_MAX_STEPS = 50
+"""Steps of the bad config (it has collapsed long before; more steps only cost time)."""
 
 
 def sensible_config(base_model: str, family: TaskFamily, *, seed: int = 0) -> LocalTrainConfig:
@@ -32,5 +38,7 @@ def sensible_config(base_model: str, family: TaskFamily, *, seed: int = 0) -> Lo
 
 
 def bad_config(base_model: str, family: TaskFamily, *, seed: int = 0) -> LocalTrainConfig:
-    """The sensible config with a learning rate far too high."""
-    return sensible_config(base_model, family, seed=seed).model_copy(update={"learning_rate": BAD_LEARNING_RATE})
+    """The sensible config with a learning rate far too high (and fewer steps: it collapses early)."""
+    return sensible_config(base_model, family, seed=seed).model_copy(
+        update={"learning_rate": BAD_LEARNING_RATE, "max_steps": BAD_MAX_STEPS}
+    )

@@ -26,7 +26,14 @@ def vocabulary() -> dict[str, int]:
 
 def build_tokenizer():
     """Build the character-level ``PreTrainedTokenizerFast`` in memory (no files, no network)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+    )
     from transformers import PreTrainedTokenizerFast
 
     vocab = vocabulary()

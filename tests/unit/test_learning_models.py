@@ -24,7 +24,12 @@ from metarl.learning.models import (
     ensure_base_model,
     resolve_model_name,
 )
-from metarl.learning.sampling import completion_logits, decode_completions, encode_prompts, sample_completions
+from metarl.learning.sampling import (
+    completion_logits,
+    decode_completions,
+    encode_prompts,
+    sample_completions,
+)
 from metarl.learning.scoring import (
     EvalScore,
     format_prompt,
@@ -33,7 +38,12 @@ from metarl.learning.scoring import (
     score_loaded_model,
     wilson_interval,
 )
-from metarl.learning.tokenizer import UNK_TOKEN, build_tokenizer, load_tokenizer, save_tokenizer
+from metarl.learning.tokenizer import (
+    UNK_TOKEN,
+    build_tokenizer,
+    load_tokenizer,
+    save_tokenizer,
+)
 
 TINY_SCALE = 0.01
 
@@ -193,13 +203,13 @@ def test_sampled_logprobs_match_teacher_forced_logprobs(tiny_model_dir: Path) ->
 
 def test_greedy_output_does_not_depend_on_padding(tiny_model_dir: Path) -> None:
     model, tokenizer = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
-    kwargs = dict(
-        max_tokens=6,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
-        forbidden_ids=(tokenizer.pad_token_id, tokenizer.bos_token_id),
-        greedy=True,
-    )
+    kwargs = {
+        "max_tokens": 6,
+        "eos_id": tokenizer.eos_token_id,
+        "pad_id": tokenizer.pad_token_id,
+        "forbidden_ids": (tokenizer.pad_token_id, tokenizer.bos_token_id),
+        "greedy": True,
+    }
     alone = sample_completions(model, encode_prompts(tokenizer, ["add 1+2="]), **kwargs)
     padded = sample_completions(model, encode_prompts(tokenizer, ["add 1+2=", "date 1999-01-02>"]), **kwargs)
     assert decode_completions(tokenizer, alone)[0] == decode_completions(tokenizer, padded)[0]
