@@ -154,17 +154,32 @@ class Orchestrator:
                 if on_tick is not None:
                     on_tick(report)
                 if report.finished:
+                    self._release_train_resources(config)
                     return report.status
                 stop_event.wait(config.window.tick_s)
             return RunStatus.running
         finally:
             self.stop()
 
+    def _release_train_resources(self, config: RunConfig) -> None:
+        """A run that ended leaves nothing running on the train backend (idle Runpod pods are settled)."""
+        from metarl.backends.registry import release_train_resources
+        from metarl.errors import MetarlError
+
+        try:
+            released = release_train_resources(config, self.run_id, self.database_url)
+        except MetarlError as err:
+            log.warning("run %s ended but its train resources could not be released (the train workers' reaper retries): %s", self.run_id, err)
+            return
+        if released:
+            log.info("run %s ended: released %s train backend resource(s)", self.run_id, released)
+
     def _over_budget(self, session: Session, run: Run, config: RunConfig, report: TickReport) -> bool:
         spent = run_total_usd(session, run.id)
         if spent < config.budget.max_run_usd:
             return False
-        message = f"run budget ${config.budget.max_run_usd:.2f} reached (${spent:.2f} spent): no new episodes"
+        running = "running inner jobs are stopped" if config.budget.on_cap == "stop" else "running inner jobs finish"
+        message = f"run budget ${config.budget.max_run_usd:.2f} reached (${spent:.2f} spent): no new episodes; {running}"
         if run.status_message != message:
             run.status_message = message
             log.warning(message)

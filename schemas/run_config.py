@@ -189,8 +189,75 @@ class TinkerOuterBackend(StrictModel):
         return _refuse_secrets(data)
 
 
+
+RUNPOD_API_KEY_ENV = "RUNPOD_API_KEY"
+"""The only place the Runpod API key is read from (never the config, records, logs or pod environment)."""
+
+_GPU_TYPE = r"^[A-Za-z0-9][A-Za-z0-9 ._\-]{0,63}$"
+
+
+class RunpodTrainBackend(StrictModel):
+    """Inner jobs as prime-rl runs on Runpod pods (2x A40 by default), submitted then polled.
+
+    A warm pool of up to `max_pods` pods is reused across jobs; a watchdog terminates pods whose
+    progress stops; pods nobody owns are reaped; every pod second is billed from the pod's costPerHr.
+    The API key comes only from the RUNPOD_API_KEY environment variable of the train workers and
+    the orchestrator (a key in this table is refused).
+    """
+
+    type: Literal["runpod"] = Field(description="Backend kind")
+    image: str = Field(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@\-]*$", description="Pod image: prime-rl at the pinned tag plus our runner (docker/inner.Dockerfile)")
+    gpu_types: list[Annotated[str, Field(pattern=_GPU_TYPE)]] = Field(
+        default_factory=lambda: ["NVIDIA A40", "NVIDIA RTX A6000", "NVIDIA L40S"],
+        min_length=1,
+        max_length=16,
+        description="Runpod GPU type ids, best first; the next one is tried on a capacity error",
+    )
+    gpu_count: int = Field(default=2, ge=1, le=8, description="GPUs per pod (one trains, one serves vLLM rollouts)")
+    cloud_type: Literal["ALL", "SECURE", "COMMUNITY"] = Field(default="SECURE", description="Runpod cloud to rent from")
+    container_disk_gb: int = Field(default=80, ge=10, le=4000, description="Container disk of a pod (image, model, checkpoints)")
+    volume_gb: int = Field(default=0, ge=0, le=10_000, description="Pod volume (0 = none)")
+    max_pods: int = Field(default=16, ge=1, le=1000, description="Most pods at once, busy and idle (the pool size P)")
+    warm_pool_size: int = Field(default=0, ge=0, le=1000, description="Idle pods kept for the next job instead of being terminated (needs an image whose pods follow their assignment file; metarl.pod_runner runs one job per container)")
+    idle_timeout_s: float = Field(default=300.0, ge=0.0, le=86_400.0, description="An idle pod unused this long is terminated")
+    poll_interval_s: float = Field(default=30.0, ge=0.05, le=3600.0, description="Seconds between polls of a running job")
+    startup_timeout_s: float = Field(default=1800.0, ge=1.0, le=86_400.0, description="Longest wait for a job's first progress (image pull, model download)")
+    hang_timeout_s: float = Field(default=900.0, ge=1.0, le=86_400.0, description="A job whose progress (metrics.jsonl step) stops this long is killed by the watchdog")
+    max_restarts: int = Field(default=1, ge=0, le=10, description="Times a job moves to a new pod after a preemption or a hang before it fails")
+    billing_interval_s: int = Field(default=60, ge=1, le=3600, description="Ledger granularity: one charge per pod per interval of pod seconds (the last one partial)")
+    api_timeout_s: float = Field(default=20.0, gt=0.0, le=300.0, description="Deadline of one Runpod API read or idempotent write")
+    api_retries: int = Field(default=4, ge=1, le=50, description="Tries of one API call on transient errors (timeouts, 5xx) before the stage sees an error")
+    api_backoff_s: float = Field(default=1.0, ge=0.0, le=120.0, description="First backoff between tries; doubles per try, at most 15 s")
+    max_poll_api_errors: int = Field(default=10, ge=1, le=10_000, description="Polls in a row that cannot reach the API before the stage counts a transient failure")
+    capacity_cooldown_s: float = Field(default=60.0, ge=0.0, le=86_400.0, description="A GPU type that had no capacity is tried after the others for this long")
+    reap_interval_s: float = Field(default=60.0, ge=0.0, le=86_400.0, description="Seconds between orphan-reaper passes of one worker process")
+    orphan_grace_s: float = Field(default=600.0, ge=0.0, le=86_400.0, description="A pod of ours with no assignment record is reaped once it is this old")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data: object) -> object:
+        if isinstance(data, dict):
+            found = sorted(str(key) for key in data if str(key).lower().replace("-", "_") in _SECRET_KEYS | {"runpod_api_key"})
+            for key in list(data):
+                if str(key) in found:
+                    data[key] = "(redacted)"
+            if found:
+                raise ValueError(
+                    f"`{found[0]}` must not be in the config: the Runpod API key is read only from the {RUNPOD_API_KEY_ENV} "
+                    f"environment variable; remove `{found[0]}` and export {RUNPOD_API_KEY_ENV}"
+                )
+        return data
+
+    @model_validator(mode="after")
+    def _pool_fits(self) -> "RunpodTrainBackend":
+        if self.warm_pool_size > self.max_pods:
+            raise ValueError("warm_pool_size must be at most max_pods (idle pods count towards the pool)")
+        if self.startup_timeout_s < self.poll_interval_s or self.hang_timeout_s < self.poll_interval_s:
+            raise ValueError("startup_timeout_s and hang_timeout_s must be at least poll_interval_s, or the watchdog fires between two polls")
+        return self
+
 AgentBackend = Annotated[Union[SimAgentBackend, LocalAgentBackend, TinkerAgentBackend], Field(discriminator="type")]
-TrainBackend = Annotated[Union[SimTrainBackend, LocalTrainBackend], Field(discriminator="type")]
+TrainBackend = Annotated[Union[SimTrainBackend, LocalTrainBackend, RunpodTrainBackend], Field(discriminator="type")]
 EvalBackend = Annotated[Union[SimEvalBackend, LocalEvalBackend, VllmEvalBackend], Field(discriminator="type")]
 OuterBackend = Annotated[Union[SimOuterBackend, LocalOuterBackend, TinkerOuterBackend], Field(discriminator="type")]
 

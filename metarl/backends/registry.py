@@ -7,6 +7,7 @@ from pathlib import Path
 from metarl.backends.base import AgentBackend, EvalBackend, OuterBackend, TrainBackend
 from metarl.backends.local import LocalEval, LocalTrain, local_compile_problems
 from metarl.backends.local_agent import LocalAgent, LocalOuter
+from metarl.backends.runpod_train import RunpodTrain
 from metarl.backends.sim import SimAgent, SimEval, SimOuter, SimTrain
 from metarl.backends.tinker_agent import TinkerAgent
 from metarl.backends.tinker_outer import TinkerOuter
@@ -18,6 +19,7 @@ from schemas.run_config import (
     LocalOuterBackend,
     LocalTrainBackend,
     RunConfig,
+    RunpodTrainBackend,
     TinkerAgentBackend,
     TinkerOuterBackend,
     VllmEvalBackend,
@@ -37,6 +39,8 @@ def train_backend(config: RunConfig) -> TrainBackend:
     backend = config.backends.train
     if isinstance(backend, LocalTrainBackend):
         return LocalTrain(backend, Path(config.artifacts.root) / "jobs")
+    if isinstance(backend, RunpodTrainBackend):
+        return RunpodTrain(backend, config.artifacts.root, config.budget)
     return SimTrain(backend, Path(config.artifacts.root) / "sim-cloud")
 
 
@@ -62,4 +66,16 @@ def probe_checks(config: RunConfig) -> list[BackendCheck]:
     """Compile checks of the configured train backend, so a job that would not run is caught by the probe."""
     if isinstance(config.backends.train, LocalTrainBackend):
         return [local_compile_problems]
+    if isinstance(config.backends.train, RunpodTrainBackend):
+        from metarl.primerl.checks import primerl_compile_problems
+
+        return [primerl_compile_problems]
     return []
+
+
+def release_train_resources(config: RunConfig, run_id: str, database_url: str) -> int:
+    """Give back what a finished run still holds on its train backend (Runpod pods); returns how many."""
+    backend = config.backends.train
+    if isinstance(backend, RunpodTrainBackend):
+        return RunpodTrain(backend, config.artifacts.root, config.budget, database_url).release_run(run_id)
+    return 0

@@ -1,0 +1,224 @@
+"""The Runpod provider: status mapping, error classification, GPU fallback order, env encoding (pure),
+and the real SDK against the fake GraphQL server: fallbacks, lost replies, 5xx, auth, the key."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import requests
+from hypothesis import given
+from hypothesis import strategies as st
+
+from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
+from metarl.runpod_provider import (
+    ErrorKind,
+    LaunchRequest,
+    PodState,
+    RetryPolicy,
+    RunpodProvider,
+    backoff_delay,
+    classify_exception,
+    classify_message,
+    decode_env_value,
+    encode_env,
+    encode_env_value,
+    launch_order,
+    map_status,
+    pod_info_from,
+)
+from tests.conftest import REPO
+from tests.fakes.runpod_server import CAPACITY_MESSAGE, FakeRunpod, Faults
+
+A40, A6000, L40S = "NVIDIA A40", "NVIDIA RTX A6000", "NVIDIA L40S"
+
+
+# --- pure ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "runtime", "state"),
+    [
+        ("CREATED", False, PodState.provisioning),
+        ("RUNNING", False, PodState.provisioning),
+        ("RUNNING", True, PodState.running),
+        ("RESTARTING", True, PodState.provisioning),
+        ("EXITED", False, PodState.stopped),
+        ("PAUSED", False, PodState.stopped),
+        ("TERMINATED", False, PodState.terminated),
+        ("DEAD", False, PodState.terminated),
+        (None, False, PodState.unknown),
+        ("SOMETHING_NEW", True, PodState.unknown),
+    ],
+)
+def test_vendor_statuses_map_to_our_states(status, runtime, state):
+    assert map_status(status, runtime) == state
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        (CAPACITY_MESSAGE, ErrorKind.capacity),
+        ("There are no longer any instances available with the request specifications. Please try again later.", ErrorKind.capacity),
+        ("This machine does not have the resources to deploy your pod.", ErrorKind.capacity),
+        ("There are not enough free GPUs on the host machine to start this pod.", ErrorKind.capacity),
+        ("Pod not found: abc", ErrorKind.not_found),
+        ("Service Unavailable", ErrorKind.transient),
+        ("Too many requests", ErrorKind.transient),
+        ("Internal server error", ErrorKind.transient),
+        ("Invalid GPU type", ErrorKind.permanent),
+        ("Your account balance is too low", ErrorKind.permanent),
+    ],
+)
+def test_graphql_messages_are_classified_at_the_edge(message, kind):
+    assert classify_message(message) == kind
+
+
+def test_sdk_exceptions_are_classified():
+    from runpod import error as sdk_error
+
+    assert classify_exception(sdk_error.QueryError(CAPACITY_MESSAGE, "query")) == ErrorKind.capacity
+    assert classify_exception(sdk_error.AuthenticationError("Unauthorized")) == ErrorKind.permanent
+    assert classify_exception(requests.ConnectionError("reset")) == ErrorKind.transient
+    assert classify_exception(requests.ReadTimeout("slow")) == ErrorKind.transient
+    assert classify_exception(requests.exceptions.JSONDecodeError("Expecting value", "<html>", 0)) == ErrorKind.transient
+    assert classify_exception(KeyError("data")) == ErrorKind.transient
+    assert classify_exception(concurrent.futures.TimeoutError()) == ErrorKind.transient
+    assert classify_exception(ValueError("No GPU found with the specified ID, run runpod.get_gpus()")) == ErrorKind.not_found
+    assert classify_exception(ValueError("cloud_type must be one of ALL, COMMUNITY or SECURE")) == ErrorKind.permanent
+
+
+def test_fallback_order_prefers_types_without_a_recent_capacity_error():
+    types = (A40, A6000, L40S)
+    assert launch_order(types, {}, now=100.0, cooldown_s=60) == [A40, A6000, L40S]
+    assert launch_order(types, {A40: 90.0}, now=100.0, cooldown_s=60) == [A6000, L40S, A40]
+    assert launch_order(types, {A40: 30.0}, now=100.0, cooldown_s=60) == [A40, A6000, L40S]
+    assert launch_order(types, {A40: 95.0, A6000: 90.0, L40S: 99.0}, now=100.0, cooldown_s=60) == [A6000, A40, L40S]
+    assert launch_order((A40, A40, A6000), {}, now=0.0, cooldown_s=0) == [A40, A6000]
+
+
+def test_backoff_doubles_and_is_capped():
+    policy = RetryPolicy(backoff_s=0.5, max_backoff_s=3.0)
+    assert [backoff_delay(policy, attempt) for attempt in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+@given(st.text(max_size=200))
+def test_env_values_survive_the_sdks_unescaped_graphql(value):
+    encoded = encode_env_value(value)
+    assert '"' not in encoded and "\\" not in encoded and "\n" not in encoded and "{" not in encoded
+    assert decode_env_value(encoded) == value
+
+
+def test_env_keys_are_checked_and_the_runpod_key_is_never_passed():
+    assert encode_env({"METARL_POD_NAME": "metarl-abc-1"}) == {"METARL_POD_NAME": "metarl-abc-1"}
+    with pytest.raises(PermanentBackendError):
+        encode_env({"RUNPOD_API_KEY": "x"})
+    with pytest.raises(PermanentBackendError):
+        encode_env({'A" }, injected: { key: "B': "x"})
+
+
+def test_pod_ids_are_checked_before_they_reach_the_sdk():
+    with pytest.raises(PermanentBackendError):
+        RunpodProvider().query('abc"}) { id } mutation { podTerminate(input: {podId: "x')
+
+
+def test_pod_answers_become_pod_info():
+    raw = {"id": "p1", "name": "metarl-x", "desiredStatus": "RUNNING", "runtime": {"ports": []}, "costPerHr": 0.88, "uptimeSeconds": 12, "gpuCount": 2, "machine": {"gpuDisplayName": "A40"}}
+    info = pod_info_from(raw)
+    assert (info.state, info.cost_per_hr, info.uptime_s, info.gpu_count, info.gpu_type) == (PodState.running, 0.88, 12, 2, "A40")
+    assert pod_info_from({**raw, "runtime": None, "uptimeSeconds": None}).state == PodState.provisioning
+
+
+# --- the real SDK against the fake server --------------------------------------------------
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch) -> Iterator[FakeRunpod]:
+    key = f"rpa_TEST_{uuid.uuid4().hex}"
+    server = FakeRunpod(key, [sys.executable, "-c", "import time; time.sleep(20)"], tmp_path / "cloud", pod_cwd=REPO, boot_s=0.05, max_requests=300)
+    server.start()
+    monkeypatch.setenv("RUNPOD_API_BASE_URL", server.url)
+    monkeypatch.setenv("RUNPOD_API_KEY", key)
+    yield server
+    server.stop()
+    assert not server.overflowed
+
+
+def provider() -> RunpodProvider:
+    return RunpodProvider(RetryPolicy(attempts=6, backoff_s=0.01, call_timeout_s=0.5), capacity_cooldown_s=0.0)
+
+
+def request(name: str, types: tuple[str, ...] = (A40, A6000, L40S)) -> LaunchRequest:
+    return LaunchRequest(name=name, image="ghcr.io/metarl/inner:0.8.0", gpu_types=types, env={"METARL_POD_NAME": name})
+
+
+def test_capacity_errors_fall_back_to_the_next_gpu_type_and_launch_is_idempotent_by_name(fake):
+    fake.faults.capacity_errors = {A40: -1}
+    pods = provider()
+    first = pods.launch(request("metarl-aaaaaaaa-1"))
+    again = pods.launch(request("metarl-aaaaaaaa-1"))
+    assert first.pod_id == again.pod_id and first.gpu_type == A6000 and first.gpu_count == 2
+    assert fake.deploys_by_name == {"metarl-aaaaaaaa-1": 1}
+    assert fake.capacity_refusals[A40] == 1
+    assert [pod.name for pod in pods.list_owned("metarl-aaaaaaaa-")] == ["metarl-aaaaaaaa-1"]
+    assert pods.list_owned("metarl-bbbbbbbb-") == []
+    pods.terminate(first.pod_id)
+    pods.terminate(first.pod_id)
+    assert pods.query(first.pod_id) is None
+
+
+def test_no_capacity_anywhere_is_a_capacity_error(fake):
+    fake.faults.capacity_errors = {A40: -1, A6000: -1}
+    with pytest.raises(CapacityError):
+        provider().launch(request("metarl-aaaaaaaa-2", (A40, A6000)))
+    assert fake.deploys_by_name == {}
+
+
+def test_a_lost_create_reply_and_5xx_answers_never_make_a_second_pod(fake):
+    fake.faults.lost_replies = {"deploy": 1}
+    fake.faults.every_nth_5xx = 5
+    pods = provider()
+    pod = pods.launch(request("metarl-aaaaaaaa-3"))
+    assert fake.deploys_by_name == {"metarl-aaaaaaaa-3": 1}
+    assert fake.injected["lost:deploy"] == 1 and sum(fake.injected[k] for k in ("html502", "json500", "graphql503")) >= 1
+    assert pods.query(pod.pod_id) is not None
+
+
+def test_slow_answers_hit_our_deadline_and_are_retried(fake):
+    pods = provider()
+    pod = pods.launch(request("metarl-aaaaaaaa-4"))
+    fake.faults.slow_replies = {"pod": (1, 1.5)}
+    assert pods.query(pod.pod_id).pod_id == pod.pod_id
+    assert fake.injected["slow:pod"] == 1
+
+
+def test_an_api_that_stays_down_is_a_transient_error(fake):
+    fake.faults.every_nth_5xx = 1
+    with pytest.raises(TransientBackendError):
+        provider().list_owned("metarl-")
+
+
+def test_a_wrong_or_missing_key_is_permanent_and_never_logged(fake, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("RUNPOD_API_KEY", "rpa_WRONG_KEY_VALUE")
+    with pytest.raises(PermanentBackendError):
+        provider().list_owned("metarl-")
+    monkeypatch.delenv("RUNPOD_API_KEY")
+    with pytest.raises(PermanentBackendError, match="RUNPOD_API_KEY is not set"):
+        provider().list_owned("metarl-")
+    assert fake.auth_failures == 1
+    assert "rpa_WRONG_KEY_VALUE" not in caplog.text and fake.api_key not in caplog.text
+
+
+def test_stop_freezes_the_billed_uptime(fake):
+    pods = provider()
+    pod = pods.launch(request("metarl-aaaaaaaa-5"))
+    pods.stop(pod.pod_id)
+    stopped = pods.query(pod.pod_id)
+    assert stopped.state == PodState.stopped
+    billed = {row["pod_id"]: row["seconds"] for row in fake.billing()}
+    assert stopped.uptime_s == billed[pod.pod_id]
