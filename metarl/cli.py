@@ -25,6 +25,15 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="start a run from a run config (embedded services unless METARL_DATABASE_URL is set)")
     run.add_argument("config", type=Path)
     _service_flags(run)
+    run.add_argument("--dry-run", action="store_true", help="print the pods, images, compiled prime-rl configs and cost estimate; call no API, start and write nothing")
+    run.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    run.add_argument(
+        "--usd-per-gpu-hour",
+        action="append",
+        default=[],
+        metavar="TYPE=USD",
+        help="with --dry-run: list price of one GPU of a Runpod GPU type per hour, for the estimate (repeatable)",
+    )
 
     resume = sub.add_parser("resume", help="continue a run after a crash or a stop")
     resume.add_argument("run_id")
@@ -79,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from metarl.runconfig import load_run
 
+    if not args.dry_run and (args.json or args.usd_per_gpu_hour):
+        print("error: --json and --usd-per-gpu-hour need --dry-run", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     config, specs = load_run(args.config)
+    if args.dry_run:
+        return dry_run(args, config, specs)
     with ExitStack() as stack:
         services = stack.enter_context(Services(config.services.database_url, config.services.broker_url, spawn_workers=not args.no_workers))
         from orchestrator.loop import create_run
@@ -87,6 +101,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_id = create_run(services.database_url, config, specs)
         print(f"run {run_id} ({config.run.name}) created; resume with `metarl resume {run_id}`", flush=True)
         return drive(services, run_id, quiet=args.quiet)
+
+
+def dry_run(args: argparse.Namespace, config: Any, specs: dict[str, Any]) -> int:
+    """`run --dry-run`: print the plan of a loaded run config; no service, API or file is touched."""
+    from metarl.dry_run import build_plan, parse_gpu_prices, render_json, render_text
+
+    prices = parse_gpu_prices(args.usd_per_gpu_hour, config.backends.train, str(args.config))
+    plan = build_plan(config, specs, args.config, prices)
+    sys.stdout.write(render_json(plan) + "\n" if args.json else render_text(plan))
+    sys.stdout.flush()
+    return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

@@ -1,0 +1,278 @@
+"""`metarl run --dry-run`: the estimate maths, the compiled configs and the output (metarl/dry_run.py)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from metarl.dry_run import (
+    DryRunPlan,
+    build_plan,
+    cap_check,
+    compiled_jobs,
+    episode_counts,
+    estimate_costs,
+    held_out_eval_points,
+    inner_job_usd,
+    parse_gpu_prices,
+    pod_usd_per_hour,
+    render_json,
+    render_text,
+    representative_job,
+    tinker_attempt_tokens,
+    tinker_attempt_usd,
+    tinker_update_tokens,
+)
+from metarl.runconfig import load_run
+from schemas.base import ConfigError, validate_model
+from schemas.run_config import BudgetConfig, RunConfig
+from schemas.task_spec import TaskSpec
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+
+
+def example(name: str) -> tuple[RunConfig, dict[str, TaskSpec]]:
+    return load_run(EXAMPLES / f"{name}.toml")
+
+
+def edited_config(name: str, edit: dict[str, dict[str, Any]]) -> RunConfig:
+    """An example config with some tables changed (validated as `metarl run` would)."""
+    data = tomllib.loads((EXAMPLES / f"{name}.toml").read_text())
+    for dotted, values in edit.items():
+        node = data
+        for part in dotted.split("."):
+            node = node.setdefault(part, {})
+        node.update(values)
+    return validate_model(RunConfig, data, f"{name}.toml")
+
+
+# --- episode counts ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("steps", "every", "points"), [(20, 1, 21), (10, 2, 6), (1, 1, 2), (5, 10, 1), (9, 3, 4)])
+def test_held_out_eval_points_are_versions_zero_to_last(steps: int, every: int, points: int) -> None:
+    assert held_out_eval_points(steps, every) == points == len([v for v in range(steps + 1) if v % every == 0])
+
+
+def test_episode_counts_of_the_runpod_example() -> None:
+    config, specs = example("runpod")
+    counts = episode_counts(config, specs)
+    assert (counts.train_episodes, counts.held_out_tasks, counts.held_out_evals, counts.held_out_episodes, counts.total) == (320, 1, 21, 84, 404)
+
+
+def test_no_held_out_task_means_no_held_out_episodes() -> None:
+    config, specs = example("sim")
+    trainable = {task_id: spec for task_id, spec in specs.items() if not spec.held_out}
+    counts = episode_counts(config, trainable)
+    assert counts.held_out_evals == counts.held_out_episodes == 0
+    assert counts.total == counts.train_episodes == 4 * 2 * 4
+
+
+# --- prices and per-unit maths ---------------------------------------------------------------
+
+
+def test_inner_job_usd_is_seconds_at_the_pod_price_stopped_at_the_job_cap() -> None:
+    assert inner_job_usd(3600, 0.88, 5.0) == pytest.approx(0.88)
+    assert inner_job_usd(60, 0.88, 5.0) == pytest.approx(0.88 / 60)
+    assert inner_job_usd(36_000, 0.88, 1.0) == 1.0
+
+
+def test_pod_price_is_per_gpu_price_times_gpus() -> None:
+    assert pod_usd_per_hour("NVIDIA A40", 2, {"NVIDIA A40": 0.44}) == pytest.approx(0.88)
+    assert pod_usd_per_hour("NVIDIA L40S", 2, {"NVIDIA A40": 0.44}) is None
+
+
+def test_tinker_bounds_follow_the_turn_and_context_caps() -> None:
+    config, _ = example("tinker")
+    agent, outer = config.backends.agent, config.backends.outer
+    assert tinker_attempt_tokens(agent) == (24 * 65_536, 65_536)  # sampled tokens cannot exceed one context
+    assert tinker_attempt_usd(agent) == pytest.approx((24 * 65_536 * 0.5 + 65_536 * 1.5) / 1e6)
+    assert tinker_update_tokens(outer, agent, batch_episodes=8, max_attempts=3) == 8 * 3 * 65_536
+    truncated = outer.model_copy(update={"loss": "truncated_importance_sampling"})
+    assert tinker_update_tokens(truncated, agent, batch_episodes=8, max_attempts=3) == 2 * 8 * 3 * 65_536
+
+
+def test_parse_gpu_prices() -> None:
+    config, _ = example("runpod")
+    train = config.backends.train
+    assert parse_gpu_prices([], train, "x") == {}
+    assert parse_gpu_prices(["NVIDIA A40=0.44", "NVIDIA L40S=0.86"], train, "x") == {"NVIDIA A40": 0.44, "NVIDIA L40S": 0.86}
+    for bad in ["NVIDIA A40", "NVIDIA A40=", "=0.4", "NVIDIA A40=-1", "NVIDIA A40=nan", "NVIDIA A40=inf", "NVIDIA A40=1e9", "NVIDIA H100=2.0"]:
+        with pytest.raises(ConfigError) as caught:
+            parse_gpu_prices([bad], train, "x")
+        assert caught.value.problems[0].field == "--usd-per-gpu-hour"
+    sim, _ = example("sim")
+    with pytest.raises(ConfigError, match="only Runpod"):
+        parse_gpu_prices(["NVIDIA A40=0.44"], sim.backends.train, "x")
+
+
+# --- the estimate ------------------------------------------------------------------------------
+
+
+def test_runpod_estimate_without_prices_gives_only_the_job_cap_worst_case() -> None:
+    config, specs = example("runpod")
+    estimate = estimate_costs(config, specs, {})
+    train = next(line for line in estimate.lines if line.stage == "train")
+    assert train.usd is None and "no offline Runpod price table" in (train.unavailable or "")
+    assert train.upper_usd == pytest.approx(404 * 1.0)
+    assert estimate.total_usd is None and estimate.upper_usd == pytest.approx(404.0)
+    assert estimate.cap.binds == "unknown"
+
+
+def test_runpod_estimate_with_prices() -> None:
+    config, specs = example("runpod")
+    estimate = estimate_costs(config, specs, {"NVIDIA A40": 0.44})
+    train = next(line for line in estimate.lines if line.stage == "train")
+    assert train.usd == pytest.approx(404 * 60 * 0.88 / 3600)  # every task's max_train_seconds is 60
+    assert estimate.total_usd == pytest.approx(train.usd)  # agent and outer local, eval on vLLM: not billed
+    assert estimate.cap.binds == "may"  # $5.93 < $300, but 404 jobs at the $1 job cap could reach $404
+
+
+def test_runpod_estimate_uses_each_tasks_budget() -> None:
+    config, specs = example("runpod")
+    slow = specs["addition"].model_copy(update={"budget": specs["addition"].budget.model_copy(update={"max_train_seconds": 600.0})})
+    estimate = estimate_costs(config, {**specs, "addition": slow}, {"NVIDIA A40": 0.5})
+    per_trainable = 320 / 5
+    expected = (per_trainable * 600 + per_trainable * 4 * 60 + 84 * 60) / 3600 * 1.0
+    assert next(line for line in estimate.lines if line.stage == "train").usd == pytest.approx(expected)
+
+
+def test_tinker_estimate_is_the_token_upper_bound_and_the_cap_binds() -> None:
+    config, specs = example("tinker")
+    estimate = estimate_costs(config, specs, {})
+    lines = {line.stage: line for line in estimate.lines}
+    agent = 104 * 3 * (24 * 65_536 * 0.5 + 65_536 * 1.5) / 1e6
+    outer = 10 * 8 * 3 * 65_536 * 1.5 / 1e6
+    assert lines["agent"].usd == pytest.approx(agent) and lines["agent"].kind == "upper bound"
+    assert lines["outer"].usd == pytest.approx(outer)
+    assert lines["train"].usd == lines["eval"].usd == 0.0
+    assert estimate.total_usd == pytest.approx(agent + outer)
+    assert estimate.cap.binds == "yes"
+    assert estimate.cap.episodes_within_cap == math.floor(50.0 / ((agent + outer) / 104))
+
+
+def test_sim_estimate_is_simulated_and_local_is_free() -> None:
+    config, specs = example("sim")
+    estimate = estimate_costs(config, specs, {})
+    train = next(line for line in estimate.lines if line.stage == "train")
+    assert train.kind == "simulated" and train.usd == pytest.approx(52 * 0.5 * 0.88 / 3600)
+    assert train.upper_usd == pytest.approx(52 * 5.0 * 0.88 / 3600)
+    assert estimate.cap.binds == "no"
+    local, local_specs = example("quickstart")
+    free = estimate_costs(local, local_specs, {})
+    assert free.total_usd == free.upper_usd == 0.0 and {line.kind for line in free.lines} == {"not billed"}
+
+
+def test_sim_agent_with_a_token_price_has_no_bound() -> None:
+    config = edited_config("sim", {"backends.agent": {"usd_per_million_tokens": 2.0}})
+    _, specs = example("sim")
+    estimate = estimate_costs(config, specs, {})
+    agent = next(line for line in estimate.lines if line.stage == "agent")
+    assert agent.usd == pytest.approx(52 * 1500 * 2.0 / 1e6) and agent.upper_usd is None
+    assert estimate.upper_usd is None and estimate.cap.binds == "may"
+
+
+@pytest.mark.parametrize(
+    ("total", "upper", "binds", "within"),
+    [(120.0, 150.0, "yes", 83), (80.0, 150.0, "may", None), (80.0, None, "may", None), (80.0, 90.0, "no", None), (None, 90.0, "no", None), (None, 150.0, "unknown", None), (None, None, "unknown", None)],
+)
+def test_cap_check(total: float | None, upper: float | None, binds: str, within: int | None) -> None:
+    check = cap_check(total, upper, 100, BudgetConfig(max_run_usd=100.0, max_job_usd=2.0, on_cap="stop"))
+    assert check.binds == binds and check.episodes_within_cap == within
+    assert "budget.max_run_usd $100.00" in check.message
+    if binds == "yes":
+        assert "about 83 of 100" in check.message and "running inner jobs are stopped" in check.message
+
+
+# --- compiled configs ------------------------------------------------------------------------------
+
+
+def test_compiled_jobs_group_identical_tasks_and_validate() -> None:
+    config, specs = example("runpod")
+    [job] = compiled_jobs(config, specs)
+    assert job.task_ids == list(specs) and job.problems == []
+    rl = tomllib.loads(job.rl_toml)
+    assert rl == job.rl_config
+    assert rl["model"]["name"] == "Qwen/Qwen3-0.6B" and rl["max_steps"] == 40
+    assert rl["deployment"] == {"type": "single_node", "gpus_per_node": 2, "num_train_gpus": 1, "num_infer_gpus": 1}
+    assert rl["orchestrator"]["batch_size"] == 64 and rl["orchestrator"]["group_size"] == 8
+    assert rl["orchestrator"]["train"]["sampling"]["max_completion_tokens"] == 16
+    assert job.rl_toml.startswith("# Compiled by metarl for prime-rl v0.8.0")
+    assert tomllib.loads(job.job_toml)["model"]["name"] == "Qwen/Qwen3-0.6B"
+
+
+def test_compiled_jobs_follow_the_pod_gpus_and_report_problems() -> None:
+    config = edited_config("runpod", {"backends.train": {"gpu_count": 4}})
+    _, specs = example("runpod")
+    odd = specs["caesar"].model_copy(update={"budget": specs["caesar"].budget.model_copy(update={"allowed_models": ["Qwen/Qwen3-32B"]})})
+    jobs = compiled_jobs(config, {**specs, "caesar": odd})
+    assert len(jobs) == 2
+    fine, bad = sorted(jobs, key=lambda job: len(job.problems))
+    assert fine.rl_config["deployment"] == {"type": "single_node", "gpus_per_node": 4, "num_train_gpus": 2, "num_infer_gpus": 2}
+    assert "caesar" not in fine.task_ids and bad.task_ids == ["caesar"]
+    assert bad.problems and "Qwen/Qwen3-32B" in bad.problems[0]
+
+
+def test_no_compiled_configs_without_runpod() -> None:
+    for name in ("sim", "quickstart", "tinker"):
+        config, specs = example(name)
+        assert compiled_jobs(config, specs) == []
+
+
+def test_representative_job_is_the_default_on_the_first_allowed_model() -> None:
+    _, specs = example("runpod")
+    job = representative_job(specs["addition"])
+    assert job.model.name == specs["addition"].budget.allowed_models[0]
+    assert job.explicit_hyperparameters() == 0
+
+
+# --- output --------------------------------------------------------------------------------------
+
+
+def test_text_and_json_output_of_a_runpod_plan() -> None:
+    config, specs = example("runpod")
+    plan = build_plan(config, specs, EXAMPLES / "runpod.toml", {"NVIDIA A40": 0.44, "NVIDIA L40S": 0.86})
+    text = render_text(plan)
+    for expected in (
+        "DRY RUN",
+        "ghcr.io/your-org/metarl-inner:prime-rl-v0.8.0",
+        "2x NVIDIA A40, then NVIDIA RTX A6000, NVIDIA L40S",
+        "metarl-<run id[:8]>-<episode id>",
+        "up to 16",
+        "[orchestrator.renderer]",
+        "num_infer_gpus = 1",
+        "total      404",
+        "$5.93",
+        "worst case $404.00",
+        "a fallback GPU type costs up to $1.7200/h",
+        "max_run_usd $300.00",
+    ):
+        assert expected in text, expected
+    again = DryRunPlan.model_validate_json(render_json(plan))
+    assert again == plan
+
+
+def test_text_output_says_why_the_pod_estimate_is_unavailable() -> None:
+    config, specs = example("runpod")
+    text = render_text(build_plan(config, specs, EXAMPLES / "runpod.toml", {}))
+    assert "train  runpod  unavailable" in text and "--usd-per-gpu-hour" in text
+    assert "total  unavailable; worst case $404.00" in text
+
+
+def test_building_a_plan_imports_no_vendor_sdk_or_service_client() -> None:
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom metarl.runconfig import load_run\nfrom metarl.dry_run import build_plan\n"
+        "for name in ('runpod', 'tinker', 'sim', 'quickstart'):\n"
+        "    config, specs = load_run(Path('examples') / f'{name}.toml')\n"
+        "    build_plan(config, specs, Path(name), {})\n"
+        "print(sorted(m for m in ('runpod', 'tinker', 'requests', 'httpx', 'sqlalchemy', 'celery', 'kombu', 'redis', 'psycopg', 'fsspec') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, check=True)
+    assert result.stdout.strip() == "[]"
