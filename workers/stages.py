@@ -17,6 +17,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from metarl import claims
 from metarl.backends import registry
+from metarl.baselines import baseline_lookup, cached_baseline, store_baseline
 from metarl.backends.base import EpisodeContext
 from metarl.claims import Claim, ClaimRefused, finish_claim
 from metarl.db import session_scope
@@ -36,7 +37,6 @@ from orchestrator.transitions import after_agent, after_eval, after_probe, after
 from schemas.base import parse_toml_text, validate_model
 from schemas.job import JobSpec
 from schemas.records import (
-    BaselineScore,
     ClaimStatus,
     Episode,
     Evaluation,
@@ -148,8 +148,9 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     if job is None:
         return "skipped"
     backend = registry.agent_backend(job.config)
+    lookup = baseline_lookup(database_url(), job.ctx.task, lambda: registry.eval_backend(job.config))
     with heartbeating(job) as beat:
-        submission = run_with_retries(self, job, Stage.agent, lambda: backend.run_attempt(job.ctx))
+        submission = run_with_retries(self, job, Stage.agent, lambda: backend.run_attempt(job.ctx, baseline=lookup))
     if submission is None or beat.lost.is_set():
         return "abandoned"
     to = after_agent(probe_attempt)
@@ -379,15 +380,7 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
         inner = inner_job_of(session, episode_id)
         assert inner is not None
         checkpoint, state, train_seconds = inner.checkpoint_uri, dict(inner.backend_state), inner.train_seconds
-        cached = session.execute(
-            select(BaselineScore).where(
-                BaselineScore.task_id == task.id,
-                BaselineScore.model_name == spec.model.name,
-                BaselineScore.eval_version == task.hidden_eval.version,
-                BaselineScore.backend == backend.name,
-            )
-        ).scalar_one_or_none()
-        base_score = cached.score if cached else None
+        base_score = cached_baseline(session, task, spec.model.name, backend.name)
     started = time.perf_counter()
     with heartbeating(job) as beat:
         if base_score is None:
@@ -395,20 +388,7 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
             if base is None:
                 return "failed"
             with session_scope(url) as session:
-                session.execute(
-                    insert(BaselineScore)
-                    .values(
-                        task_id=task.id,
-                        model_name=spec.model.name,
-                        eval_version=task.hidden_eval.version,
-                        backend=backend.name,
-                        score=base.score,
-                        ci_low=base.ci_low,
-                        ci_high=base.ci_high,
-                        n_items=base.n_items,
-                    )
-                    .on_conflict_do_nothing(constraint="uq_baseline_scores_task_id")
-                )
+                store_baseline(session, task, spec.model.name, backend.name, base)
             base_score = base.score
         trained = run_with_retries(self, job, Stage.eval, lambda: backend.score_trained(job.ctx, spec, checkpoint, state))
     if trained is None or beat.lost.is_set():

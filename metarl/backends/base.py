@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -113,7 +114,9 @@ class AgentBackend(Protocol):
     name: str
     simulated: bool
 
-    def run_attempt(self, ctx: EpisodeContext) -> AgentSubmission: ...
+    def run_attempt(self, ctx: EpisodeContext, baseline: Callable[[str], float] | None = None) -> AgentSubmission:
+        """One submission attempt; ``baseline`` answers the workspace's ``baseline_score(model)`` tool."""
+        ...
 
 
 class TrainBackend(Protocol):

@@ -7,6 +7,7 @@ import hashlib
 import json
 import tomllib
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from metarl.backends.base import (
@@ -86,11 +87,11 @@ def workspace_root(ctx: EpisodeContext) -> Path:
     return Path(ctx.artifacts_root) / "workspaces" / ctx.run_id / str(ctx.episode_id) / str(ctx.probe_attempt)
 
 
-def write_workspace(ctx: EpisodeContext, job_toml: str) -> Path:
+def write_workspace(ctx: EpisodeContext, job_toml: str, baseline: Callable[[str], float] | None = None) -> Path:
     """Render the sampled job into the attempt's workspace through the agent's own tools."""
     from metarl.workspace import Workspace
 
-    workspace = Workspace(workspace_root(ctx), ctx.task, feedback=ctx.feedback)
+    workspace = Workspace(workspace_root(ctx), ctx.task, feedback=ctx.feedback, baseline=baseline)
     workspace.write_file("job.toml", job_toml)
     parsed = _parse_job(job_toml)
     if parsed is not None:
@@ -123,7 +124,7 @@ class LocalAgent:
     def __init__(self, config: LocalAgentBackend):
         self.config = config
 
-    def run_attempt(self, ctx: EpisodeContext) -> AgentSubmission:
+    def run_attempt(self, ctx: EpisodeContext, baseline: Callable[[str], float] | None = None) -> AgentSubmission:
         import torch
 
         from metarl.policy.job_language import context_for_episode
@@ -134,7 +135,7 @@ class LocalAgent:
         policy = load_policy(ctx.policy_state_uri)
         sampled = policy.sample(context_for_episode(ctx), seed=sample_seed(ctx.seed, ctx.probe_attempt), temperature=self.config.temperature)
         job_toml = sampled.render(seed=ctx.seed)
-        workspace = write_workspace(ctx, job_toml)
+        workspace = write_workspace(ctx, job_toml, baseline)
         return AgentSubmission(
             job_toml=job_toml,
             agent_tokens=len(sampled.job_tokens),

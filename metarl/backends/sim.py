@@ -12,6 +12,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,7 @@ class SimAgent:
     def __init__(self, config: SimAgentBackend):
         self.config = config
 
-    def run_attempt(self, ctx: EpisodeContext) -> AgentSubmission:
+    def run_attempt(self, ctx: EpisodeContext, baseline: Callable[[str], float] | None = None) -> AgentSubmission:
         rng = seeded_rng("agent", ctx.seed, ctx.episode_id, ctx.probe_attempt)
         time.sleep(sample_duration(self.config.duration, rng))
         skill = simulated_skill(ctx.policy_version)

@@ -399,7 +399,7 @@ class TinkerAgent:
     def __repr__(self) -> str:
         return f"TinkerAgent(base_model={self.config.base_model!r}, renderer={self.config.renderer!r})"
 
-    def run_attempt(self, ctx: EpisodeContext) -> AgentSubmission:
+    def run_attempt(self, ctx: EpisodeContext, baseline: Callable[[str], float] | None = None) -> AgentSubmission:
         """Sample a conversation in the attempt's workspace and return the submission, its sample and its costs."""
         from metarl.backends.local_agent import workspace_root
 
@@ -409,7 +409,7 @@ class TinkerAgent:
         gateway = self._connect()
         sampler = gateway.sampling_client(ref.sampler_path)
         tokenizer = gateway.tokenizer(sampler, ref.base_model)
-        workspace = Workspace(workspace_root(ctx), ctx.task, feedback=ctx.feedback)
+        workspace = Workspace(workspace_root(ctx), ctx.task, feedback=ctx.feedback, baseline=baseline)
 
         def sample_turn(prompt: list[int], turn: int, stop: tuple[int, ...]) -> SampledTurn:
             return gateway.sample(
