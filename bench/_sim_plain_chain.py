@@ -1,0 +1,67 @@
+"""The plain Celery chain that `bench.pipeline_overhead` compares our pipeline against.
+
+Worker side: `celery -A bench._sim_plain_chain:app worker -Q <queue> -c 1 ...`, one process per
+queue, exactly as `metarl.pools.worker_command` starts our pools. The app is our own
+`workers.app.make_app()` (same broker, serializer, late acks, prefetch 1, events), so the only
+difference from our pipeline is what the tasks do: here nothing, there the claims, records and
+orchestrator bookkeeping.
+
+One episode is the chain agent -> probe -> train -> eval on the queues of the same names. The
+train task retries itself once with `countdown = poll_countdown_s`, as our train stage submits an
+inner job and then polls it with `self.retry(countdown=poll_interval_s)`, so both pipelines execute
+five task messages per episode. The eval task increments a Redis counter (the driver's only way to
+see the end without a result backend) and every `episodes_per_batch`-th completion sends one
+`outer` task, as our orchestrator sends one outer update per batch of complete groups.
+"""
+
+from __future__ import annotations
+
+import redis
+from celery import Task
+
+from workers.app import make_app
+
+TASK_PREFIX = "bench.plain"
+DONE_KEY = "bench-plain:episodes-done"
+OUTER_KEY = "bench-plain:outer-done"
+
+app = make_app()
+_client: list[redis.Redis] = []
+
+
+def counter_client() -> redis.Redis:
+    """One Redis client per worker process, on the broker's own database."""
+    if not _client:
+        _client.append(redis.Redis.from_url(app.conf.broker_url))
+    return _client[0]
+
+
+@app.task(name=f"{TASK_PREFIX}.agent", queue="agent")
+def agent(episode: int) -> None:
+    """No-op stand-in for the agent stage."""
+
+
+@app.task(name=f"{TASK_PREFIX}.probe", queue="probe")
+def probe(episode: int) -> None:
+    """No-op stand-in for the probe stage."""
+
+
+@app.task(bind=True, name=f"{TASK_PREFIX}.train", queue="train", max_retries=None)
+def train(self: Task, episode: int, poll_countdown_s: float) -> None:
+    """No-op submit, then one retried poll message, like our submit-then-poll train stage."""
+    if self.request.retries == 0:
+        raise self.retry(countdown=poll_countdown_s)
+
+
+@app.task(name=f"{TASK_PREFIX}.eval", queue="eval")
+def eval_(episode: int, episodes_per_batch: int) -> None:
+    """Count the finished episode; each full batch sends one outer task."""
+    done = counter_client().incr(DONE_KEY)
+    if done % episodes_per_batch == 0:
+        app.send_task(f"{TASK_PREFIX}.outer", args=[done // episodes_per_batch], queue="outer")
+
+
+@app.task(name=f"{TASK_PREFIX}.outer", queue="outer")
+def outer(batch: int) -> None:
+    """No-op stand-in for the outer update (counts itself so the driver sees the end)."""
+    counter_client().incr(OUTER_KEY)

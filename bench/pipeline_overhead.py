@@ -1,0 +1,756 @@
+"""Pipeline overhead: our bookkeeping against a plain Celery chain of the same no-op tasks.
+
+    python -m bench.pipeline_overhead [--episodes 200] [--repeats 2] [--tick-s 0.5]
+
+Needs Redis and PostgreSQL on 127.0.0.1 (METARL_BENCH_PG_ADMIN_URL and METARL_BENCH_REDIS_URL
+override). It creates a scratch database (dropped afterwards), reserves a Redis database number with
+the tests' lock scheme, and then, in the same process and on the same broker:
+
+* **ours**: five real worker pools as subprocesses (`metarl.pools.WorkerPools`: one `celery worker
+  -c 1` per queue) and the real orchestrator loop (`orchestrator.loop.Orchestrator`) run N episodes
+  through agent -> probe -> train (submit, then one retried poll) -> eval on the `sim` backends with
+  every duration zero, no invalid jobs and no job failures, plus one outer update per batch. Every
+  stage claims its row, records its result and moves the episode in PostgreSQL.
+* **plain**: five worker processes started the same way, on the same Celery app configuration,
+  run `bench._sim_plain_chain`: per episode the chain agent -> probe -> train (retries itself once
+  with the same countdown) -> eval of no-op tasks, plus one no-op outer task per batch. Same
+  number of task messages, same queues, same concurrency; no database.
+
+The ratio is ours' wall time over the plain chain's for the same N (target: at most 1.5). The
+table also gives where the time goes: mean worker time per task (from the workers' logs), CPU
+seconds of the worker processes, of the orchestrator and of the PostgreSQL backends, orchestrator
+ticks and their SQL statements, and database transactions per episode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from metarl.settings import BROKER_ENV, DATABASE_ENV
+from schemas.run_config import WindowConfig
+
+REPO = Path(__file__).resolve().parent.parent
+PG_ADMIN_ENV = "METARL_BENCH_PG_ADMIN_URL"
+REDIS_ENV = "METARL_BENCH_REDIS_URL"
+DEFAULT_PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+DEFAULT_REDIS = "redis://127.0.0.1:6379"
+REDIS_LOCK_PREFIX = "metarl-test-db-lock:"  # the same reservation scheme as tests/conftest.py
+STAGES_PER_EPISODE = 5  # agent, probe, train submit, train poll (retry), eval
+TARGET_RATIO = 1.5
+TASK_LINE = re.compile(r"Task (?P<name>[\w.]+)\[[0-9a-f\-]+\] (?P<what>received|succeeded in (?P<secs>[0-9.eE\-]+)s|retry:)")
+
+
+# -- settings and results ---------------------------------------------------------------------------
+
+
+class BenchSettings(BaseModel):
+    """What one benchmark invocation runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    episodes: int = Field(default=200, ge=8, le=100_000, description="Episodes per pipeline; a multiple of group_size * groups_per_batch")
+    group_size: int = Field(default=4, ge=1, le=64, description="Episodes per group")
+    groups_per_batch: int = Field(default=2, ge=1, le=64, description="Complete groups per outer update")
+    tick_s: float = Field(default=WindowConfig.model_fields["tick_s"].default, ge=0.01, le=60.0, description="Orchestrator tick period (window.tick_s; default the run config's)")
+    poll_interval_s: float = Field(default=0.01, ge=0.01, le=60.0, description="Train poll countdown in both pipelines")
+    window: int | None = Field(default=None, ge=1, le=100_000, description="Episodes in flight (default: all of them)")
+    repeats: int = Field(default=2, ge=1, le=10, description="Alternating plain/ours pairs")
+
+    @property
+    def episodes_per_batch(self) -> int:
+        """Episodes consumed by one outer update."""
+        return self.group_size * self.groups_per_batch
+
+    @property
+    def outer_steps(self) -> int:
+        """Outer updates that N episodes make."""
+        return self.episodes // self.episodes_per_batch
+
+
+class TaskStat(BaseModel):
+    """Worker-side numbers of one task name, from a Celery worker log."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    received: int = Field(default=0, ge=0, description="Messages the worker received")
+    succeeded: int = Field(default=0, ge=0, description="Executions that returned")
+    retried: int = Field(default=0, ge=0, description="Executions that ended in self.retry")
+    runtime_s: list[float] = Field(default_factory=list, description="Runtimes of the executions that returned")
+
+    @property
+    def mean_ms(self) -> float:
+        """Mean runtime of the returned executions, in milliseconds (0 when none)."""
+        return 1000.0 * statistics.fmean(self.runtime_s) if self.runtime_s else 0.0
+
+
+class PhaseResult(BaseModel):
+    """One timed pass of one pipeline."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=16, description="ours or plain")
+    episodes: int = Field(ge=0, description="Episodes completed")
+    outer_steps: int = Field(ge=0, description="Outer updates completed")
+    wall_s: float = Field(gt=0.0, description="Seconds from the first dispatch to the last outer update seen done")
+    tasks: int = Field(ge=0, description="Task messages the workers received")
+    worker_cpu_s: float = Field(ge=0.0, description="CPU seconds of all worker processes during the pass")
+    driver_cpu_s: float = Field(ge=0.0, description="CPU seconds of this process (orchestrator or chain driver) during the pass")
+    postgres_cpu_s: float | None = Field(default=None, ge=0.0, description="CPU seconds of the PostgreSQL backends serving the scratch database (ours only)")
+    db_commits: int | None = Field(default=None, ge=0, description="Transactions committed in the scratch database (ours only)")
+    ticks: int | None = Field(default=None, ge=0, description="Orchestrator ticks (ours only)")
+    tick_ms_mean: float | None = Field(default=None, ge=0.0, description="Mean time of one tick (ours only)")
+    tick_sql: int | None = Field(default=None, ge=0, description="SQL statements the orchestrator ran (ours only)")
+    task_stats: dict[str, TaskStat] = Field(default_factory=dict, description="Per task name, from the worker logs")
+
+    @property
+    def episodes_per_s(self) -> float:
+        """Episodes per wall second."""
+        return self.episodes / self.wall_s
+
+    @property
+    def tasks_per_s(self) -> float:
+        """Task messages per wall second."""
+        return self.tasks / self.wall_s
+
+
+class StageProfile(BaseModel):
+    """Database work of one stage function, counted in-process (the worker's code path without Celery)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calls: int = Field(ge=1, description="Stage executions replayed")
+    statements: float = Field(ge=0.0, description="SQL statements per execution")
+    transactions: float = Field(ge=0.0, description="Committed transactions per execution")
+    checkouts: float = Field(ge=0.0, description="Connection-pool checkouts per execution (each pings the server first: pool_pre_ping)")
+    wall_ms: float = Field(ge=0.0, description="Wall milliseconds per execution")
+    cpu_ms: float = Field(ge=0.0, description="CPU milliseconds per execution (this process)")
+
+    @property
+    def round_trips(self) -> float:
+        """Client/server round trips per execution: statements, BEGIN and COMMIT of each transaction, one ping per checkout."""
+        return self.statements + 2 * self.transactions + self.checkouts
+
+
+# -- pure helpers (unit-tested) -------------------------------------------------------------------
+
+
+def validate_settings(settings: BenchSettings) -> list[str]:
+    """Problems with a settings object, as sentences (empty when fine)."""
+    problems = []
+    if settings.episodes % settings.episodes_per_batch:
+        problems.append(f"--episodes {settings.episodes} must be a multiple of group_size x groups_per_batch = {settings.episodes_per_batch}")
+    return problems
+
+
+def expected_tasks(episodes: int, episodes_per_batch: int) -> int:
+    """Task messages one pass executes: five per episode plus one outer update per batch."""
+    return STAGES_PER_EPISODE * episodes + episodes // episodes_per_batch
+
+
+def parse_worker_log(text: str) -> dict[str, TaskStat]:
+    """Per task name: received messages, returned and retried executions, runtimes (Celery's info log)."""
+    stats: dict[str, TaskStat] = {}
+    for match in TASK_LINE.finditer(text):
+        stat = stats.setdefault(match["name"], TaskStat())
+        what = match["what"]
+        if what == "received":
+            stat.received += 1
+        elif what == "retry:":
+            stat.retried += 1
+        else:
+            stat.succeeded += 1
+            stat.runtime_s.append(float(match["secs"]))
+    return stats
+
+
+def merge_stats(parts: list[dict[str, TaskStat]]) -> dict[str, TaskStat]:
+    """Add up per-task numbers of several logs (or several passes)."""
+    merged: dict[str, TaskStat] = {}
+    for part in parts:
+        for name, stat in part.items():
+            into = merged.setdefault(name, TaskStat())
+            into.received += stat.received
+            into.succeeded += stat.succeeded
+            into.retried += stat.retried
+            into.runtime_s.extend(stat.runtime_s)
+    return merged
+
+
+def stage_of(task_name: str) -> str:
+    """`metarl.stage.agent` / `bench.plain.eval` -> `agent` / `eval`: the stage a task stands for."""
+    return task_name.rsplit(".", 1)[-1].rstrip("_").replace("update", "outer")
+
+
+def overhead_ratio(ours_wall_s: float, plain_wall_s: float) -> float:
+    """How many times longer our pipeline takes than the plain chain for the same episodes."""
+    if ours_wall_s <= 0 or plain_wall_s <= 0:
+        raise ValueError("wall times must be positive")
+    return ours_wall_s / plain_wall_s
+
+
+def verdict(ratio: float, target: float = TARGET_RATIO) -> str:
+    """`meets` or `misses` the target ratio."""
+    return "meets" if ratio <= target else "misses"
+
+
+def stat_cpu_s(stat_line: str, ticks_per_s: float) -> tuple[int, float]:
+    """(process group, user+system CPU seconds) from one /proc/PID/stat line."""
+    fields = stat_line[stat_line.rindex(")") + 2 :].split()
+    # after "pid (comm) ": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime ...
+    return int(fields[2]), (int(fields[11]) + int(fields[12])) / ticks_per_s
+
+
+def run_config_toml(settings: BenchSettings, specs_dir: Path, artifacts: Path, seed: int = 0) -> str:
+    """The run config of our pass: sim backends with zero durations, no invalid jobs, no failures."""
+    window = settings.window or settings.episodes
+    return f"""
+[run]
+name = "bench-overhead"
+seed = {seed}
+tasks = ["addition", "reversal"]
+task_specs_dir = "{specs_dir}"
+max_outer_steps = {settings.outer_steps}
+
+[backends.agent]
+type = "sim"
+duration = {{ median_s = 0.0, sigma = 0.0, max_s = 0.0 }}
+invalid_rate = 0.0
+
+[backends.train]
+type = "sim"
+duration = {{ median_s = 0.0, sigma = 0.0, max_s = 0.0 }}
+failure_rate = 0.0
+max_concurrent_jobs = 10000
+poll_interval_s = {settings.poll_interval_s}
+
+[backends.eval]
+type = "sim"
+duration = {{ median_s = 0.0, sigma = 0.0, max_s = 0.0 }}
+
+[backends.outer]
+type = "sim"
+duration = {{ median_s = 0.0, sigma = 0.0, max_s = 0.0 }}
+
+[window]
+in_flight = {window}
+tick_s = {settings.tick_s}
+
+[outer]
+group_size = {settings.group_size}
+groups_per_batch = {settings.groups_per_batch}
+max_steps_off_policy = {min(1000, settings.outer_steps + 1)}
+
+[retries]
+lease_s = 600
+redispatch_after_s = 600
+
+[budget]
+max_run_usd = 1000000.0
+
+[artifacts]
+root = "{artifacts}"
+"""
+
+
+# -- services -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def scratch_database(admin_url: str) -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database, dropped afterwards."""
+    from sqlalchemy import create_engine, text
+
+    from metarl import db
+
+    name = f"metarl_bench_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    url = admin_url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        db.upgrade(url)
+        yield url
+    finally:
+        db.dispose_engines()
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def reserved_redis(base_url: str) -> Iterator[str]:
+    """A Redis database number reserved like the tests do (lock key in db 0), flushed before and after."""
+    import redis
+
+    registry = redis.Redis.from_url(f"{base_url}/0")
+    owner = f"bench:{os.getpid()}:{uuid.uuid4().hex}"
+    number = next((n for n in range(1, 16) if registry.set(f"{REDIS_LOCK_PREFIX}{n}", owner, nx=True, ex=3600)), None)
+    if number is None:
+        registry.close()
+        raise SystemExit("error: Redis databases 1-15 are all reserved by test sessions; try again later")
+    url = f"{base_url}/{number}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    try:
+        yield url
+    finally:
+        client.flushdb()
+        client.close()
+        if registry.get(f"{REDIS_LOCK_PREFIX}{number}") == owner.encode():
+            registry.delete(f"{REDIS_LOCK_PREFIX}{number}")
+        registry.close()
+
+
+def plain_worker_command(pool: str) -> list[str]:
+    """Our pools' worker command line with the plain chain's app and node name."""
+    from metarl.pools import worker_command
+
+    command = worker_command(pool)
+    command[command.index("-A") + 1] = "bench._sim_plain_chain:app"
+    command[command.index("-n") + 1] = f"plain-{pool}@%h"
+    return command
+
+
+def start_plain_pools(database_url: str, broker_url: str, log_dir: Path):  # type: ignore[no-untyped-def]
+    """WorkerPools whose processes run the plain chain's app (same flags, one process per queue)."""
+    from metarl.pools import WorkerPools
+
+    class PlainPools(WorkerPools):
+        """One plain-chain worker per queue, started and stopped like ours."""
+
+        def start_pool(self, pool: str) -> subprocess.Popen[bytes]:
+            log_file = open(self.log_dir / f"worker-{pool}.log", "ab")
+            process = subprocess.Popen(
+                plain_worker_command(pool), env=self.env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO
+            )
+            log_file.close()
+            self.processes[pool] = process
+            return process
+
+    pools = PlainPools(database_url, broker_url, log_dir)
+    pools.start()
+    return pools
+
+
+def wait_for_workers(broker_url: str, names: set[str], timeout_s: float = 120.0) -> None:
+    """Block until every named worker answers a ping (all pools consuming)."""
+    from workers.app import make_app
+
+    app = make_app(broker_url)
+    deadline = time.monotonic() + timeout_s
+    seen: set[str] = set()
+    while time.monotonic() < deadline:
+        for reply in app.control.ping(timeout=1.0) or []:
+            seen.update(name.split("@", 1)[0] for name in reply)
+        if names <= seen:
+            return
+    raise SystemExit(f"error: workers {sorted(names - seen)} did not start within {timeout_s:.0f} s")
+
+
+def group_cpu_s(pgids: set[int]) -> float:
+    """User+system CPU seconds of every live process in these process groups."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            pgid, cpu = stat_cpu_s((entry / "stat").read_text(), ticks)
+        except (OSError, ValueError, IndexError):
+            continue
+        if pgid in pgids:
+            total += cpu
+    return total
+
+
+def pids_cpu(pids: list[int]) -> dict[int, float]:
+    """User+system CPU seconds of each of these processes that is still alive."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            out[pid] = stat_cpu_s(Path(f"/proc/{pid}/stat").read_text(), ticks)[1]
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def postgres_backends(database_url: str) -> list[int]:
+    """Server pids connected to the scratch database."""
+    from sqlalchemy import text
+
+    from metarl.db import get_engine
+
+    with get_engine(database_url).connect() as connection:
+        return list(connection.execute(text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")).scalars())
+
+
+def committed_transactions(database_url: str, settle_s: float = 1.5) -> int:
+    """Transactions committed in the scratch database so far (after letting backends flush their statistics)."""
+    from sqlalchemy import text
+
+    from metarl.db import get_engine
+
+    get_engine(database_url).dispose()  # closed connections flush their backends' statistics
+    time.sleep(settle_s)
+    with get_engine(database_url).connect() as connection:
+        connection.execute(text("SELECT pg_stat_clear_snapshot()"))
+        return int(connection.execute(text("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")).scalar_one())
+
+
+def read_logs(log_dir: Path) -> dict[str, TaskStat]:
+    """Per task name over all worker logs of one pass."""
+    return merge_stats([parse_worker_log(path.read_text(encoding="utf-8", errors="replace")) for path in sorted(log_dir.glob("worker-*.log"))])
+
+
+# -- the two passes -------------------------------------------------------------------------------
+
+
+def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: Path) -> PhaseResult:
+    """N episodes through the real orchestrator and real worker pools on the zero-duration sim backends."""
+    from sqlalchemy import event, func, select
+
+    from metarl.db import get_engine, session_scope
+    from metarl.pools import WorkerPools
+    from metarl.runconfig import load_run
+    from orchestrator.loop import Orchestrator, TickReport, create_run
+    from schemas.records import Episode, OuterStatus, OuterStep, RunStatus, Stage
+    from workers.app import QUEUES, make_app
+
+    config_path = work / "run.toml"
+    config_path.write_text(run_config_toml(settings, REPO / "tasks_specs", work / "artifacts"), encoding="utf-8")
+    config, specs = load_run(config_path)
+    log_dir = work / "logs-ours"
+    pools = WorkerPools(database_url, broker_url, log_dir)
+    pools.start()
+    try:
+        wait_for_workers(broker_url, set(QUEUES))
+        run_id = create_run(database_url, config, specs)
+        statements = [0]
+
+        def count(*_: object) -> None:
+            statements[0] += 1
+
+        engine = get_engine(database_url)
+        event.listen(engine, "before_cursor_execute", count)
+        tick_times: list[float] = []
+        orchestrator = Orchestrator(database_url, make_app(broker_url), run_id)
+        original_tick = orchestrator.tick
+
+        def timed_tick() -> TickReport:
+            started = time.perf_counter()
+            report = original_tick()
+            tick_times.append(time.perf_counter() - started)
+            return report
+
+        orchestrator.tick = timed_tick  # type: ignore[method-assign]
+        pg_before = pids_cpu(postgres_backends(database_url))
+        commits_before = committed_transactions(database_url)
+        statements[0] = 0
+        pgids = {process.pid for process in pools.processes.values()}
+        cpu_before, driver_before = group_cpu_s(pgids), time.process_time()
+        started = time.perf_counter()
+        status = orchestrator.loop(threading.Event())
+        wall = time.perf_counter() - started
+        driver_cpu = time.process_time() - driver_before
+        sql = statements[0]
+        event.remove(engine, "before_cursor_execute", count)
+        worker_cpu = group_cpu_s(pgids) - cpu_before
+        pg_after = pids_cpu(postgres_backends(database_url))
+        pg_cpu = sum(cpu - pg_before.get(pid, 0.0) for pid, cpu in pg_after.items())
+        if status != RunStatus.finished:
+            raise SystemExit(f"error: our run ended {status.value}, not finished")
+        with session_scope(database_url) as session:
+            done = session.execute(select(func.count()).select_from(Episode).where(Episode.run_id == run_id, Episode.stage == Stage.done)).scalar_one()
+            steps = session.execute(
+                select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run_id, OuterStep.status == OuterStatus.done)
+            ).scalar_one()
+    finally:
+        pools.stop()
+    # workers' backends flush their statistics when they exit; count the commits after the stop
+    commits = committed_transactions(database_url) - commits_before
+    stats = read_logs(log_dir)
+    return PhaseResult(
+        name="ours",
+        episodes=done,
+        outer_steps=steps,
+        wall_s=wall,
+        tasks=sum(s.received for s in stats.values()),
+        worker_cpu_s=worker_cpu,
+        driver_cpu_s=driver_cpu,
+        postgres_cpu_s=max(0.0, pg_cpu),
+        db_commits=max(0, commits),
+        ticks=len(tick_times),
+        tick_ms_mean=1000.0 * statistics.fmean(tick_times) if tick_times else 0.0,
+        tick_sql=sql,
+        task_stats=stats,
+    )
+
+
+def run_plain(settings: BenchSettings, database_url: str, broker_url: str, work: Path) -> PhaseResult:
+    """N plain chains of no-op tasks on the same broker, same queues, same worker processes."""
+    import redis
+    from celery import chain
+
+    from bench._sim_plain_chain import DONE_KEY, OUTER_KEY, TASK_PREFIX
+    from workers.app import QUEUES, make_app
+
+    log_dir = work / "logs-plain"
+    pools = start_plain_pools(database_url, broker_url, log_dir)
+    client = redis.Redis.from_url(broker_url)
+    try:
+        wait_for_workers(broker_url, {f"plain-{q}" for q in QUEUES})
+        client.delete(DONE_KEY, OUTER_KEY)
+        app = make_app(broker_url)
+        pgids = {process.pid for process in pools.processes.values()}
+        cpu_before, driver_before = group_cpu_s(pgids), time.process_time()
+        started = time.perf_counter()
+        for episode in range(settings.episodes):
+            chain(
+                app.signature(f"{TASK_PREFIX}.agent", args=(episode,), queue="agent", immutable=True),
+                app.signature(f"{TASK_PREFIX}.probe", args=(episode,), queue="probe", immutable=True),
+                app.signature(f"{TASK_PREFIX}.train", args=(episode, settings.poll_interval_s), queue="train", immutable=True),
+                app.signature(f"{TASK_PREFIX}.eval", args=(episode, settings.episodes_per_batch), queue="eval", immutable=True),
+            ).apply_async()
+        deadline = time.monotonic() + 600
+        while int(client.get(OUTER_KEY) or 0) < settings.outer_steps:
+            if time.monotonic() > deadline:
+                raise SystemExit("error: the plain chain did not finish within 600 s")
+            time.sleep(0.005)
+        wall = time.perf_counter() - started
+        driver_cpu = time.process_time() - driver_before
+        worker_cpu = group_cpu_s(pgids) - cpu_before
+        episodes, steps = int(client.get(DONE_KEY) or 0), int(client.get(OUTER_KEY) or 0)
+    finally:
+        client.close()
+        pools.stop()
+    stats = read_logs(log_dir)
+    return PhaseResult(
+        name="plain",
+        episodes=episodes,
+        outer_steps=steps,
+        wall_s=wall,
+        tasks=sum(s.received for s in stats.values()),
+        worker_cpu_s=worker_cpu,
+        driver_cpu_s=driver_cpu,
+        task_stats=stats,
+    )
+
+
+def profile_stages(settings: BenchSettings, database_url: str, broker_url: str, work: Path, episodes: int = 8) -> dict[str, StageProfile]:
+    """Replay the stage functions in this process on a fresh run and count their database work.
+
+    No workers run; the stage functions are called directly (a train poll's self.retry raises
+    celery's Retry without sending), and the messages they send stay in the reserved Redis database.
+    """
+    from celery.exceptions import Retry
+    from sqlalchemy import event, select
+
+    from metarl.db import get_engine, session_scope
+    from metarl.runconfig import load_run
+    from orchestrator.loop import Orchestrator, create_run
+    from schemas.records import Episode, OuterStep, Stage, StageClaim
+    from workers import outer as outer_tasks
+    from workers import stages
+    from workers.app import make_app
+
+    if stages.app.conf.broker_url != broker_url:
+        raise SystemExit("error: the workers' app points at another broker; refusing to replay")
+    profile_settings = settings.model_copy(update={"episodes": episodes})
+    config_path = work / "profile.toml"
+    config_path.write_text(run_config_toml(profile_settings, REPO / "tasks_specs", work / "profile-artifacts"), encoding="utf-8")
+    config, specs = load_run(config_path)
+    run_id = create_run(database_url, config, specs)
+    orchestrator = Orchestrator(database_url, make_app(broker_url), run_id)
+    orchestrator.setup()
+    counts = {"statements": 0, "transactions": 0, "checkouts": 0}
+    engine = get_engine(database_url)
+
+    def on_statement(*_: object) -> None:
+        counts["statements"] += 1
+
+    def on_commit(*_: object) -> None:
+        counts["transactions"] += 1
+
+    def on_checkout(*_: object) -> None:
+        counts["checkouts"] += 1
+
+    event.listen(engine, "before_cursor_execute", on_statement)
+    event.listen(engine, "commit", on_commit)
+    event.listen(engine.pool, "checkout", on_checkout)
+    profiles: dict[str, StageProfile] = {}
+
+    def replay(name: str, calls: list[tuple[Any, tuple[int, ...], dict[str, str]]]) -> None:
+        for key in counts:
+            counts[key] = 0
+        wall, cpu = time.perf_counter(), time.process_time()
+        for function, args, kwargs in calls:
+            try:
+                function(*args, **kwargs)
+            except Retry:
+                pass
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        n = len(calls)
+        profiles[name] = StageProfile(
+            calls=n,
+            statements=counts["statements"] / n,
+            transactions=counts["transactions"] / n,
+            checkouts=counts["checkouts"] / n,
+            wall_ms=1000 * wall / n,
+            cpu_ms=1000 * cpu / n,
+        )
+
+    try:
+        orchestrator.tick()
+        with session_scope(database_url) as session:
+            ids = list(session.execute(select(Episode.id).where(Episode.run_id == run_id).order_by(Episode.id)).scalars())
+        replay("agent", [(stages.agent_stage, (i, 1), {}) for i in ids])
+        replay("probe", [(stages.probe_stage, (i, 1), {}) for i in ids])
+        replay("train submit", [(stages.train_stage, (i, 1), {}) for i in ids])
+        with session_scope(database_url) as session:
+            # a poll message carries the submit's claim token (self.retry passes it); direct calls do not
+            tokens = dict(session.execute(select(StageClaim.episode_id, StageClaim.token).where(StageClaim.run_id == run_id, StageClaim.stage == Stage.train)).all())
+        replay("train poll", [(stages.train_stage, (i, 1), {"token": tokens[i]}) for i in ids])
+        replay("eval", [(stages.eval_stage, (i, 1), {}) for i in ids])
+        replay("tick", [(orchestrator.tick, (), {}) for _ in range(3)])
+        with session_scope(database_url) as session:
+            step_ids = list(session.execute(select(OuterStep.id).where(OuterStep.run_id == run_id)).scalars())
+        if step_ids:
+            replay("outer", [(outer_tasks.outer_update, (step_id,), {}) for step_id in step_ids[:1]])
+    finally:
+        orchestrator.stop()
+        event.remove(engine, "before_cursor_execute", on_statement)
+        event.remove(engine, "commit", on_commit)
+        event.remove(engine.pool, "checkout", on_checkout)
+    return profiles
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def per_stage_ms(result: PhaseResult) -> dict[str, float]:
+    """Mean worker milliseconds per executed task message, by stage."""
+    out: dict[str, float] = {}
+    for name, stat in result.task_stats.items():
+        executions = stat.succeeded + stat.retried
+        if executions:
+            # retried executions log no runtime; attribute the returned ones' total to all executions
+            out[stage_of(name)] = 1000.0 * sum(stat.runtime_s) / executions
+    return out
+
+
+def render(settings: BenchSettings, plain: list[PhaseResult], ours: list[PhaseResult], profiles: dict[str, StageProfile] | None = None) -> str:
+    """The printed report: machine, settings, throughput table, ratio, and where the time goes."""
+    best_plain = min(plain, key=lambda r: r.wall_s)
+    best_ours = min(ours, key=lambda r: r.wall_s)
+    ratio = overhead_ratio(statistics.median(r.wall_s for r in ours), statistics.median(r.wall_s for r in plain))
+    lines = [
+        "Pipeline overhead: our bookkeeping against a plain Celery chain (zero-duration SIMULATOR backends)",
+        f"date {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}  host {platform.node()}  cores {os.cpu_count()}  load {os.getloadavg()[0]:.2f}",
+        f"episodes {settings.episodes}  group_size {settings.group_size}  groups_per_batch {settings.groups_per_batch}  outer steps {settings.outer_steps}  "
+        f"window {settings.window or settings.episodes}  tick_s {settings.tick_s}  poll countdown {settings.poll_interval_s}s  repeats {settings.repeats}",
+        f"tasks per pass: 5 per episode (agent, probe, train submit, train poll, eval) + 1 outer per batch = {expected_tasks(settings.episodes, settings.episodes_per_batch)}; "
+        "5 worker processes (-c 1), one per queue, in both",
+        "",
+        f"{'pass':<8}{'wall s':>9}{'episodes/s':>12}{'tasks/s':>10}{'tasks':>8}{'worker CPU s':>14}{'driver CPU s':>14}{'PG CPU s':>10}",
+    ]
+    for result in [r for pair in zip(plain, ours) for r in pair]:
+        pg = f"{result.postgres_cpu_s:.1f}" if result.postgres_cpu_s is not None else "-"
+        lines.append(
+            f"{result.name:<8}{result.wall_s:>9.2f}{result.episodes_per_s:>12.1f}{result.tasks_per_s:>10.1f}{result.tasks:>8}"
+            f"{result.worker_cpu_s:>14.1f}{result.driver_cpu_s:>14.1f}{pg:>10}"
+        )
+    lines += [
+        "",
+        f"ratio ours/plain (median wall time): {ratio:.2f}x  target <= {TARGET_RATIO}x: {verdict(ratio).upper()}",
+        "",
+        "where the time goes (best pass of each):",
+        f"{'stage':<8}{'plain ms/task':>15}{'ours ms/task':>14}",
+    ]
+    plain_ms, ours_ms = per_stage_ms(best_plain), per_stage_ms(best_ours)
+    for stage in ("agent", "probe", "train", "eval", "outer"):
+        lines.append(f"{stage:<8}{plain_ms.get(stage, 0.0):>15.2f}{ours_ms.get(stage, 0.0):>14.2f}")
+    episodes = max(1, best_ours.episodes)
+    lines += [
+        f"orchestrator: {best_ours.ticks} ticks, {best_ours.tick_ms_mean:.1f} ms mean tick, {best_ours.tick_sql} SQL statements "
+        f"({(best_ours.tick_sql or 0) / episodes:.1f} per episode), {best_ours.driver_cpu_s:.1f} CPU s",
+        f"database: {best_ours.db_commits} transactions committed ({(best_ours.db_commits or 0) / episodes:.1f} per episode), "
+        f"PostgreSQL backends {best_ours.postgres_cpu_s or 0.0:.1f} CPU s",
+        f"CPU per episode: ours {1000 * (best_ours.worker_cpu_s + best_ours.driver_cpu_s + (best_ours.postgres_cpu_s or 0.0)) / episodes:.1f} ms "
+        f"(workers + orchestrator + PostgreSQL), plain {1000 * (best_plain.worker_cpu_s + best_plain.driver_cpu_s) / max(1, best_plain.episodes):.1f} ms "
+        "(workers + driver; Redis not counted in either)",
+    ]
+    if profiles:
+        lines += [
+            "",
+            "database work per execution (stage functions replayed in-process, no Celery; round trips = statements + 2 x transactions + pings):",
+            f"{'step':<14}{'calls':>6}{'statements':>12}{'transactions':>14}{'checkouts':>11}{'round trips':>13}{'wall ms':>9}{'CPU ms':>8}",
+        ]
+        for name, profile in profiles.items():
+            lines.append(
+                f"{name:<14}{profile.calls:>6}{profile.statements:>12.1f}{profile.transactions:>14.1f}{profile.checkouts:>11.1f}"
+                f"{profile.round_trips:>13.1f}{profile.wall_ms:>9.1f}{profile.cpu_ms:>8.1f}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, run alternating plain/ours passes, print the report."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=200, help="episodes per pass (a multiple of group size x groups per batch); lower it to scale down")
+    parser.add_argument("--repeats", type=int, default=2, help="alternating plain/ours pairs; the ratio uses the medians")
+    parser.add_argument("--tick-s", type=float, default=WindowConfig.model_fields["tick_s"].default, help="orchestrator window.tick_s for our pass (default: the run config's default)")
+    parser.add_argument("--window", type=int, default=None, help="episodes in flight (default: all)")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--groups-per-batch", type=int, default=2)
+    args = parser.parse_args(argv)
+    settings = BenchSettings(
+        episodes=args.episodes, repeats=args.repeats, tick_s=args.tick_s, window=args.window, group_size=args.group_size, groups_per_batch=args.groups_per_batch
+    )
+    problems = validate_settings(settings)
+    if problems:
+        print("error: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    plain: list[PhaseResult] = []
+    ours: list[PhaseResult] = []
+    with scratch_database(os.environ.get(PG_ADMIN_ENV, DEFAULT_PG_ADMIN)) as database_url, reserved_redis(
+        os.environ.get(REDIS_ENV, DEFAULT_REDIS)
+    ) as broker_url, tempfile.TemporaryDirectory(prefix="metarl-bench-") as folder:
+        # the workers' modules (and the replayed stage functions) read these when first imported
+        os.environ[DATABASE_ENV], os.environ[BROKER_ENV] = database_url, broker_url
+        if "workers.app" in sys.modules:
+            raise SystemExit("error: workers.app was imported before the bench chose its broker")
+        for index in range(settings.repeats):
+            work = Path(folder) / f"pass-{index}"
+            work.mkdir()
+            plain.append(run_plain(settings, database_url, broker_url, work))
+            print(f"[{index + 1}/{settings.repeats}] plain {plain[-1].wall_s:.2f}s", file=sys.stderr, flush=True)
+            ours.append(run_ours(settings, database_url, broker_url, work))
+            print(f"[{index + 1}/{settings.repeats}] ours {ours[-1].wall_s:.2f}s", file=sys.stderr, flush=True)
+        profiles = profile_stages(settings, database_url, broker_url, Path(folder))
+    print(render(settings, plain, ours, profiles))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""bench.pipeline_overhead: settings, worker-log parsing, CPU accounting, the run config and the report (no services)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.pipeline_overhead import (
+    BenchSettings,
+    PhaseResult,
+    StageProfile,
+    TaskStat,
+    expected_tasks,
+    merge_stats,
+    overhead_ratio,
+    parse_worker_log,
+    per_stage_ms,
+    plain_worker_command,
+    render,
+    run_config_toml,
+    stage_of,
+    stat_cpu_s,
+    validate_settings,
+    verdict,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+LOG = """\
+[2026-11-30 01:34:59,101: INFO/MainProcess] Task metarl.stage.train[0f1c2d3e-0000-4000-8000-000000000001] received
+[2026-11-30 01:34:59,150: INFO/ForkPoolWorker-1] Task metarl.stage.train[0f1c2d3e-0000-4000-8000-000000000001] retry: Retry in 0.01s
+[2026-11-30 01:34:59,170: INFO/MainProcess] Task metarl.stage.train[0f1c2d3e-0000-4000-8000-000000000001] received
+[2026-11-30 01:34:59,230: INFO/ForkPoolWorker-1] Task metarl.stage.train[0f1c2d3e-0000-4000-8000-000000000001] succeeded in 0.06s: 'succeeded'
+[2026-11-30 01:34:59,240: INFO/MainProcess] Task metarl.outer.update[0f1c2d3e-0000-4000-8000-000000000002] received
+[2026-11-30 01:34:59,300: INFO/ForkPoolWorker-1] Task metarl.outer.update[0f1c2d3e-0000-4000-8000-000000000002] succeeded in 1.5e-02s: 'done'
+[2026-11-30 01:34:59,301: WARNING/MainProcess] something unrelated
+"""
+
+
+def test_settings_need_whole_batches() -> None:
+    assert validate_settings(BenchSettings(episodes=200)) == []
+    assert "multiple" in validate_settings(BenchSettings(episodes=20))[0]
+    settings = BenchSettings(episodes=200, group_size=4, groups_per_batch=2)
+    assert settings.episodes_per_batch == 8 and settings.outer_steps == 25
+    with pytest.raises(ValueError):
+        BenchSettings(episodes=4)
+
+
+def test_expected_tasks_counts_five_per_episode_and_one_outer_per_batch() -> None:
+    assert expected_tasks(200, 8) == 1025
+    assert expected_tasks(40, 8) == 205
+
+
+def test_parse_worker_log_counts_receipts_retries_and_runtimes() -> None:
+    stats = parse_worker_log(LOG)
+    train, outer = stats["metarl.stage.train"], stats["metarl.outer.update"]
+    assert (train.received, train.retried, train.succeeded, train.runtime_s) == (2, 1, 1, [0.06])
+    assert (outer.received, outer.succeeded) == (1, 1) and outer.mean_ms == pytest.approx(15.0)
+    merged = merge_stats([stats, stats])
+    assert merged["metarl.stage.train"].received == 4 and merged["metarl.stage.train"].runtime_s == [0.06, 0.06]
+
+
+def test_per_stage_ms_spreads_runtime_over_every_execution() -> None:
+    result = PhaseResult(name="ours", episodes=1, outer_steps=1, wall_s=1.0, tasks=3, worker_cpu_s=0.1, driver_cpu_s=0.1, task_stats=parse_worker_log(LOG))
+    assert per_stage_ms(result) == pytest.approx({"train": 30.0, "outer": 15.0})
+
+
+@pytest.mark.parametrize(
+    ("name", "stage"),
+    [("metarl.stage.agent", "agent"), ("bench.plain.eval", "eval"), ("metarl.outer.update", "outer"), ("bench.plain.outer", "outer")],
+)
+def test_stage_of(name: str, stage: str) -> None:
+    assert stage_of(name) == stage
+
+
+def test_ratio_and_verdict() -> None:
+    assert overhead_ratio(30.0, 20.0) == pytest.approx(1.5) and verdict(1.5) == "meets" and verdict(1.51) == "misses"
+    with pytest.raises(ValueError):
+        overhead_ratio(0.0, 1.0)
+
+
+def test_stat_cpu_s_reads_group_and_cpu_from_a_proc_stat_line() -> None:
+    line = "4242 (celery (worker) x) S 1 4200 4200 0 -1 4194560 100 0 0 0 250 50 0 0 39 19 2 0 100 0 0"
+    assert stat_cpu_s(line, 100.0) == (4200, pytest.approx(3.0))
+
+
+def test_run_config_is_the_zero_duration_simulator(tmp_path: Path) -> None:
+    from metarl.runconfig import load_run
+
+    path = tmp_path / "run.toml"
+    path.write_text(run_config_toml(BenchSettings(episodes=40, tick_s=0.05), REPO / "tasks_specs", tmp_path / "artifacts"), encoding="utf-8")
+    config, specs = load_run(path)
+    assert config.run.max_outer_steps == 5 and config.window.in_flight == 40 and config.window.tick_s == 0.05
+    assert config.backends.agent.type == config.backends.train.type == "sim"
+    assert config.backends.agent.invalid_rate == 0.0 and config.backends.train.failure_rate == 0.0
+    assert config.backends.train.duration.median_s == config.backends.eval.duration.median_s == 0.0
+    assert config.outer.max_steps_off_policy >= config.run.max_outer_steps
+    assert not any(spec.held_out for spec in specs.values())
+
+
+def test_plain_workers_start_like_ours_with_another_app() -> None:
+    from metarl.pools import worker_command
+
+    ours, plain = worker_command("train"), plain_worker_command("train")
+    assert plain[plain.index("-A") + 1] == "bench._sim_plain_chain:app" and plain[plain.index("-n") + 1] == "plain-train@%h"
+    assert [a for a in plain if a not in ("bench._sim_plain_chain:app", "plain-train@%h")] == [a for a in ours if a not in ("workers.app", "train@%h")]
+
+
+def test_round_trips_and_report() -> None:
+    profile = StageProfile(calls=8, statements=9.0, transactions=2.0, checkouts=2.0, wall_ms=70.0, cpu_ms=20.0)
+    assert profile.round_trips == 15.0
+    settings = BenchSettings(episodes=40)
+    plain = PhaseResult(name="plain", episodes=40, outer_steps=5, wall_s=2.0, tasks=205, worker_cpu_s=2.0, driver_cpu_s=0.2, task_stats={"bench.plain.agent": TaskStat(received=40, succeeded=40, runtime_s=[0.01] * 40)})
+    ours = PhaseResult(
+        name="ours", episodes=40, outer_steps=5, wall_s=10.0, tasks=205, worker_cpu_s=8.0, driver_cpu_s=3.0, postgres_cpu_s=1.0, db_commits=2000, ticks=100, tick_ms_mean=80.0, tick_sql=2000
+    )
+    text = render(settings, [plain], [ours], {"agent": profile})
+    assert "5.00x" in text and "MISSES" in text and "agent" in text
