@@ -2,8 +2,10 @@
 
 ``run_in_sandbox(workspace_dir, module_file, function, args_json, limits) -> SandboxResult`` runs
 one call; ``run_calls_in_sandbox`` runs many calls against one import of the module (the probe
-uses it: one process for all sample items). Errors are data: ``SandboxResult.error.kind`` is one
-of ``timeout``, ``memory``, ``crash``, ``forbidden``, ``bad_output`` or ``bad_input`` (the
+uses it: one process for all sample items); ``SandboxSession`` keeps one sandboxed import alive
+to answer many batches of calls (the local trainer uses it: one process per inner job, one
+request per training step, with the same isolation). Errors are data: ``SandboxResult.error.kind``
+is one of ``timeout``, ``memory``, ``crash``, ``forbidden``, ``bad_output`` or ``bad_input`` (the
 request itself was unusable: a missing module file, arguments that are not JSON).
 
 What is enforced, and how
@@ -238,6 +240,18 @@ def run_calls_in_sandbox(
     """Import the module once in a sandbox and make every call; per-call outcomes in ``calls``."""
     limits = limits or SandboxLimits()
     started = time.monotonic()
+    prepared = _prepare_request(workspace_dir, module_file, [call.model_dump(mode="json") for call in calls], limits)
+    if isinstance(prepared, SandboxResult):
+        return prepared
+    workspace, payload = prepared
+    run = _run_child(workspace, payload, limits)
+    return _interpret(run, limits, len(calls), time.monotonic() - started)
+
+
+def _prepare_request(
+    workspace_dir: str | Path, module_file: str, calls: list[dict[str, Any]], limits: SandboxLimits, extra: dict[str, Any] | None = None
+) -> tuple[Path, bytes] | SandboxResult:
+    """The workspace folder and the request bytes for the child (``extra`` keys added), or a ``bad_input`` result."""
     workspace = Path(workspace_dir)
     try:
         info = os.lstat(workspace)
@@ -253,7 +267,7 @@ def run_calls_in_sandbox(
     request = {
         "source": source,
         "filename": module_file,
-        "calls": [call.model_dump(mode="json") for call in calls],
+        "calls": calls,
         "limits": {
             "cpu_seconds": limits.cpu_seconds,
             "memory_bytes": limits.memory_bytes,
@@ -264,12 +278,12 @@ def run_calls_in_sandbox(
         "drop_privileges": limits.drop_privileges,
         "uid": NOBODY,
         "gid": NOBODY,
+        **(extra or {}),
     }
     payload = json.dumps(request).encode("utf-8")
     if len(payload) > limits.max_request_bytes:
         return _failed("bad_input", f"the request has {len(payload)} bytes; keep the source and arguments under {limits.max_request_bytes}")
-    run = _run_child(workspace, payload, limits)
-    return _interpret(run, limits, len(calls), time.monotonic() - started)
+    return workspace, payload
 
 
 class _ChildRun:
@@ -482,3 +496,256 @@ def _outcome(item: Any) -> CallOutcome:
         ok=False,
         error=_error(kind, str(item.get("message", "")), exception_type=_opt_str(item.get("type")), line=_opt_int(item.get("line"))),
     )
+
+
+_READY_BYTES = (json.dumps(READY) + "\n").encode("ascii")
+
+
+class SandboxSession:
+    """One sandboxed import of a module kept alive to answer many batches of calls.
+
+    The child is the same runner with the same isolation as :func:`run_calls_in_sandbox`
+    (rlimits, empty environment, no network, nobody, audit hook, workspace-only reads), started in
+    persistent mode (``sandbox_runner.py --serve``, see its docstring), so a trainer pays the
+    start-up (~0.1 s) once per job instead of once per step. Differences from a one-shot run:
+
+    - ``limits.cpu_seconds`` and ``limits.max_stderr_bytes`` count over the whole session;
+    - ``limits.wall_seconds`` is the deadline of the start-up (import) and, unless :meth:`call`
+      is given another, of each batch;
+    - the module's state persists between batches (it is the agent's own reward: it may cache);
+    - the child is killed by the kernel when the thread that started it ends
+      (``PR_SET_PDEATHSIG``), so start the session from the thread that uses it for its lifetime
+      (a trainer's main thread), never from a short-lived helper thread.
+
+    Errors are data, as in :func:`run_calls_in_sandbox`: :meth:`start` and :meth:`call` return a
+    :class:`SandboxResult`, classified by the same rules. After any failure of the whole run
+    (timeout, memory, the process ending, a forbidden event, a malformed or unexpected frame) the
+    child is killed and the session is closed; every later call returns that same error.
+    :class:`SandboxUnavailable` is raised when the sandbox itself cannot run (not the agent's
+    fault). Use it as a context manager, or call :meth:`close`: the child is killed and reaped.
+    """
+
+    def __init__(self, workspace_dir: str | Path, module_file: str, limits: SandboxLimits | None = None) -> None:
+        self.workspace_dir = Path(workspace_dir)
+        self.module_file = module_file
+        self.limits = limits or SandboxLimits()
+        self.exports: ModuleExports | None = None
+        self.isolation: list[str] = []
+        self._process: subprocess.Popen[bytes] | None = None
+        self._selector: selectors.BaseSelector | None = None
+        self._buffer = bytearray()
+        self._stderr_tail = bytearray()
+        self._stderr_total = 0
+        self._overflow: str | None = None
+        self._next_id = 0
+        self._closed_with: SandboxResult | None = None
+
+    def __enter__(self) -> SandboxSession:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the child (None before start)."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def alive(self) -> bool:
+        """True while the child runs and answers."""
+        return self._process is not None and self._closed_with is None
+
+    def start(self) -> SandboxResult:
+        """Start the child and import the module: ``ok`` with ``exports``, or the import's error."""
+        if self._process is not None or self._closed_with is not None:
+            raise RuntimeError("a sandbox session starts once")
+        started = time.monotonic()
+        prepared = _prepare_request(self.workspace_dir, self.module_file, [], self.limits, {"die_with_parent": True, "parent_pid": os.getpid()})
+        if isinstance(prepared, SandboxResult):
+            self._closed_with = prepared
+            return prepared
+        workspace, payload = prepared
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", str(RUNNER), "--serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=workspace,
+                env=dict(CHILD_ENV),
+                close_fds=True,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot start the sandbox child: {exc.strerror or type(exc).__name__}") from None
+        process = self._process
+        assert process.stdin and process.stdout and process.stderr
+        for stream in (process.stdin, process.stdout, process.stderr):
+            os.set_blocking(stream.fileno(), False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(process.stdout, selectors.EVENT_READ)
+        self._selector.register(process.stderr, selectors.EVENT_READ)
+        deadline = started + self.limits.wall_seconds
+        try:
+            first = self._exchange(payload + b"\n", deadline)
+            if first is None or _parse_frame(first + b"\n")[0] is False:
+                # set-up failed, was killed or timed out: the sandbox's problem (_interpret raises)
+                so_far = (b"" if first is None else first + b"\n") + bytes(self._buffer)
+                return self._closed(_interpret(self._end(deadline, so_far), self.limits, 0, time.monotonic() - started))
+            line = self._exchange(b"", deadline)
+            result = self._answer(line, 0, started, deadline, self.limits, request_id=None)
+        except BaseException:
+            self._kill()
+            raise
+        if result.ok:
+            self.exports = result.exports
+        return result
+
+    def call(self, calls: list[SandboxCall], wall_seconds: float | None = None) -> SandboxResult:
+        """Make every call against the imported module; per-call outcomes in ``calls``.
+
+        ``wall_seconds`` (default ``limits.wall_seconds``) bounds this batch; past it the child is
+        killed and the result is a ``timeout``.
+        """
+        if self._closed_with is not None:
+            return self._closed_with
+        if self._process is None:
+            raise RuntimeError("start the sandbox session before calling it")
+        started = time.monotonic()
+        limits = self.limits if wall_seconds is None else self.limits.model_copy(update={"wall_seconds": wall_seconds})
+        self._next_id += 1
+        request_id = self._next_id
+        payload = json.dumps({"id": request_id, "calls": [call.model_dump(mode="json") for call in calls]}).encode("utf-8")
+        if len(payload) > limits.max_request_bytes:
+            return _failed("bad_input", f"the request has {len(payload)} bytes; send batches under {limits.max_request_bytes}")
+        deadline = started + limits.wall_seconds
+        try:
+            line = self._exchange(payload + b"\n", deadline)
+            result = self._answer(line, len(calls), started, deadline, limits, request_id=request_id)
+        except BaseException:
+            self._kill()
+            raise
+        if result.ok and self.exports is not None:
+            result = result.model_copy(update={"exports": self.exports})
+        return result
+
+    def close(self) -> None:
+        """End the child (kill its process group) and reap it; idempotent."""
+        if self._closed_with is None:
+            self._closed_with = _failed("crash", "the sandbox session is closed")
+        self._kill()
+
+    def _exchange(self, payload: bytes, deadline: float) -> bytes | None:
+        """Send ``payload``; return the next complete line of the result channel (no newline), or
+        None when the child closed its output, the deadline passed or an output cap was hit."""
+        process, selector = self._process, self._selector
+        assert process is not None and selector is not None and process.stdin is not None
+        pending = memoryview(payload)
+        if pending:
+            selector.register(process.stdin, selectors.EVENT_WRITE)
+        tail_bytes = max(self.limits.stderr_tail_chars * 4, 1)
+        try:
+            while True:
+                newline = self._buffer.find(b"\n")
+                if newline >= 0:
+                    line = bytes(self._buffer[:newline])
+                    del self._buffer[: newline + 1]
+                    return line
+                if len(self._buffer) > self.limits.stdout_bytes:
+                    self._overflow = f"the result is larger than {self.limits.stdout_bytes} bytes"
+                    return None
+                streams = [key.fileobj for key in selector.get_map().values()]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (process.stdout not in streams and process.stderr not in streams):
+                    return None
+                for key, _ in selector.select(timeout=min(remaining, 0.5)):
+                    stream = key.fileobj
+                    if stream is process.stdin:
+                        try:
+                            pending = pending[os.write(process.stdin.fileno(), pending[: 1 << 16]) :]
+                        except BlockingIOError:
+                            continue
+                        except OSError:  # the child closed its end: it is ending
+                            pending = pending[:0]
+                        if not pending:
+                            selector.unregister(process.stdin)
+                        continue
+                    try:
+                        chunk = os.read(stream.fileno(), 1 << 16)  # type: ignore[union-attr]
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        selector.unregister(stream)
+                    elif stream is process.stdout:
+                        self._buffer += chunk
+                    else:
+                        self._stderr_total += len(chunk)
+                        self._stderr_tail = (self._stderr_tail + chunk)[-tail_bytes:]
+                        if self._stderr_total > self.limits.max_stderr_bytes:
+                            self._overflow = f"the module printed more than {self.limits.max_stderr_bytes} bytes"
+                            return None
+        finally:
+            if pending and process.stdin in [key.fileobj for key in selector.get_map().values()]:
+                selector.unregister(process.stdin)
+
+    def _answer(
+        self, line: bytes | None, n_calls: int, started: float, deadline: float, limits: SandboxLimits, request_id: int | None
+    ) -> SandboxResult:
+        """Interpret one answer (or its absence) by the one-shot rules; close the session on failure."""
+        if line is None:
+            run = self._end(deadline, _READY_BYTES + bytes(self._buffer))
+            return self._closed(_interpret(run, limits, n_calls, time.monotonic() - started))
+        run = _ChildRun()
+        run.stdout = bytearray(_READY_BYTES + line + b"\n")
+        run.stderr_tail = bytearray(self._stderr_tail)
+        frame = _parse_frame(bytes(run.stdout))[1]
+        if frame is not None and frame.get("kind") == "bootstrap":
+            self._kill()
+            raise SandboxUnavailable(printable(str(frame.get("message", "sandbox protocol failure")))[:2000])
+        if frame is not None and frame.get("status") == "ok" and frame.get("id") != request_id:
+            run.stdout = bytearray(_READY_BYTES)
+            run.overflow = "the result channel carried a frame that answers no request"
+        result = _interpret(run, limits, n_calls, time.monotonic() - started)
+        if result.isolation:
+            self.isolation = list(result.isolation)
+        if not result.ok:
+            self._kill()
+            return self._closed(result)
+        return result
+
+    def _end(self, deadline: float, stdout: bytes) -> _ChildRun:
+        """Kill and reap the child; what is known about how it ended, for :func:`_interpret`."""
+        run = _ChildRun()
+        run.stdout = bytearray(stdout)
+        run.stderr_tail = bytearray(self._stderr_tail)
+        run.stderr_total = self._stderr_total
+        run.overflow = self._overflow
+        run.timed_out = self._overflow is None and time.monotonic() >= deadline
+        run.status, run.cpu_seconds = self._kill()
+        return run
+
+    def _closed(self, result: SandboxResult) -> SandboxResult:
+        self._closed_with = result
+        return result
+
+    def _kill(self) -> tuple[int | None, float]:
+        """Kill the process group and reap the child (once); its exit status and CPU seconds."""
+        process = self._process
+        if self._selector is not None:
+            self._selector.close()
+            self._selector = None
+        if process is None or process.returncode is not None:
+            return (process.returncode if process is not None else None), 0.0
+        _kill_group(process.pid)
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None and not stream.closed:
+                stream.close()
+        cpu_seconds = 0.0
+        try:
+            _, status, usage = os.wait4(process.pid, 0)
+            process.returncode = os.waitstatus_to_exitcode(status)
+            cpu_seconds = usage.ru_utime + usage.ru_stime
+        except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler): status unknown
+            process.returncode = -signal.SIGKILL
+        return process.returncode, cpu_seconds

@@ -31,6 +31,19 @@ frame, a line of JSON:
 ``{"status": "ok", "isolation": [...], "exports": {...}, "calls": [...]}`` or
 ``{"status": "error", "kind": ..., "message": ..., ...}``. The parent validates it; the agent's
 code could forge it (it shares the process), which gains it nothing it could not compute anyway.
+
+Persistent mode (``sandbox_runner.py --serve``, used by :class:`metarl.sandbox.SandboxSession`):
+the set-up request is the first *line* of stdin (no calls needed) and the process keeps a private
+copy of stdin for later requests (fd 0 itself still points at /dev/null). Steps 2-6 are the same.
+After ``ready`` it sends the import frame ``{"status": "ok", "exports": ..., "calls": []}`` and
+then answers each request line ``{"id": N, "calls": [...]}`` with one frame
+``{"status": "ok", "id": N, "calls": [...]}`` until stdin closes. Limits count over the whole
+session (CPU seconds, address space), and the child asks the kernel to SIGKILL it when its
+parent ends (``PR_SET_PDEATHSIG``), so a killed trainer leaves no reward process behind. The
+agent's code can reach the request reader through interpreter introspection just as it can reach
+the result channel: it could read or swallow its own later requests or forge answers, which again
+only changes its own rewards; the parent checks every frame's shape and id and ends the session
+on anything unexpected.
 """
 
 import os
@@ -82,6 +95,8 @@ CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_PDEATHSIG = 1
+SIGKILL = 9
 
 
 def _write_all(fd, data):
@@ -134,6 +149,11 @@ def _isolate(request, applied):
             applied.append("no-new-privs")
         if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0:
             applied.append("not-dumpable")
+        if request.get("die_with_parent") and libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) == 0:
+            # set after the uid change (which clears it); a parent that died before this is caught by the check
+            if os.getppid() != int(request.get("parent_pid", -1)):
+                raise RuntimeError("the parent ended during set-up")
+            applied.append("die-with-parent")
     libc = None  # drop the handle; ctypes is unloaded next
     for name in [name for name in sys.modules if name == "ctypes" or name.startswith(("ctypes.", "_ctypes"))]:
         del sys.modules[name]
@@ -342,31 +362,75 @@ def _exports(namespace):
     return {"functions": functions, "components": components, "components_problem": problem}
 
 
+def _run_calls(namespace, calls, filename, budget):
+    """Make each call against the module's namespace; one outcome dict per call (MemoryError propagates)."""
+    outcomes = []
+    for call in calls:
+        function, key = call.get("function"), call.get("key")
+        target = namespace.get(function)
+        if key is not None:
+            target = dict.get(target, key) if type(target) is dict else None
+        label = function if key is None else f"{function}[{key!r}]"
+        if target is None or not callable(target):
+            outcomes.append({"ok": False, "kind": "crash", "type": "LookupError", "message": f"the module defines no function {label}"})
+            continue
+        try:
+            value = target(*call.get("args", []), **call.get("kwargs", {}))
+        except MemoryError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - SystemExit and friends are the function's failure too
+            kind, message = _describe(exc)
+            outcomes.append({"ok": False, "kind": "crash", "type": kind, "message": message, "line": _user_line(exc, filename)})
+            continue
+        try:
+            outcomes.append({"ok": True, "value": _plain(value, 0, budget)})
+        except ValueError as exc:
+            outcomes.append({"ok": False, "kind": "bad_output", "type": "ValueError", "message": _short(exc)})
+    return outcomes
+
+
 def main():
+    """Batch mode (default): one request on stdin up to EOF, one result frame. ``--serve``: see :func:`_serve`."""
     import json
 
+    serve = "--serve" in sys.argv[1:]
     dumps = json.dumps
+    loads = json.loads
     out_fd = os.dup(1)
     applied = []
+    reader = None
 
-    def finish(frame):
+    def flush_stdio():
         try:
             sys.stdout.flush()
             sys.stderr.flush()
         except BaseException:  # noqa: BLE001, S110 - the agent's code may have broken its stdio
             pass
+
+    def send(frame):
+        flush_stdio()
         frame.setdefault("isolation", applied)
         _write_all(out_fd, (dumps(frame) + "\n").encode("utf-8"))
+
+    def finish(frame):
+        send(frame)
         os._exit(0)
 
     try:
-        raw = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
-        if len(raw) > MAX_REQUEST_BYTES:
-            raise ValueError("request too large")
+        if serve:
+            # requests are lines on a private copy of stdin; fd 0 itself is pointed at /dev/null below
+            reader = open(os.dup(0), "rb", buffering=1 << 16)  # noqa: SIM115 - lives as long as the process
+            raw = reader.readline(MAX_REQUEST_BYTES + 1)
+            if len(raw) > MAX_REQUEST_BYTES or not raw.endswith(b"\n"):
+                raise ValueError("set-up request too large or not ended by a newline")
+        else:
+            raw = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
+            if len(raw) > MAX_REQUEST_BYTES:
+                raise ValueError("request too large")
         request = json.loads(raw)
         source = request["source"]
         filename = request["filename"]
-        calls = request["calls"]
+        calls = request.get("calls", []) if serve else request["calls"]
         limits = request["limits"]
         max_value_items = int(request.get("max_value_items", 100_000))
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -415,33 +479,40 @@ def main():
             kind, message = _describe(exc)
             finish({"status": "error", "kind": "crash", "type": kind, "message": "importing the module failed: " + message, "line": _user_line(exc, filename)})
         exports = _exports(namespace)
-        outcomes = []
-        budget = [max_value_items]
-        for call in calls:
-            function, key = call.get("function"), call.get("key")
-            target = namespace.get(function)
-            if key is not None:
-                target = dict.get(target, key) if type(target) is dict else None
-            label = function if key is None else f"{function}[{key!r}]"
-            if target is None or not callable(target):
-                outcomes.append({"ok": False, "kind": "crash", "type": "LookupError", "message": f"the module defines no function {label}"})
-                continue
-            try:
-                value = target(*call.get("args", []), **call.get("kwargs", {}))
-            except MemoryError:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - SystemExit and friends are the function's failure too
-                kind, message = _describe(exc)
-                outcomes.append({"ok": False, "kind": "crash", "type": kind, "message": message, "line": _user_line(exc, filename)})
-                continue
-            try:
-                outcomes.append({"ok": True, "value": _plain(value, 0, budget)})
-            except ValueError as exc:
-                outcomes.append({"ok": False, "kind": "bad_output", "type": "ValueError", "message": _short(exc)})
+        if serve:
+            send({"status": "ok", "exports": exports, "calls": [], "missing_modules": missing})
+            _serve(namespace, filename, reader, loads, send, finish, max_value_items)
+        outcomes = _run_calls(namespace, calls, filename, [max_value_items])
         finish({"status": "ok", "exports": exports, "calls": outcomes, "missing_modules": missing})
     except MemoryError:
         del reserve
         finish({"status": "error", "kind": "memory", "type": "MemoryError", "message": "the module ran out of memory"})
+
+
+def _serve(namespace, filename, reader, loads, send, finish, max_value_items):
+    """Persistent mode: answer batch requests until stdin closes.
+
+    Each request is one line ``{"id": N, "calls": [...]}`` and gets one frame
+    ``{"status": "ok", "id": N, "calls": [...]}``; the id lets the parent notice a frame that the
+    agent's code forged on the channel. End of input ends the process. The module stays imported
+    between requests, so the CPU-seconds and memory limits count over the whole session. A request
+    the runner cannot parse (the parent's bug, not the agent's) ends it with a ``bootstrap`` frame.
+    """
+    while True:
+        line = reader.readline(MAX_REQUEST_BYTES + 1)
+        if not line:
+            os._exit(0)
+        try:
+            if len(line) > MAX_REQUEST_BYTES or not line.endswith(b"\n"):
+                raise ValueError("request too large or not ended by a newline")
+            request = loads(line)
+            request_id, calls = request["id"], request["calls"]
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            kind, message = _describe(exc)
+            finish({"status": "error", "kind": "bootstrap", "type": kind, "message": "bad request to the sandbox: " + message})
+            return
+        outcomes = _run_calls(namespace, calls, filename, [max_value_items])
+        send({"status": "ok", "id": request_id, "calls": outcomes})
 
 
 if __name__ == "__main__":

@@ -3,13 +3,22 @@
 An inner job is submitted (a process is started in its own session, its pid and start time stored)
 and then polled, exactly like a cloud pod, so a killed train worker re-attaches instead of
 training again. The trainer process is `python -m metarl.backends.local_job JOB_DIR`.
+
+When the episode has a workspace (an agent wrote the job), the job trains on the agent's own
+environment module: the workspace's files are copied into `JOB_DIR/workspace/` and job.json gets
+a `reward` section (:class:`metarl.reward_source.EnvironmentRewardSpec`), so the trainer scores
+every step's rollouts with the module's `reward()` in one persistent sandboxed process. Without a
+workspace (the `sim` agent writes only job.toml) the built-in graders with the job's
+`[reward.components]` weights score the rollouts, as before.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -27,10 +36,23 @@ from schemas.task_spec import TaskSpec
 
 REWARD_COMPONENTS = ("correctness", "exact", "format", "length_penalty")
 JOB_FILE, STATUS_FILE, LAUNCH_FILE, DATASET_FILE = "job.json", "status.json", "launch.json", "dataset.jsonl"
+WORKSPACE_COPY = "workspace"
+REWARD_STEP_WALL_SECONDS = 20.0
+"""Deadline for the environment module to score one step's rollouts (a hang fails the job after this)."""
 
 
-def compile_local_job(job: JobSpec, task: TaskSpec, model_scale: float = 1.0) -> dict[str, Any]:
-    """Turn a validated job.toml into the local trainer's config (raises ValueError naming the field)."""
+def reward_process_cpu_seconds(max_train_seconds: float) -> int:
+    """CPU seconds for a job's persistent reward process: the training time budget, within [30, 3600]."""
+    return int(min(3600, max(30, math.ceil(max_train_seconds))))
+
+
+def compile_local_job(job: JobSpec, task: TaskSpec, model_scale: float = 1.0, *, environment_reward: bool = False) -> dict[str, Any]:
+    """Turn a validated job.toml into the local trainer's config (raises ValueError naming the field).
+
+    With ``environment_reward`` the job scores rollouts with the workspace's environment module
+    (a ``reward`` section naming the module in the job's copy of the workspace); the built-in
+    weights stay in ``train.rewards`` for the record but are not used.
+    """
     from metarl.learning.grpo import LocalTrainConfig, RewardWeights
 
     resolved = job.resolved()
@@ -56,7 +78,31 @@ def compile_local_job(job: JobSpec, task: TaskSpec, model_scale: float = 1.0) ->
         seed=job.training.seed,
         time_budget_s=task.budget.max_train_seconds,
     )
-    return {"train": config.model_dump(mode="json"), "family": task.family, "model_scale": model_scale}
+    compiled: dict[str, Any] = {"train": config.model_dump(mode="json"), "family": task.family, "model_scale": model_scale}
+    if environment_reward:
+        from metarl.reward_source import EnvironmentRewardSpec
+
+        spec = EnvironmentRewardSpec(
+            workspace=WORKSPACE_COPY,
+            module=job.environment.module,
+            step_wall_seconds=REWARD_STEP_WALL_SECONDS,
+            cpu_seconds=reward_process_cpu_seconds(task.budget.max_train_seconds),
+        )
+        compiled["reward"] = spec.model_dump(mode="json")
+    return compiled
+
+
+def copy_workspace(files_dir: str | Path, target: Path) -> int:
+    """Copy the regular files of a workspace into ``target`` with the workspace tools' confinement
+    (no links followed, size caps); returns the file count. Raises WorkspaceError."""
+    from metarl.workspace import read_workspace_bytes, scan_files
+
+    files, _refused = scan_files(files_dir)
+    for info in files:
+        destination = target.joinpath(*info.path.split("/"))
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.write_bytes(read_workspace_bytes(files_dir, info.path))
+    return len(files)
 
 
 def local_compile_problems(job: JobSpec, task: TaskSpec) -> list[FieldProblem]:
@@ -133,7 +179,7 @@ class LocalTrain:
         if launch_file.exists():
             return LaunchResult(external_id=f"local-{job_name}", state=json.loads(launch_file.read_text(encoding="utf-8")))
         try:
-            compiled = compile_local_job(job, ctx.task, self.config.model_scale)
+            compiled = compile_local_job(job, ctx.task, self.config.model_scale, environment_reward=ctx.workspace_uri is not None)
         except ValueError as err:
             raise PermanentBackendError(f"job does not compile for the local trainer: {err}") from None
         compiled["model_cache_dir"] = self.config.model_cache_dir
@@ -144,6 +190,11 @@ class LocalTrain:
                 (job_dir / DATASET_FILE).write_bytes(read_workspace_bytes(ctx.workspace_uri, job.dataset.path))
             except WorkspaceError as err:
                 raise PermanentBackendError(f"dataset {job.dataset.path}: {err.message}") from None
+            shutil.rmtree(job_dir / WORKSPACE_COPY, ignore_errors=True)  # left by a launch interrupted before launch.json
+            try:
+                copy_workspace(ctx.workspace_uri, job_dir / WORKSPACE_COPY)
+            except WorkspaceError as err:
+                raise PermanentBackendError(f"workspace (environment module): {err.message}") from None
         else:
             (job_dir / DATASET_FILE).write_text(dataset_text(ctx.task.family, job.dataset.size, job.dataset.difficulty, job.training.seed), encoding="utf-8")
         (job_dir / JOB_FILE).write_text(json.dumps(compiled, indent=2), encoding="utf-8")

@@ -18,6 +18,7 @@ from metarl.backends.base import (
     PolicySample,
 )
 from metarl.backends.local import dataset_text
+from schemas.job import DEFAULT_MAX_TOKENS
 from schemas.run_config import LocalAgentBackend, LocalOuterBackend, RunConfig
 
 _POLICY_CACHE: OrderedDict[str, object] = OrderedDict()
@@ -47,13 +48,31 @@ def sample_seed(episode_seed: int, attempt: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-ENVIRONMENT_TEMPLATE = '''"""Reward of the job: the weighted components of [reward.components] (written by the local policy)."""
+ENVIRONMENT_TEMPLATE = '''"""Reward of the job: the weighted components of [reward.components] (written by the local policy).
 
-import difflib
+Task family %(family)s; completions of at most %(max_tokens)d tokens (one per character, plus the end token).
+Weights as the local trainer applies them: negative ones of the positive components count as 0,
+the length penalty always penalises, and correctness keeps weight 1 unless the job sets it.
+"""
+
+import re
+
+MAX_TOKENS = %(max_tokens)d
+RIGHT_ALIGNED = %(right_aligned)s
+
+
+def _similarity(answer, text):
+    if RIGHT_ALIGNED:
+        answer, text = answer[::-1], text[::-1]
+    longest = max(len(answer), len(text))
+    if longest == 0:
+        return 1.0
+    return sum(1 for left, right in zip(answer, text) if left == right) / longest
 
 
 def correctness(prompt, completion, answer):
-    return difflib.SequenceMatcher(None, completion.strip(), answer).ratio()
+    text = completion.strip()
+    return 1.0 if text == answer else 0.5 * _similarity(answer, text)
 
 
 def exact(prompt, completion, answer):
@@ -62,25 +81,87 @@ def exact(prompt, completion, answer):
 
 def well_formed(prompt, completion, answer):
     text = completion.strip()
-    return 1.0 if text and len(text) <= 2 * len(answer) + 2 and "\\n" not in text else 0.0
+    return 1.0 if %(well_formed)s else 0.0
 
 
 def length_penalty(prompt, completion, answer):
-    return -min(1.0, abs(len(completion.strip()) - len(answer)) / max(1, len(answer)))
+    return -min(1.0, (len(completion) + 1) / MAX_TOKENS)
 
 
 COMPONENTS = {"correctness": correctness, "exact": exact, "format": well_formed, "length_penalty": length_penalty}
-WEIGHTS = %s
+WEIGHTS = %(weights)s
 
 
 def reward(prompt, completion, answer):
     return sum(weight * COMPONENTS[name](prompt, completion, answer) for name, weight in WEIGHTS.items() if name in COMPONENTS)
 '''
 
+RIGHT_ALIGNED_FAMILIES = frozenset({"addition"})
+"""Families whose partial credit compares strings from the right (numbers)."""
 
-def environment_source(weights: dict[str, float]) -> str:
-    """The environment module for a job's reward components (the contract of metarl.workspace)."""
-    return ENVIRONMENT_TEMPLATE % json.dumps(weights, sort_keys=True)
+
+def well_formed_check(family_name: str) -> str:
+    """The Python expression (over ``text``, the stripped completion) of the family's format check."""
+    from metarl.learning.families import FAMILIES, MONTH_NAMES
+
+    family = FAMILIES.get(family_name)
+    if family is None:
+        return "0 < len(text) <= 100"
+    n = family.max_answer_chars
+    checks = {
+        "addition": f"text.isdigit() and len(text) <= {n}",
+        "reversal": f"text.isalpha() and len(text) <= {n}",
+        "caesar": f"text.isalpha() and len(text) <= {n}",
+        "max_of_list": f"text.isdigit() and len(text) == {n}",
+        "sorting": f"text.isdigit() and len(text) <= {n}",
+        "date_format": "re.fullmatch(" + repr(r"\d{2} (" + "|".join(MONTH_NAMES) + r") \d{4}") + ", text) is not None",
+    }
+    return checks.get(family_name, f"0 < len(text) <= {n}")
+
+
+def effective_weights(weights: dict[str, float]) -> dict[str, float]:
+    """The job's weights as the local trainer's built-in graders apply them (see compile_local_job):
+    negative weights of the positive components count as 0, the length penalty's by magnitude, and
+    a component the job leaves out keeps its built-in default (correctness 1, the others 0)."""
+    from metarl.learning.grpo import RewardWeights
+
+    out = {name: float(field.default) for name, field in RewardWeights.model_fields.items()}
+    for name, weight in weights.items():
+        if name == "length_penalty":
+            out[name] = abs(float(weight))
+        elif name in out:
+            out[name] = max(0.0, float(weight))
+    return out
+
+
+def environment_source(weights: dict[str, float], family: str = "", max_tokens: int = DEFAULT_MAX_TOKENS) -> str:
+    """The environment module for a job's reward components (the contract of metarl.workspace).
+
+    Its ``reward`` gives the same training signal as the local trainer's built-in graders with the
+    job's weights (:func:`metarl.learning.grpo.rollout_reward`): the family's partial credit,
+    exact match and format check, and the completion-length penalty for ``max_tokens`` (counted
+    from the text: one token per character plus the end token, so a sampled ``<unk>``, which
+    decoding drops, is the one case where the penalty differs from the built-in token count).
+    """
+    return ENVIRONMENT_TEMPLATE % {
+        "family": family or "(unknown)",
+        "max_tokens": max(1, int(max_tokens)),
+        "right_aligned": family in RIGHT_ALIGNED_FAMILIES,
+        "well_formed": well_formed_check(family),
+        "weights": json.dumps(effective_weights(weights), sort_keys=True),
+    }
+
+
+def rollout_max_tokens(parsed: dict) -> int:
+    """The job's completion-token limit (the default when unset, or when the job does not validate)."""
+    from pydantic import ValidationError
+
+    from schemas.job import JobSpec
+
+    try:
+        return JobSpec.model_validate(parsed).resolved().max_tokens
+    except ValidationError:
+        return DEFAULT_MAX_TOKENS
 
 
 def workspace_root(ctx: EpisodeContext) -> Path:
@@ -100,7 +181,8 @@ def write_workspace(ctx: EpisodeContext, job_toml: str, baseline: Callable[[str]
         size = int(dataset.get("size", 1000))
         if 0 < size <= MAX_RENDERED_DATASET:
             workspace.write_file(str(dataset.get("path", "dataset.jsonl")), dataset_text(ctx.task.family, size, float(dataset.get("difficulty", 0.5)), ctx.seed))
-        workspace.write_file(str(parsed.get("environment", {}).get("module", "environment.py")), environment_source(weights))
+        module_source = environment_source(weights, ctx.task.family, rollout_max_tokens(parsed))
+        workspace.write_file(str(parsed.get("environment", {}).get("module", "environment.py")), module_source)
     workspace.submit()
     return workspace.files_dir
 

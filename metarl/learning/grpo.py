@@ -1,7 +1,9 @@
 """The local inner trainer: real GRPO on a tiny causal LM on the CPU.
 
 Per step: draw ``batch_size`` prompts, sample ``group_size`` completions each with the KV-cached
-sampler (per-token logprobs come with the samples), score them with the family's grader, turn
+sampler (per-token logprobs come with the samples), score them (with the family's graders under
+``RewardWeights``, or with a pluggable batch reward function such as the agent's sandboxed
+environment module, see :mod:`metarl.reward_source`), turn
 rewards into group-relative std-normalised advantages, and take ``updates_per_batch`` AdamW steps
 on the PPO-clipped loss (plus an optional KL to the base model). One metrics row per step goes to
 ``metrics.jsonl``; the trained weights are saved in the base model's Hugging Face format.
@@ -35,6 +37,7 @@ from metarl.learning.sampling import (
 )
 from metarl.learning.scoring import format_prompt, load_model
 from metarl.learning.tokenizer import load_tokenizer
+from metarl.reward_source import BatchRewardFn, RewardBounds, RewardFunctionError, checked_rewards
 
 ADVANTAGE_EPS = 1e-6
 METRICS_FILE = "metrics.jsonl"
@@ -210,6 +213,21 @@ def rollout_reward(
     return reward, exact
 
 
+def external_rewards(
+    reward_fn: BatchRewardFn,
+    family: TaskFamily,
+    examples: list[Example],
+    texts: list[str],
+    group_size: int,
+    bounds: RewardBounds,
+) -> list[tuple[float, bool]]:
+    """(reward, exact) per rollout with the rewards from ``reward_fn`` (checked) and exact from the family's grader."""
+    owners = [examples[index // group_size] for index in range(len(texts))]
+    batch = [(example.prompt, text, example.answer) for example, text in zip(owners, texts)]
+    rewards = checked_rewards(reward_fn(batch), batch, bounds)
+    return [(reward, family.is_exact(example, text)) for reward, example, text in zip(rewards, owners, texts)]
+
+
 def _repeat_prompts(prompts: PromptBatch, times: int) -> PromptBatch:
     """Each prompt row repeated ``times`` times in a row (group layout)."""
     return PromptBatch(
@@ -292,11 +310,22 @@ def train(
     out_dir: Path | str,
     *,
     after_step: Callable[[StepMetrics, torch.nn.Module], None] | None = None,
+    reward_fn: BatchRewardFn | None = None,
+    reward_bounds: RewardBounds | None = None,
 ) -> TrainOutcome:
     """Run GRPO from the base model on ``dataset``; write ``metrics.jsonl`` and ``checkpoint/`` in ``out_dir``.
 
     ``after_step(metrics, model)``, when given, is called after every step (for monitoring only).
+
+    ``reward_fn``, when given, is the reward source: it gets each step's rollouts as
+    ``(prompt, completion, answer)`` tuples and returns one reward per rollout, checked and clamped
+    by :func:`metarl.reward_source.checked_rewards` under ``reward_bounds``; ``config.rewards`` is
+    then unused, and ``exact_rate`` still reports the family's exact-match grader (monitoring only).
+    When it fails (or returns unusable rewards) training stops with :class:`RewardFunctionError`
+    naming the step; the metrics of the steps before stay in ``metrics.jsonl`` and no checkpoint
+    is written. Without it the built-in graders score the rollouts, exactly as before.
     """
+    bounds = reward_bounds or RewardBounds()
     configure_torch_threads()
     base_dir = Path(base_model_dir)
     output_dir = Path(out_dir)
@@ -316,7 +345,11 @@ def train(
                 break
             for group in state.optimizer.param_groups:
                 group["lr"] = warmup_learning_rate(step, config.learning_rate, config.warmup_steps)
-            row = _grpo_step(step, config, state, family, prompt_sampler.next_batch(config.batch_size))
+            batch = prompt_sampler.next_batch(config.batch_size)
+            try:
+                row = _grpo_step(step, config, state, family, batch, reward_fn, bounds)
+            except RewardFunctionError as err:
+                raise err.at_step(step) from None
             row = row.model_copy(update={"wall_s": round(time.monotonic() - started, 3)})
             rows.append(row)
             metrics_file.write(row.model_dump_json() + "\n")
@@ -343,9 +376,15 @@ def train(
 
 
 def _grpo_step(
-    step: int, config: LocalTrainConfig, state: TrainerState, family: TaskFamily, examples: list[Example]
+    step: int,
+    config: LocalTrainConfig,
+    state: TrainerState,
+    family: TaskFamily,
+    examples: list[Example],
+    reward_fn: BatchRewardFn | None = None,
+    bounds: RewardBounds | None = None,
 ) -> StepMetrics:
-    """Sample one batch of groups, score it, and run the clipped-loss updates on it."""
+    """Sample one batch of groups, score it (built-in graders, or ``reward_fn``), and run the clipped-loss updates on it."""
     group_size = config.group_size
     tokenizer, model = state.tokenizer, state.model
     prompts = _repeat_prompts(encode_prompts(tokenizer, [format_prompt(example) for example in examples]), group_size)
@@ -362,10 +401,13 @@ def _grpo_step(
     )
     texts = decode_completions(tokenizer, completions)
     lengths = completions.mask.sum(dim=1).tolist()
-    scored = [
-        rollout_reward(family, examples[index // group_size], text, int(length), config)
-        for index, (text, length) in enumerate(zip(texts, lengths))
-    ]
+    if reward_fn is None:
+        scored = [
+            rollout_reward(family, examples[index // group_size], text, int(length), config)
+            for index, (text, length) in enumerate(zip(texts, lengths))
+        ]
+    else:
+        scored = external_rewards(reward_fn, family, examples, texts, group_size, bounds or RewardBounds())
     rewards = torch.tensor([reward for reward, _ in scored], dtype=torch.float32)
     grouped_rewards = rewards.view(len(examples), group_size)
     advantages = group_advantages(grouped_rewards).view(-1)
