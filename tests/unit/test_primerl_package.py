@@ -20,7 +20,7 @@ import pytest
 
 from metarl.backends.local_agent import environment_source
 from metarl.primerl.compiler import build_bundle, compile_bundle, write_bundle
-from schemas.job import JobSpec
+from schemas.job import DEFAULT_MAX_TOKENS, JobSpec
 
 
 class FakeRubric:
@@ -81,7 +81,8 @@ def test_local_agent_environment_becomes_a_weighted_rubric(tmp_path: Path, monke
     assert names == ["correctness", "format", "length_penalty", "reward"]
     assert env.rubric.weights == [1.0, 0.5, -1.0, 0.0]
     scores = {f.__name__: f(prompt=chat("user", "add 2+3="), completion=chat("assistant", "5"), answer="5", state={}, info={}) for f in env.rubric.funcs}
-    assert scores == {"correctness": 1.0, "format": 1.0, "length_penalty": -0.0, "reward": 1.5}
+    length_penalty = -(len("5") + 1) / DEFAULT_MAX_TOKENS
+    assert scores == {"correctness": 1.0, "format": 1.0, "length_penalty": length_penalty, "reward": 1.0 + 0.5 + length_penalty}
     wrong = env.rubric.funcs[0](prompt=chat("user", "add 2+3="), completion=chat("assistant", "7"), answer="5")
     assert wrong == 0.0
 
