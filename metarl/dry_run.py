@@ -415,10 +415,9 @@ def representative_job(task: TaskSpec) -> JobSpec:
 
 def compile_options(backend: RunpodTrainBackend) -> Any:
     """The pod settings the Runpod train backend compiles a job with (half the GPUs train, the rest serve vLLM)."""
-    from metarl.primerl.compiler import CompileOptions
+    from metarl.primerl.compiler import pod_compile_options
 
-    train_gpus = max(1, backend.gpu_count // 2)
-    return CompileOptions(gpus_per_node=backend.gpu_count, num_train_gpus=train_gpus, num_infer_gpus=max(1, backend.gpu_count - train_gpus))
+    return pod_compile_options(backend.gpu_count)
 
 
 def compiled_jobs(config: RunConfig, specs: dict[str, TaskSpec]) -> list[CompiledJob]:

@@ -480,11 +480,10 @@ class RunpodTrain:
         if ctx.workspace_uri is None:
             log.warning("runpod job %s has no workspace (simulated agent): no prime-rl bundle is written", job_name)
             return
-        from metarl.primerl.compiler import CompileOptions, compile_bundle, write_bundle
+        from metarl.primerl.compiler import compile_bundle, pod_compile_options, write_bundle
         from metarl.workspace import WorkspaceError
 
-        train_gpus = max(1, self.config.gpu_count // 2)
-        options = CompileOptions(gpus_per_node=self.config.gpu_count, num_train_gpus=train_gpus, num_infer_gpus=max(1, self.config.gpu_count - train_gpus))
+        options = pod_compile_options(self.config.gpu_count)
         try:
             bundle = compile_bundle(job, ctx.workspace_uri, options)
         except WorkspaceError as err:

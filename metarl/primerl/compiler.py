@@ -103,6 +103,12 @@ class CompileOptions(BaseModel):
     output_dir: str = Field(default="outputs", pattern=r"^[A-Za-z0-9_\-]{1,64}$", description="rl.toml output_dir (relative)")
 
 
+def pod_compile_options(gpu_count: int) -> CompileOptions:
+    """Options for a pod of ``gpu_count`` GPUs: half of them (at least one) train, the rest serve vLLM."""
+    train_gpus = max(1, gpu_count // 2)
+    return CompileOptions(gpus_per_node=gpu_count, num_train_gpus=train_gpus, num_infer_gpus=max(1, gpu_count - train_gpus))
+
+
 def seq_len_for(max_tokens: int, options: CompileOptions) -> int:
     """Sequence length for prompts plus ``max_tokens`` completion tokens, rounded up."""
     needed = max(options.min_seq_len, options.prompt_token_budget + max_tokens)
