@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config as AlembicConfig
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
 
+if TYPE_CHECKING:
+    from alembic.config import Config as AlembicConfig
+
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
+_REVISION_LINE = re.compile(r"^(revision|down_revision)\s*=\s*(?:'([^']*)'|\"([^\"]*)\"|None)\s*$", re.MULTILINE)
 
 
 def normalise_url(url: str) -> str:
@@ -63,14 +67,47 @@ def session_scope(url: str) -> Iterator[Session]:
 
 
 def alembic_config(url: str) -> AlembicConfig:
+    from alembic.config import Config as AlembicConfig
+
     config = AlembicConfig()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
     return config
 
 
+def head_revision() -> str | None:
+    """The single head of migrations/versions read from the files' `revision`/`down_revision` lines, without Alembic.
+
+    None when it cannot be told that way (a file without those lines, a merge, several heads): the
+    caller then asks Alembic.
+    """
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        found = {name: (single or double) for name, single, double in _REVISION_LINE.findall(path.read_text(encoding="utf-8"))}
+        if "revision" not in found or "down_revision" not in found or not found["revision"]:
+            return None
+        revisions.add(found["revision"])
+        if found["down_revision"]:
+            parents.add(found["down_revision"])
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 else None
+
+
 def upgrade(url: str, revision: str = "head") -> None:
-    """Apply migrations up to `revision` (idempotent); serialised by an advisory lock."""
+    """Apply migrations up to `revision` (idempotent); serialised by an advisory lock.
+
+    A database already at the head returns at once, without importing Alembic (every command calls
+    this; `metarl status` should answer fast).
+    """
+    if revision == "head":
+        head = head_revision()
+        if head is not None and current_revision(url) == head:
+            return
+    from alembic import command
+
     engine = get_engine(url)
     with engine.begin() as connection:
         connection.execute(text("SELECT pg_advisory_xact_lock(874221)"))

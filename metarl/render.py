@@ -7,6 +7,9 @@ from typing import Any
 from rich.console import Console, Group
 from rich.table import Table
 
+MAX_STEP_ROWS = 30
+"""Outer steps shown in the status table (the newest); a long run has hundreds, and drawing them took a second."""
+
 
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
     table = Table(title=title, title_justify="left")
@@ -39,11 +42,13 @@ def status_tables(status: dict[str, Any]) -> Group:
         ["episode", "task", "stage", "version", "reward", "job", "validation", "efficiency", "speed"],
         [[e["episode"], e["task"], e["stage"], e["policy_version"], e["reward"], e["job"], e["validation"], e["efficiency"], e["speed"]] for e in status["recent_episodes"]],
     )
+    shown = status["outer_steps"][-MAX_STEP_ROWS:]
+    hidden = len(status["outer_steps"]) - len(shown)
     steps = _table(
-        "reward by outer step",
+        "reward by outer step" + (f" (last {len(shown)} of {len(status['outer_steps'])}; --json lists all)" if hidden else ""),
         ["step", "status", "version", "groups", "episodes", "dropped stale", "reward", "held-out reward", "cost $"],
         [[s["step"], s["status"], s["version"], s["groups"], s["episodes"], s["dropped_stale"], _r(s["reward_mean"]), _r(s["held_out_reward"]), _r(s["cost_usd"])]
-         for s in status["outer_steps"]],
+         for s in shown],
     )
     costs = _table("costs", ["source", "simulated", "usd", "entries"], [[c["source"], c["simulated"], f"{c['usd']:.4f}", c["entries"]] for c in status["costs"]])
     failures = _table("recent failures", ["episode", "stage", "error"], [[f["episode"], f["stage"], (f["error"] or "")[:120]] for f in status["failures"]])

@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from celery import Celery
+from kombu.exceptions import OperationalError as BrokerUnreachable
 from sqlalchemy import func, select, text, update
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from metarl.claims import utcnow
@@ -32,6 +34,9 @@ from workers.dispatch import send_outer, send_stage
 log = logging.getLogger("metarl.orchestrator")
 
 FINAL_STATUSES = (RunStatus.finished, RunStatus.stopped, RunStatus.failed)
+DATABASE_ERRORS = (OperationalError, InterfaceError)
+"""What a database that went away (restart, network) raises; the loop waits for it instead of exiting."""
+MAX_OUTAGE_WAIT_S = 5.0
 
 
 def create_run(database_url: str, config: RunConfig, task_specs: dict[str, TaskSpec]) -> str:
@@ -87,8 +92,9 @@ class Orchestrator:
         self.run_id = run_id
         self._lock_connection = None
         self._first_tick = True
+        self._outages: dict[str, float] = {}
 
-    def setup(self) -> RunConfig:
+    def _acquire_lock(self) -> None:
         connection = get_engine(self.database_url).connect()
         got = connection.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": run_lock_key(self.run_id)}).scalar()
         if not got:
@@ -96,6 +102,37 @@ class Orchestrator:
             raise OrchestratorBusy(f"another orchestrator is running run {self.run_id}")
         connection.commit()
         self._lock_connection = connection
+
+    def _ensure_lock(self) -> None:
+        """After a database outage: keep the run's advisory lock if its session survived, else take it again.
+
+        A restarted server forgot the lock with its sessions; if another orchestrator took the run
+        meanwhile, this one stops (OrchestratorBusy) rather than drive the run twice.
+        """
+        if self._lock_connection is not None:
+            try:
+                self._lock_connection.execute(text("SELECT 1"))
+                self._lock_connection.commit()
+                return
+            except DATABASE_ERRORS:
+                self._lock_connection.invalidate()
+                self._lock_connection.close()
+                self._lock_connection = None
+        self._acquire_lock()
+
+    def _outage(self, service: str, message: str) -> None:
+        """Log the first failure of an outage (not every tick of it)."""
+        if service not in self._outages:
+            self._outages[service] = time.monotonic()
+            log.warning("run %s paused: %s", self.run_id, message)
+
+    def _recovered(self, service: str) -> None:
+        started = self._outages.pop(service, None)
+        if started is not None:
+            log.warning("run %s continues: the %s is reachable again after %.0fs", self.run_id, service, time.monotonic() - started)
+
+    def setup(self) -> RunConfig:
+        self._acquire_lock()
         with session_scope(self.database_url) as session:
             run = session.get(Run, self.run_id)
             if run is None:
@@ -139,20 +176,47 @@ class Orchestrator:
                 dispatches += self._open_groups(session, run, config, report, resample_tasks)
             self._maybe_finish(session, run, config, report, draining)
         self._first_tick = False
-        for item in dispatches:
-            send_stage(self.app, item.stage, item.episode_id, item.probe_attempt)
-        for outer_id in outer_ids:
-            send_outer(self.app, outer_id)
-        report.dispatched = len(dispatches) + len(outer_ids)
+        report.dispatched = self._send(dispatches, outer_ids)
         return report
 
+    def _send(self, dispatches: list[StageDispatch], outer_ids: list[int]) -> int:
+        """Send the tick's messages; with the broker down, stop and leave the rest to the reconciler.
+
+        Their dispatch time is already recorded, so the reconciler re-sends them
+        `retries.redispatch_after_s` later (a broker that restarted empty lost its queues too).
+        """
+        sent = 0
+        try:
+            for item in dispatches:
+                send_stage(self.app, item.stage, item.episode_id, item.probe_attempt)
+                sent += 1
+            for outer_id in outer_ids:
+                send_outer(self.app, outer_id)
+                sent += 1
+        except BrokerUnreachable as err:
+            unsent = len(dispatches) + len(outer_ids) - sent
+            self._outage("broker", f"the broker is unreachable ({err}); {unsent} message(s) wait in the records and are re-sent when it is back")
+            return sent
+        if sent:
+            self._recovered("broker")
+        return sent
+
     def loop(self, stop_event: threading.Event, on_tick: Callable[[TickReport], None] | None = None) -> RunStatus:
+        """Tick until the run ends or `stop_event` is set; a database outage pauses the loop (logged once) instead of ending it."""
         config = self.setup()
         try:
             while not stop_event.is_set():
-                report = self.tick()
-                if on_tick is not None:
-                    on_tick(report)
+                try:
+                    if "database" in self._outages:
+                        self._ensure_lock()
+                    report = self.tick()
+                    if on_tick is not None:
+                        on_tick(report)
+                except DATABASE_ERRORS as err:
+                    self._outage("database", f"the database is unreachable ({type(err.orig or err).__name__}: {str(err.orig or err).strip()[:200]}); retrying")
+                    stop_event.wait(min(MAX_OUTAGE_WAIT_S, max(1.0, config.window.tick_s)))
+                    continue
+                self._recovered("database")
                 if report.finished:
                     self._release_train_resources(config)
                     return report.status

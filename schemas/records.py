@@ -238,7 +238,12 @@ class InnerJob(Base):
     """An inner training job. One per episode; its external id (pod id, pid) is stored before polling."""
 
     __tablename__ = "inner_jobs"
-    __table_args__ = (UniqueConstraint("episode_id"), UniqueConstraint("name"), Index("ix_inner_jobs_status", "status"))
+    __table_args__ = (
+        UniqueConstraint("episode_id"),
+        UniqueConstraint("name"),
+        Index("ix_inner_jobs_status", "status"),
+        Index("ix_inner_jobs_run_status", "run_id", "status"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), nullable=False)

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from urllib.parse import urlparse
 
 from celery import Celery
 from celery.signals import worker_process_init
 from kombu import Queue
 
 from metarl.settings import BROKER_ENV
+from workers.queues import QUEUES, filesystem_folder
 
-QUEUES = ("agent", "probe", "train", "eval", "outer")
+__all__ = ["QUEUES", "VISIBILITY_TIMEOUT_S", "app", "filesystem_folder", "make_app", "transport_options"]
+
 VISIBILITY_TIMEOUT_S = 12 * 3600
-
-
-def filesystem_folder(broker_url: str) -> Path | None:
-    """`filesystem:///abs/folder` -> the folder used for both directions of the kombu filesystem transport."""
-    if not broker_url.startswith("filesystem://"):
-        return None
-    return Path(urlparse(broker_url).path or "/tmp/metarl-broker")
 
 
 def transport_options(broker_url: str) -> dict[str, object]:

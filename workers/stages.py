@@ -5,15 +5,18 @@ A duplicated or replayed message finds the stage claimed or done and does nothin
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from celery import Task
+from celery.signals import task_failure
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import SQLAlchemyError
 
 from metarl import claims
 from metarl.backends import registry
@@ -46,6 +49,7 @@ from schemas.records import (
     Run,
     RunStatus,
     Stage,
+    StageClaim,
 )
 from schemas.run_config import RunConfig
 from workers.app import app
@@ -56,6 +60,16 @@ from workers.heartbeat import Heartbeater
 log = logging.getLogger("metarl.worker")
 
 RETRY_BACKOFF_S = (1.0, 4.0, 15.0, 60.0)
+STORAGE_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+"""A full disk or quota: the stage waits for space (retried, claim kept) instead of failing its episode."""
+MAX_STORAGE_WAIT_S = 10.0
+MAX_ERROR_CHARS = 2000
+STAGE_TASK_NAMES = {
+    "metarl.stage.agent": Stage.agent,
+    "metarl.stage.probe": Stage.probe,
+    "metarl.stage.train": Stage.train,
+    "metarl.stage.eval": Stage.eval,
+}
 
 
 @dataclass
@@ -93,11 +107,41 @@ def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token
             log.info("skip %s: %s", stage.value, refused.reason)
             return None
         ctx = build_context(session, run, episode, config)
+        last_error = session.execute(select(StageClaim.error).where(StageClaim.id == claim.claim_id)).scalar_one() if claim.takeovers else None
     job = StageJob(claim=claim, config=config, ctx=ctx)
     if claim.takeovers > config.retries.max_stage_attempts:
-        fail_episode(job, stage, f"stage {stage.value} was abandoned {claim.takeovers} times (workers died or crashed in it); giving up")
+        message = f"stage {stage.value} was abandoned {claim.takeovers} times (workers died or crashed in it); giving up"
+        fail_episode(job, stage, f"{message}; last error: {last_error}" if last_error else message)
         return None
     return job
+
+
+def describe_error(exc: BaseException) -> str:
+    """`Type: message`, one line, bounded: what a claim records about the exception that ended an attempt."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+@task_failure.connect
+def note_stage_failure(sender: Any = None, exception: BaseException | None = None, args: Sequence[Any] | None = None, **_: Any) -> None:
+    """Record `Type: message` on the still-running claim of a stage task that raised, hit its time limit, or lost its process.
+
+    Celery sends `task_failure` from the pool process for an exception and from the worker's main
+    process for a hard time limit or a lost pool process. The claim then expires and is taken
+    over; when the takeovers pass the cap, the episode fails with this error in its message.
+    """
+    stage = STAGE_TASK_NAMES.get(getattr(sender, "name", ""))
+    if stage is None or exception is None or not args or len(args) < 2:
+        return
+    try:
+        with session_scope(database_url()) as session:
+            session.execute(
+                update(StageClaim)
+                .where(StageClaim.episode_id == int(args[0]), StageClaim.stage == stage, StageClaim.probe_attempt == int(args[1]), StageClaim.status == ClaimStatus.running)
+                .values(error=describe_error(exception))
+            )
+    except SQLAlchemyError as err:
+        log.warning("could not record the error of %s episode=%s: %s", stage.value, args[0], err)
 
 
 def fail_episode(job: StageJob, stage: Stage, message: str) -> None:
@@ -114,10 +158,39 @@ def fail_episode(job: StageJob, stage: Stage, message: str) -> None:
     log.warning("episode %s failed at %s: %s", job.ctx.episode_id, stage.value, message)
 
 
+def storage_wait_s(lease_s: float) -> float:
+    """Seconds between tries while storage is full: well inside the lease, so the claim is never taken over meanwhile."""
+    return max(0.2, min(MAX_STORAGE_WAIT_S, lease_s / 3))
+
+
+def wait_for_storage(task: Task, job: StageJob, stage: Stage, err: OSError) -> Exception:
+    """The stage hit a full disk: keep the claim, show why on the claim and the episode (`metarl status`), try again later.
+
+    Nothing is failed or billed meanwhile: the episode pauses in its stage until space is freed.
+    """
+    message = f"waiting for storage space: {describe_error(err)}"
+    with session_scope(database_url()) as session:
+        if claims.heartbeat(session, job.claim):
+            session.execute(update(StageClaim).where(StageClaim.id == job.claim.claim_id).values(error=message))
+            session.execute(
+                update(Episode).where(Episode.id == job.ctx.episode_id, Episode.stage == stage, Episode.probe_attempt == job.ctx.probe_attempt).values(error=message)
+            )
+    delay = storage_wait_s(job.config.retries.lease_s)
+    log.warning("%s episode=%s %s; retry in %.1fs", stage.value, job.ctx.episode_id, message, delay)
+    return task.retry(args=[job.ctx.episode_id, job.ctx.probe_attempt], kwargs={"token": job.claim.token}, countdown=delay, max_retries=None)
+
+
 def run_with_retries(task: Task, job: StageJob, stage: Stage, work: Callable[[], Any]) -> Any:
-    """Run backend work; transient errors retry with backoff up to the cap, permanent errors fail the episode."""
+    """Run backend work; transient errors retry with backoff up to the cap, permanent errors fail the episode.
+
+    A full disk (ENOSPC, EDQUOT) is neither: the stage waits for space (see wait_for_storage).
+    """
     try:
         return work()
+    except OSError as err:
+        if err.errno not in STORAGE_FULL_ERRNOS:
+            raise
+        raise wait_for_storage(task, job, stage, err) from None
     except TransientBackendError as err:
         with session_scope(database_url()) as session:
             failures = claims.count_transient_failure(session, job.claim)

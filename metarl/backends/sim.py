@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable
@@ -134,6 +135,25 @@ class SimAgent:
         return AgentSubmission(job_toml=text, agent_tokens=tokens, costs=costs)
 
 
+def _create_once(path: Path, text: str) -> bool:
+    """Create `path` holding `text`, all or nothing; False if it exists already.
+
+    The text goes to a temporary file that is then hard-linked into place (link fails if the name
+    exists), so a write that fails half-way (a full disk) leaves no empty or partial record behind
+    for a later launch to choke on.
+    """
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    try:
+        with open(temporary, "x", encoding="utf-8") as handle:
+            handle.write(text)
+        os.link(temporary, path)
+    except FileExistsError:
+        return False
+    finally:
+        temporary.unlink(missing_ok=True)
+    return True
+
+
 class SimTrain:
     """SIMULATOR of a GPU cloud: a launched job's duration and fate are drawn at launch and kept in the
     simulated cloud's own folder, so launching the same name again re-attaches; nothing is trained."""
@@ -159,11 +179,9 @@ class SimTrain:
         self.cloud_dir.mkdir(parents=True, exist_ok=True)
         record = self.cloud_dir / f"{job_name}.json"
         state = {"launched_at": time.time(), "duration_s": sample_duration(self.config.duration, rng), "fails": rng.random() < self.config.failure_rate}
-        try:
-            with open(record, "x", encoding="utf-8") as handle:
-                json.dump(state, handle)
+        if _create_once(record, json.dumps(state)):
             log.info("[SIMULATOR] launch %s duration=%.2fs fails=%s", job_name, state["duration_s"], state["fails"])
-        except FileExistsError:
+        else:
             state = json.loads(record.read_text(encoding="utf-8"))
             log.info("[SIMULATOR] re-attach %s", job_name)
         return LaunchResult(external_id=f"sim-{job_name}", state=state)

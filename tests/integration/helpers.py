@@ -1,13 +1,12 @@
-"""Helpers for integration tests: fast sim configs and exactly-once checks on the records."""
+"""Helpers for integration tests: fast sim configs; the exactly-once checks live in metarl.testing.exactly_once."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from metarl.testing.exactly_once import assert_exactly_once
 
-from schemas.records import ClaimStatus, CostEntry, Episode, InnerJob, OuterStep, ProbeAttempt, Reward, Stage, StageClaim
+__all__ = ["REPO", "assert_exactly_once", "sim_config"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,31 +72,3 @@ redispatch_after_s = {redispatch_after_s}
 """
     )
     return path
-
-
-def assert_exactly_once(session: Session, run_id: str, artifacts_root: Path | None = None) -> None:
-    """Every episode finished once, one done claim per stage it passed, one inner job at most, no double billing."""
-    episodes = session.execute(select(Episode).where(Episode.run_id == run_id)).scalars().all()
-    assert episodes, "the run has no episodes"
-    for episode in episodes:
-        assert episode.stage in (Stage.done, Stage.failed), f"episode {episode.id} is stuck at {episode.stage}"
-        claims = session.execute(select(StageClaim).where(StageClaim.episode_id == episode.id)).scalars().all()
-        keys = [(c.stage, c.probe_attempt) for c in claims]
-        assert len(keys) == len(set(keys)), f"episode {episode.id} has duplicate claims {keys}"
-        assert all(c.status in (ClaimStatus.done, ClaimStatus.failed) for c in claims), f"episode {episode.id} has open claims"
-        attempts = session.execute(select(func.count()).select_from(ProbeAttempt).where(ProbeAttempt.episode_id == episode.id)).scalar_one()
-        assert attempts == episode.probe_attempt
-        jobs = session.execute(select(InnerJob).where(InnerJob.episode_id == episode.id)).scalars().all()
-        assert len(jobs) <= 1
-        assert all(job.launch_count <= 1 for job in jobs), f"inner job of episode {episode.id} launched twice"
-        rewards = session.execute(select(func.count()).select_from(Reward).where(Reward.episode_id == episode.id)).scalar_one()
-        assert rewards == (1 if episode.stage == Stage.done else 0)
-    keys = session.execute(select(CostEntry.idempotency_key).where(CostEntry.run_id == run_id)).scalars().all()
-    assert len(keys) == len(set(keys))
-    names = session.execute(select(InnerJob.name).where(InnerJob.run_id == run_id)).scalars().all()
-    assert len(names) == len(set(names))
-    cloud = sorted(path.stem for path in artifacts_root.glob("sim-cloud/*.json")) if artifacts_root else None
-    if cloud is not None:
-        assert cloud == sorted(names), "the simulated cloud's launches differ from the recorded inner jobs"
-    steps = session.execute(select(OuterStep.step).where(OuterStep.run_id == run_id).order_by(OuterStep.step)).scalars().all()
-    assert steps == list(range(1, len(steps) + 1))

@@ -12,9 +12,10 @@ import pytest
 from sqlalchemy import func, select
 
 from metarl.db import session_scope
+from metarl.testing.exactly_once import assert_exactly_once
 from schemas.records import ClaimStatus, Episode, InnerJob, InnerJobStatus, OuterStep, Run, RunStatus, Stage, StageClaim
 from tests.conftest import REPO, metarl_cli
-from tests.integration.helpers import assert_exactly_once, sim_config
+from tests.integration.helpers import sim_config
 
 pytestmark = pytest.mark.integration
 

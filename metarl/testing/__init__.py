@@ -1,0 +1,1 @@
+"""Tools for fault drills, crash tests and benchmarks: exactly-once checks on a run's records, private services."""

@@ -1,0 +1,94 @@
+"""The exactly-once checks on a run's records (the foundation's crash acceptance), for tests, drills and benchmarks.
+
+After any crash and `metarl resume`, a finished run must hold: every episode once, ended (done or
+failed); one claim per (episode, stage, probe attempt), none left open; one probe attempt row per
+attempt (one fewer when the episode failed in the agent stage); at most one inner job per episode,
+launched at most once, and exactly the jobs the simulated cloud saw launched (when its folder is
+given); one reward per finished episode; no idempotency key billed twice; outer steps numbered 1..n
+without gaps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from schemas.records import ClaimStatus, CostEntry, Episode, InnerJob, OuterStep, ProbeAttempt, Reward, Stage, StageClaim
+
+
+def sim_cloud_launches(artifacts_root: Path) -> list[str]:
+    """Names of the jobs the simulated cloud launched (one record file per launch, under `<root>/sim-cloud`)."""
+    return sorted(path.stem for path in artifacts_root.glob("sim-cloud/*.json"))
+
+
+def exactly_once_violations(session: Session, run_id: str, artifacts_root: Path | None = None) -> list[str]:
+    """Every breach of the exactly-once rules in run `run_id`, as sentences; empty when the records are clean."""
+    problems: list[str] = []
+    episodes = session.execute(select(Episode).where(Episode.run_id == run_id)).scalars().all()
+    if not episodes:
+        return ["the run has no episodes"]
+    claims_of: dict[int, list[StageClaim]] = {}
+    for claim in session.execute(select(StageClaim).where(StageClaim.run_id == run_id)).scalars():
+        claims_of.setdefault(claim.episode_id, []).append(claim)
+    attempts_of = dict(
+        session.execute(
+            select(ProbeAttempt.episode_id, func.count()).join(Episode, Episode.id == ProbeAttempt.episode_id).where(Episode.run_id == run_id).group_by(ProbeAttempt.episode_id)
+        ).all()
+    )
+    jobs_of: dict[int, list[InnerJob]] = {}
+    for job in session.execute(select(InnerJob).where(InnerJob.run_id == run_id)).scalars():
+        jobs_of.setdefault(job.episode_id, []).append(job)
+    rewards_of = dict(
+        session.execute(
+            select(Reward.episode_id, func.count()).join(Episode, Episode.id == Reward.episode_id).where(Episode.run_id == run_id).group_by(Reward.episode_id)
+        ).all()
+    )
+    for episode in episodes:
+        if episode.stage not in (Stage.done, Stage.failed):
+            problems.append(f"episode {episode.id} is stuck at {episode.stage.value}")
+        claims = claims_of.get(episode.id, [])
+        keys = [(c.stage.value, c.probe_attempt) for c in claims]
+        if len(keys) != len(set(keys)):
+            problems.append(f"episode {episode.id} has duplicate claims {sorted(keys)}")
+        open_claims = [(c.stage.value, c.probe_attempt, c.status.value) for c in claims if c.status not in (ClaimStatus.done, ClaimStatus.failed)]
+        if open_claims:
+            problems.append(f"episode {episode.id} has open claims {open_claims}")
+        attempts = int(attempts_of.get(episode.id, 0))
+        failed_in_agent = episode.stage == Stage.failed and attempts == episode.probe_attempt - 1
+        if attempts != episode.probe_attempt and not failed_in_agent:
+            problems.append(f"episode {episode.id} is at probe attempt {episode.probe_attempt} but has {attempts} submission rows")
+        jobs = jobs_of.get(episode.id, [])
+        if len(jobs) > 1:
+            problems.append(f"episode {episode.id} has {len(jobs)} inner jobs")
+        if any(job.launch_count > 1 for job in jobs):
+            problems.append(f"inner job of episode {episode.id} launched {max(job.launch_count for job in jobs)} times")
+        rewards = int(rewards_of.get(episode.id, 0))
+        expected = 1 if episode.stage == Stage.done else 0
+        if rewards != expected:
+            problems.append(f"episode {episode.id} ({episode.stage.value}) has {rewards} reward rows, expected {expected}")
+    keys = session.execute(select(CostEntry.idempotency_key).where(CostEntry.run_id == run_id)).scalars().all()
+    if len(keys) != len(set(keys)):
+        problems.append(f"{len(keys) - len(set(keys))} charge(s) billed twice under the same idempotency key")
+    names = session.execute(select(InnerJob.name).where(InnerJob.run_id == run_id)).scalars().all()
+    if len(names) != len(set(names)):
+        problems.append("two inner jobs share a name")
+    if artifacts_root is not None:
+        cloud = sim_cloud_launches(artifacts_root)
+        if cloud != sorted(names):
+            extra, missing = sorted(set(cloud) - set(names)), sorted(set(names) - set(cloud))
+            problems.append(f"the simulated cloud's launches differ from the recorded inner jobs (launched, not recorded: {extra[:5]}; recorded, not launched: {missing[:5]})")
+    steps = session.execute(select(OuterStep.step).where(OuterStep.run_id == run_id).order_by(OuterStep.step)).scalars().all()
+    if steps != list(range(1, len(steps) + 1)):
+        problems.append(f"outer steps are not numbered 1..n: {steps[:10]}")
+    return problems
+
+
+def assert_exactly_once(session: Session, run_id: str, artifacts_root: Path | None = None) -> None:
+    """Raise AssertionError listing every exactly-once breach in run `run_id` (see the module docstring)."""
+    problems = exactly_once_violations(session, run_id, artifacts_root)
+    if problems:
+        shown = "\n  - ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise AssertionError(f"run {run_id} breaks exactly-once ({len(problems)} problem(s)):\n  - {shown}{more}")
