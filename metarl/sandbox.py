@@ -297,12 +297,11 @@ class _ChildRun:
         self.cpu_seconds = 0.0
 
 
-def _run_child(workspace: Path, payload: bytes, limits: SandboxLimits) -> _ChildRun:
-    run = _ChildRun()
-    command = [sys.executable, "-I", "-S", "-B", str(RUNNER)]
+def _start_child(workspace: Path, *runner_args: str) -> subprocess.Popen:
+    """Start the sandbox runner in ``workspace``: isolated interpreter, empty environment, own session, piped stdio."""
     try:
-        process = subprocess.Popen(
-            command,
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", "-B", str(RUNNER), *runner_args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -313,6 +312,11 @@ def _run_child(workspace: Path, payload: bytes, limits: SandboxLimits) -> _Child
         )
     except OSError as exc:
         raise SandboxUnavailable(f"cannot start the sandbox child: {exc.strerror or type(exc).__name__}") from None
+
+
+def _run_child(workspace: Path, payload: bytes, limits: SandboxLimits) -> _ChildRun:
+    run = _ChildRun()
+    process = _start_child(workspace)
     deadline = time.monotonic() + limits.wall_seconds
     tail_bytes = max(limits.stderr_tail_chars * 4, 1)
     selector = selectors.DefaultSelector()
@@ -566,19 +570,7 @@ class SandboxSession:
             self._closed_with = prepared
             return prepared
         workspace, payload = prepared
-        try:
-            self._process = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", str(RUNNER), "--serve"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=workspace,
-                env=dict(CHILD_ENV),
-                close_fds=True,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise SandboxUnavailable(f"cannot start the sandbox child: {exc.strerror or type(exc).__name__}") from None
+        self._process = _start_child(workspace, "--serve")
         process = self._process
         assert process.stdin and process.stdout and process.stderr
         for stream in (process.stdin, process.stdout, process.stderr):
