@@ -6,7 +6,7 @@ import datetime as dt
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import DateTime, func, literal, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -100,20 +100,21 @@ def heartbeat(session: Session, claim: Claim) -> bool:
 
 
 def finish_claim(session: Session, claim: Claim, status: ClaimStatus, error: str | None = None) -> bool:
-    """Close the claim in the caller's transaction; False if this worker no longer owns it."""
+    """Close the claim in the caller's transaction (one statement); False if this worker no longer owns it."""
     now = utcnow()
     closed = session.execute(
         update(StageClaim)
         .where(StageClaim.id == claim.claim_id, StageClaim.token == claim.token, StageClaim.status == ClaimStatus.running)
-        .values(status=status, finished_at=now, heartbeat_at=now, error=error)
-        .returning(StageClaim.claimed_at)
+        .values(
+            status=status,
+            finished_at=now,
+            heartbeat_at=now,
+            error=error,
+            duration_s=func.extract("epoch", literal(now, DateTime(timezone=True)) - StageClaim.claimed_at),
+        )
+        .returning(StageClaim.id)
     ).scalar_one_or_none()
-    if closed is None:
-        return False
-    session.execute(
-        update(StageClaim).where(StageClaim.id == claim.claim_id).values(duration_s=(now - closed).total_seconds())
-    )
-    return True
+    return closed is not None
 
 
 def count_transient_failure(session: Session, claim: Claim) -> int:

@@ -28,12 +28,36 @@ def episode_seed(run_seed: int, episode_id: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
+PARSED_RUNS_KEPT = 32
+"""Runs whose parsed config and task specs a process keeps (a run's config never changes after it is created)."""
+_parsed_configs: dict[tuple[str, object], RunConfig] = {}
+_parsed_tasks: dict[tuple[str, object, str], TaskSpec] = {}
+
+
+def _remember(cache: dict, key: object, value: object) -> None:  # type: ignore[type-arg]
+    if len(cache) >= PARSED_RUNS_KEPT * 8:
+        cache.clear()
+    cache[key] = value
+
+
 def run_config_of(run: Run) -> RunConfig:
-    return RunConfig.model_validate(run.config)
+    """The run's validated config, parsed once per process per run (keyed by id and creation time)."""
+    key = (run.id, run.created_at)
+    config = _parsed_configs.get(key)
+    if config is None:
+        config = RunConfig.model_validate(run.config)
+        _remember(_parsed_configs, key, config)
+    return config
 
 
 def task_of(run: Run, task_id: str) -> TaskSpec:
-    return TaskSpec.model_validate(run.task_specs[task_id])
+    """One of the run's validated task specs, parsed once per process per run."""
+    key = (run.id, run.created_at, task_id)
+    task = _parsed_tasks.get(key)
+    if task is None:
+        task = TaskSpec.model_validate(run.task_specs[task_id])
+        _remember(_parsed_tasks, key, task)
+    return task
 
 
 def build_context(session: Session, run: Run, episode: Episode, config: RunConfig) -> EpisodeContext:
@@ -43,12 +67,12 @@ def build_context(session: Session, run: Run, episode: Episode, config: RunConfi
             select(ProbeAttempt.errors).where(ProbeAttempt.episode_id == episode.id, ProbeAttempt.attempt == episode.probe_attempt - 1)
         ).scalar_one_or_none()
         feedback = [FieldProblem.model_validate(item) for item in (previous or [])]
-    state_uri = session.execute(
-        select(PolicyVersion.state_uri).where(PolicyVersion.run_id == run.id, PolicyVersion.version == episode.policy_version)
-    ).scalar_one_or_none()
-    workspace_uri = session.execute(
-        select(ProbeAttempt.workspace_uri).where(ProbeAttempt.episode_id == episode.id, ProbeAttempt.attempt == episode.probe_attempt)
-    ).scalar_one_or_none()
+    state_uri, workspace_uri = session.execute(
+        select(
+            select(PolicyVersion.state_uri).where(PolicyVersion.run_id == run.id, PolicyVersion.version == episode.policy_version).scalar_subquery(),
+            select(ProbeAttempt.workspace_uri).where(ProbeAttempt.episode_id == episode.id, ProbeAttempt.attempt == episode.probe_attempt).scalar_subquery(),
+        )
+    ).one()
     return EpisodeContext(
         policy_state_uri=state_uri,
         workspace_uri=workspace_uri,

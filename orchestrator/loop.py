@@ -27,7 +27,7 @@ from orchestrator.batching import GroupView, groups_to_open, plan_batch
 from orchestrator.reconciler import StageDispatch, orphaned_episodes, orphaned_outer_steps
 from orchestrator.transitions import ACTIVE_STAGES
 from schemas.records import Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus, Stage
-from schemas.run_config import RunConfig
+from schemas.run_config import RunConfig, StageDeadlines
 from schemas.task_spec import TaskSpec
 from workers.dispatch import send_outer, send_stage
 
@@ -176,10 +176,10 @@ class Orchestrator:
                 dispatches += self._open_groups(session, run, config, report, resample_tasks)
             self._maybe_finish(session, run, config, report, draining)
         self._first_tick = False
-        report.dispatched = self._send(dispatches, outer_ids)
+        report.dispatched = self._send(dispatches, outer_ids, config.deadlines)
         return report
 
-    def _send(self, dispatches: list[StageDispatch], outer_ids: list[int]) -> int:
+    def _send(self, dispatches: list[StageDispatch], outer_ids: list[int], deadlines: StageDeadlines) -> int:
         """Send the tick's messages; with the broker down, stop and leave the rest to the reconciler.
 
         Their dispatch time is already recorded, so the reconciler re-sends them
@@ -188,10 +188,10 @@ class Orchestrator:
         sent = 0
         try:
             for item in dispatches:
-                send_stage(self.app, item.stage, item.episode_id, item.probe_attempt)
+                send_stage(self.app, item.stage, item.episode_id, item.probe_attempt, time_limit=deadlines.for_queue(item.stage.value))
                 sent += 1
             for outer_id in outer_ids:
-                send_outer(self.app, outer_id)
+                send_outer(self.app, outer_id, time_limit=deadlines.outer_s)
                 sent += 1
         except BrokerUnreachable as err:
             unsent = len(dispatches) + len(outer_ids) - sent

@@ -309,6 +309,24 @@ class RetryConfig(StrictModel):
     redispatch_after_s: float = Field(default=30.0, ge=1.0, le=86_400, description="Re-send a dispatched stage nobody claimed after this long")
 
 
+class StageDeadlines(StrictModel):
+    """Hard wall-clock limit of one task message per stage: a backend that hangs past it has its worker
+    process killed and replaced; the stage is then retried (claim takeover) up to `retries.max_stage_attempts`.
+
+    A train message is one submit or one poll, not the whole inner job (the backend's own caps bound that).
+    """
+
+    agent_s: float = Field(default=1800.0, ge=1.0, le=86_400, description="One agent attempt (policy sampling and tool calls)")
+    probe_s: float = Field(default=600.0, ge=1.0, le=86_400, description="One probe of a submission")
+    train_s: float = Field(default=600.0, ge=1.0, le=86_400, description="One submit or poll of an inner job")
+    eval_s: float = Field(default=1800.0, ge=1.0, le=86_400, description="Scoring base and trained model on the hidden eval")
+    outer_s: float = Field(default=3600.0, ge=1.0, le=86_400, description="One outer update")
+
+    def for_queue(self, queue: str) -> float:
+        """The limit of messages on `queue` (agent, probe, train, eval, outer)."""
+        return float(getattr(self, f"{queue}_s"))
+
+
 class RewardWeights(StrictModel):
     """Weights of the episode reward (DESIGN section 5)."""
 
@@ -362,6 +380,7 @@ class RunConfig(StrictModel):
     window: WindowConfig = Field(default_factory=WindowConfig)
     outer: OuterConfig = Field(default_factory=OuterConfig)
     retries: RetryConfig = Field(default_factory=RetryConfig)
+    deadlines: StageDeadlines = Field(default_factory=StageDeadlines)
     reward: RewardWeights = Field(default_factory=RewardWeights)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     services: ServicesConfig = Field(default_factory=ServicesConfig)

@@ -17,6 +17,7 @@ from celery.signals import task_failure
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from metarl import claims
 from metarl.backends import registry
@@ -36,7 +37,7 @@ from metarl.episodes import (
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
 from metarl.ledger import run_total_usd
 from metarl.probe import probe_job_text
-from orchestrator.transitions import after_agent, after_eval, after_probe, after_train
+from orchestrator.transitions import Transition, after_agent, after_eval, after_probe, after_train
 from schemas.base import parse_toml_text, validate_model
 from schemas.job import JobSpec
 from schemas.records import (
@@ -74,22 +75,32 @@ STAGE_TASK_NAMES = {
 
 @dataclass
 class StageJob:
-    """A claimed stage with what its work needs."""
+    """A claimed stage with what its work needs (`loaded`: what the stage's loader read in the claim's transaction)."""
 
     claim: Claim
     config: RunConfig
     ctx: EpisodeContext
+    loaded: Any = None
 
 
-def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token: str | None) -> StageJob | None:
-    """Claim the stage, or return None when the message is stale, done, or held by a live worker."""
+StageLoader = Callable[[Session, RunConfig, EpisodeContext], Any]
+
+
+def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token: str | None, load: StageLoader | None = None) -> StageJob | None:
+    """Claim the stage, or return None when the message is stale, done, or held by a live worker.
+
+    `load` reads what the stage needs in the claim's own transaction (one transaction instead of two).
+    """
     with session_scope(database_url()) as session:
-        episode = session.get(Episode, episode_id)
-        if episode is None or episode.stage != stage or episode.probe_attempt != probe_attempt:
+        found = session.execute(select(Episode, Run).join(Run, Run.id == Episode.run_id).where(Episode.id == episode_id)).one_or_none()
+        if found is None:
+            log.info("skip %s episode=%s attempt=%s: no such episode", stage.value, episode_id, probe_attempt)
+            return None
+        episode, run = found
+        if episode.stage != stage or episode.probe_attempt != probe_attempt:
             log.info("skip %s episode=%s attempt=%s: episode is elsewhere", stage.value, episode_id, probe_attempt)
             return None
-        run = session.get(Run, episode.run_id)
-        if run is None or run.status in (RunStatus.stopped, RunStatus.failed, RunStatus.finished):
+        if run.status in (RunStatus.stopped, RunStatus.failed, RunStatus.finished):
             return None
         config = run_config_of(run)
         try:
@@ -108,7 +119,8 @@ def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token
             return None
         ctx = build_context(session, run, episode, config)
         last_error = session.execute(select(StageClaim.error).where(StageClaim.id == claim.claim_id)).scalar_one() if claim.takeovers else None
-    job = StageJob(claim=claim, config=config, ctx=ctx)
+        loaded = load(session, config, ctx) if load is not None and claim.takeovers <= config.retries.max_stage_attempts else None
+    job = StageJob(claim=claim, config=config, ctx=ctx, loaded=loaded)
     if claim.takeovers > config.retries.max_stage_attempts:
         message = f"stage {stage.value} was abandoned {claim.takeovers} times (workers died or crashed in it); giving up"
         fail_episode(job, stage, f"{message}; last error: {last_error}" if last_error else message)
@@ -146,8 +158,6 @@ def note_stage_failure(sender: Any = None, exception: BaseException | None = Non
 
 def fail_episode(job: StageJob, stage: Stage, message: str) -> None:
     """Record a permanent failure of the episode (after retry caps or a permanent error)."""
-    from orchestrator.transitions import Transition
-
     with session_scope(database_url()) as session:
         if not finish_claim(session, job.claim, ClaimStatus.failed, error=message):
             return
@@ -209,9 +219,9 @@ def heartbeating(job: StageJob) -> Heartbeater:
     return Heartbeater(database_url(), job.claim, interval_s=max(0.5, job.config.retries.lease_s / 3))
 
 
-def dispatch_after(stage: Stage, episode_id: int, probe_attempt: int) -> None:
+def dispatch_after(job: StageJob, stage: Stage, episode_id: int, probe_attempt: int) -> None:
     if stage in (Stage.agent, Stage.probe, Stage.train, Stage.eval):
-        send_stage(app, stage, episode_id, probe_attempt)
+        send_stage(app, stage, episode_id, probe_attempt, time_limit=job.config.deadlines.for_queue(stage.value))
 
 
 @app.task(bind=True, name="metarl.stage.agent", queue="agent", max_retries=None)
@@ -247,20 +257,17 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         )
         record_costs(session, job.ctx.run_id, episode_id, submission.costs, backend.simulated)
         move_episode(session, episode_id, Stage.agent, probe_attempt, to)
-    dispatch_after(to.stage, episode_id, to.probe_attempt)
+    dispatch_after(job, to.stage, episode_id, to.probe_attempt)
     return "submitted"
 
 
 @app.task(bind=True, name="metarl.stage.probe", queue="probe", max_retries=None)
 def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
     """Validate one submission; send errors back to the agent or end the episode at the retry cap."""
-    job = claim_episode_stage(Stage.probe, episode_id, probe_attempt, token)
+    job = claim_episode_stage(Stage.probe, episode_id, probe_attempt, token, load=submitted_job_text)
     if job is None:
         return "skipped"
-    with session_scope(database_url()) as session:
-        job_toml, workspace_uri = session.execute(
-            select(ProbeAttempt.job_toml, ProbeAttempt.workspace_uri).where(ProbeAttempt.episode_id == episode_id, ProbeAttempt.attempt == probe_attempt)
-        ).one()
+    job_toml, workspace_uri = job.loaded, job.ctx.workspace_uri
     started = time.perf_counter()
     checks = registry.probe_checks(job.config)
     if workspace_uri is not None:
@@ -290,7 +297,7 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         if to.ends_unvalidated:
             episode = session.get(Episode, episode_id)
             store_reward(session, episode=episode, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
-    dispatch_after(to.stage, episode_id, to.probe_attempt)
+    dispatch_after(job, to.stage, episode_id, to.probe_attempt)
     return "passed" if verdict.passed else "rejected"
 
 
@@ -305,12 +312,30 @@ def probe_workspace_or_fail(workspace_uri: str, task, checks, seed: int):  # typ
         raise TransientBackendError(f"sandbox unavailable: {err}") from None
 
 
-def passing_job(episode_id: int, probe_attempt: int) -> JobSpec:
-    with session_scope(database_url()) as session:
-        text = session.execute(
-            select(ProbeAttempt.job_toml).where(ProbeAttempt.episode_id == episode_id, ProbeAttempt.attempt == probe_attempt)
-        ).scalar_one()
-    return validate_model(JobSpec, parse_toml_text(text, "job.toml"), "job.toml")
+def submitted_job_text(session: Session, config: RunConfig, ctx: EpisodeContext) -> str:
+    """The job.toml text of the context's attempt."""
+    return session.execute(
+        select(ProbeAttempt.job_toml).where(ProbeAttempt.episode_id == ctx.episode_id, ProbeAttempt.attempt == ctx.probe_attempt)
+    ).scalar_one()
+
+
+def passing_job(session: Session, config: RunConfig, ctx: EpisodeContext) -> JobSpec:
+    """The validated job of the attempt that passed the probe."""
+    return validate_model(JobSpec, parse_toml_text(submitted_job_text(session, config, ctx), "job.toml"), "job.toml")
+
+
+def passing_job_and_inner(session: Session, config: RunConfig, ctx: EpisodeContext) -> tuple[JobSpec, InnerJob | None]:
+    """The train stage's loader: the passing job and its inner job row (None before launch)."""
+    return passing_job(session, config, ctx), inner_job_of(session, ctx.episode_id)
+
+
+def eval_inputs(session: Session, config: RunConfig, ctx: EpisodeContext) -> tuple[JobSpec, InnerJob, float | None]:
+    """The eval stage's loader: the passing job, its finished inner job, and the cached base score (None if not yet measured)."""
+    spec = passing_job(session, config, ctx)
+    inner = inner_job_of(session, ctx.episode_id)
+    if inner is None:
+        raise RuntimeError(f"episode {ctx.episode_id} reached eval without an inner job record")
+    return spec, inner, cached_baseline(session, ctx.task, spec.model.name, registry.eval_backend_name(config))
 
 
 def inner_job_name(run_id: str, episode_id: int) -> str:
@@ -320,19 +345,18 @@ def inner_job_name(run_id: str, episode_id: int) -> str:
 @app.task(bind=True, name="metarl.stage.train", queue="train", max_retries=None)
 def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
     """Submit the inner job once, then poll it with short retried tasks until it ends."""
-    job = claim_episode_stage(Stage.train, episode_id, probe_attempt, token)
+    job = claim_episode_stage(Stage.train, episode_id, probe_attempt, token, load=passing_job_and_inner)
     if job is None:
         return "skipped"
+    spec, inner = job.loaded
     backend = registry.train_backend(job.config)
-    spec = passing_job(episode_id, probe_attempt)
     url = database_url()
 
     def poll_again(countdown: float) -> Exception:
         return self.retry(args=[episode_id, probe_attempt], kwargs={"token": job.claim.token}, countdown=countdown, max_retries=None)
 
-    with session_scope(url) as session:
-        inner = inner_job_of(session, episode_id)
-        if inner is None:
+    if inner is None:
+        with session_scope(url) as session:
             session.execute(select(func.pg_advisory_xact_lock(hash_run(job.ctx.run_id))))
             if run_total_usd(session, job.ctx.run_id) >= job.config.budget.max_run_usd:
                 budget_blocked = True
@@ -347,25 +371,22 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
                     claims.heartbeat(session, job.claim)
                     session.commit()
                     raise poll_again(backend.poll_interval_s())
-                session.add(
-                    InnerJob(
-                        run_id=job.ctx.run_id,
-                        episode_id=episode_id,
-                        name=inner_job_name(job.ctx.run_id, episode_id),
-                        backend=backend.name,
-                        simulated=backend.simulated,
-                        status=InnerJobStatus.launching,
-                        model_name=spec.model.name,
-                        backend_state={},
-                    )
+                inner = InnerJob(
+                    run_id=job.ctx.run_id,
+                    episode_id=episode_id,
+                    name=inner_job_name(job.ctx.run_id, episode_id),
+                    backend=backend.name,
+                    simulated=backend.simulated,
+                    status=InnerJobStatus.launching,
+                    model_name=spec.model.name,
+                    backend_state={},
                 )
-    if inner is None and budget_blocked:
-        fail_episode(job, Stage.train, f"run budget of ${job.config.budget.max_run_usd} reached; job not launched")
-        return "budget"
-    with session_scope(url) as session:
-        inner = inner_job_of(session, episode_id)
-        assert inner is not None
-        name, external_id, state, status = inner.name, inner.external_id, dict(inner.backend_state), inner.status
+                session.add(inner)
+        if budget_blocked:
+            fail_episode(job, Stage.train, f"run budget of ${job.config.budget.max_run_usd} reached; job not launched")
+            return "budget"
+    assert inner is not None
+    name, external_id, state, status = inner.name, inner.external_id, dict(inner.backend_state or {}), inner.status
     if external_id is None:
         try:
             launched = run_with_retries(self, job, Stage.train, lambda: backend.launch(job.ctx, spec, name))
@@ -396,64 +417,86 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     polled = run_with_retries(self, job, Stage.train, lambda: backend.poll(job.ctx, spec, external_id, state))
     if polled is None:
         return "failed"
-    with session_scope(url) as session:
+    ended = None if polled.status == "running" else (InnerJobStatus.succeeded if polled.status == "succeeded" else InnerJobStatus.failed)
+    values: dict[str, Any] = {"backend_state": polled.state}
+    if ended is not None:
+        values.update(
+            status=ended,
+            finished_at=func.now(),
+            checkpoint_uri=polled.checkpoint_uri,
+            metrics_uri=polled.metrics_uri,
+            train_seconds=polled.train_seconds,
+            error=polled.error,
+        )
+
+    def record_poll(session: Session) -> None:
         record_costs(session, job.ctx.run_id, episode_id, polled.costs, backend.simulated)
-        values: dict[str, Any] = {"backend_state": polled.state}
-        if polled.status != "running":
-            values.update(
-                status=InnerJobStatus.succeeded if polled.status == "succeeded" else InnerJobStatus.failed,
-                finished_at=func.now(),
-                checkpoint_uri=polled.checkpoint_uri,
-                metrics_uri=polled.metrics_uri,
-                train_seconds=polled.train_seconds,
-                error=polled.error,
-            )
         session.execute(update(InnerJob).where(InnerJob.episode_id == episode_id).values(**values))
-        claims.heartbeat(session, job.claim)
-    if polled.status == "running":
+
+    try:
+        with session_scope(url) as session:
+            record_poll(session)
+            if ended is None:
+                claims.heartbeat(session, job.claim)
+                to = None
+            else:
+                to = close_train_stage(session, job, episode_id, probe_attempt, ended, polled.error)
+    except StaleTransition:
+        with session_scope(url) as session:
+            record_poll(session)
+        raise
+    if ended is None:
         raise poll_again(backend.poll_interval_s())
-    return finish_train(job, episode_id, probe_attempt, InnerJobStatus.succeeded if polled.status == "succeeded" else InnerJobStatus.failed)
+    if to is None:
+        return "taken over"
+    dispatch_after(job, to.stage, episode_id, to.probe_attempt)
+    return ended.value
 
 
 def hash_run(run_id: str) -> int:
     return int(run_id.replace("-", "")[:15], 16)
 
 
-def finish_train(job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus) -> str:
-    """Move a succeeded job to eval; a failed job ends the episode with no job credit."""
-    from orchestrator.transitions import Transition
+def close_train_stage(session: Session, job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus, error: str | None) -> Transition | None:
+    """In the caller's transaction: close the train claim and move the episode (None if the claim was taken over).
 
+    A succeeded job goes to eval; a failed job ends the episode with no job credit.
+    """
+    if not finish_claim(session, job.claim, ClaimStatus.done):
+        return None
+    if status == InnerJobStatus.succeeded:
+        to = after_train(probe_attempt)
+        move_episode(session, episode_id, Stage.train, probe_attempt, to)
+        return to
+    to = Transition(Stage.done, probe_attempt)
+    move_episode(session, episode_id, Stage.train, probe_attempt, to, error=f"inner job failed: {error or ''}")
+    episode = session.get(Episode, episode_id)
+    store_reward(session, episode=episode, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
+    return to
+
+
+def finish_train(job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus) -> str:
+    """Close the train stage of a job that had already ended when this attempt started."""
     with session_scope(database_url()) as session:
-        if not finish_claim(session, job.claim, ClaimStatus.done):
-            return "taken over"
-        if status == InnerJobStatus.succeeded:
-            to = after_train(probe_attempt)
-            move_episode(session, episode_id, Stage.train, probe_attempt, to)
-        else:
-            to = Transition(Stage.done, probe_attempt)
-            inner = inner_job_of(session, episode_id)
-            move_episode(session, episode_id, Stage.train, probe_attempt, to, error=f"inner job failed: {inner.error if inner else ''}")
-            episode = session.get(Episode, episode_id)
-            store_reward(session, episode=episode, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
-    dispatch_after(to.stage, episode_id, to.probe_attempt)
+        inner = inner_job_of(session, episode_id)
+        to = close_train_stage(session, job, episode_id, probe_attempt, status, inner.error if inner else None)
+    if to is None:
+        return "taken over"
+    dispatch_after(job, to.stage, episode_id, to.probe_attempt)
     return status.value
 
 
 @app.task(bind=True, name="metarl.stage.eval", queue="eval", max_retries=None)
 def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
     """Score base (cached) and trained model on the hidden eval; store evaluation and reward."""
-    job = claim_episode_stage(Stage.eval, episode_id, probe_attempt, token)
+    job = claim_episode_stage(Stage.eval, episode_id, probe_attempt, token, load=eval_inputs)
     if job is None:
         return "skipped"
+    spec, inner, base_score = job.loaded
     backend = registry.eval_backend(job.config)
-    spec = passing_job(episode_id, probe_attempt)
     task = job.ctx.task
     url = database_url()
-    with session_scope(url) as session:
-        inner = inner_job_of(session, episode_id)
-        assert inner is not None
-        checkpoint, state, train_seconds = inner.checkpoint_uri, dict(inner.backend_state), inner.train_seconds
-        base_score = cached_baseline(session, task, spec.model.name, backend.name)
+    checkpoint, state, train_seconds = inner.checkpoint_uri, dict(inner.backend_state or {}), inner.train_seconds
     started = time.perf_counter()
     with heartbeating(job) as beat:
         if base_score is None:

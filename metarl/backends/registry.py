@@ -44,13 +44,22 @@ def train_backend(config: RunConfig) -> TrainBackend:
     return SimTrain(backend, Path(config.artifacts.root) / "sim-cloud")
 
 
-def eval_backend(config: RunConfig) -> EvalBackend:
+def eval_backend_class(config: RunConfig) -> type[LocalEval] | type[VllmEval] | type[SimEval]:
     backend = config.backends.eval
     if isinstance(backend, LocalEvalBackend):
-        return LocalEval(backend)
+        return LocalEval
     if isinstance(backend, VllmEvalBackend):
-        return VllmEval(backend)
-    return SimEval(backend)
+        return VllmEval
+    return SimEval
+
+
+def eval_backend(config: RunConfig) -> EvalBackend:
+    return eval_backend_class(config)(config.backends.eval)  # type: ignore[arg-type]
+
+
+def eval_backend_name(config: RunConfig) -> str:
+    """The name base scores are cached under, without building the backend."""
+    return eval_backend_class(config).name
 
 
 def outer_backend(config: RunConfig) -> OuterBackend:

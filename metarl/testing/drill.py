@@ -53,8 +53,10 @@ def sim_run_config(
     redispatch_after_s: float = 3.0,
     max_stage_attempts: int = 3,
     max_run_usd: float = 100.0,
+    eval_deadline_s: float | None = None,
 ) -> Path:
     """Write a simulator run config (every backend `sim`) to `path` and return it."""
+    deadlines = f"\n[deadlines]\neval_s = {eval_deadline_s}\n" if eval_deadline_s is not None else ""
     task_list = ", ".join(f'"{task}"' for task in tasks)
     path.write_text(
         f"""# SIMULATOR run for fault drills and benchmarks (metarl.testing.drill)
@@ -105,7 +107,7 @@ max_stage_attempts = {max_stage_attempts}
 
 [budget]
 max_run_usd = {max_run_usd}
-""",
+{deadlines}""",
         encoding="utf-8",
     )
     return path

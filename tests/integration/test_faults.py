@@ -6,7 +6,7 @@ Faults: Redis restarted mid-run (a private redis-server without persistence: eve
 lost), PostgreSQL restarted mid-run (a private cluster, stopped like a crash with `pg_ctl -m
 immediate`), a worker killed with -9 in each of the five pools, a full disk in the artifact folder (a
 small tmpfs mounted over it, needs root; skipped otherwise), slow backends (stages longer than the
-claim lease) and a hung backend (an eval that never returns, in a pool with a Celery time limit).
+claim lease) and a hung backend (an eval that never returns, past the run's `deadlines.eval_s`).
 The shared Redis and PostgreSQL on the default ports are never restarted: the restart drills use
 private servers on free ports (metarl.testing.services).
 
@@ -98,19 +98,15 @@ def install_fault(fault: str) -> None:
 
 
 class FaultPools(WorkerPools):
-    """The five pools, each started from this module with its fault (and Celery time limit), supervised like WorkerPools."""
+    """The five pools, each started from this module with its fault, supervised like WorkerPools."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path, faults: dict[str, str] | None = None, time_limits: dict[str, float] | None = None):
+    def __init__(self, env: dict[str, str], log_dir: Path, faults: dict[str, str] | None = None):
         super().__init__(env[DATABASE_ENV], env[BROKER_ENV], log_dir)
         self.faults = faults or {}
-        self.time_limits = time_limits or {}
 
     def command(self, pool: str) -> list[str]:
-        """`python -m tests.integration.test_faults POOL FAULT [TIME_LIMIT_S]`."""
-        command = [sys.executable, "-m", "tests.integration.test_faults", pool, self.faults.get(pool, "none")]
-        if pool in self.time_limits:
-            command.append(str(self.time_limits[pool]))
-        return command
+        """`python -m tests.integration.test_faults POOL FAULT`."""
+        return [sys.executable, "-m", "tests.integration.test_faults", pool, self.faults.get(pool, "none")]
 
 
 @pytest.fixture
@@ -386,12 +382,13 @@ def test_slow_backends_are_not_taken_over(tmp_path: Path, pg_url: str, redis_url
 
 
 def test_hung_backend_fails_its_episode_with_a_clear_message(tmp_path: Path, pg_url: str, redis_url: str, started: list) -> None:
-    """An eval that never returns, in a pool with a Celery hard time limit: the pool process is killed at the limit, the stage is
-    retried up to `retries.max_stage_attempts`, then its episode fails saying why; every other episode and the run finish."""
-    config, artifacts = drill_config(tmp_path, "hung", max_outer_steps=2, max_stage_attempts=2)
+    """An eval that never returns, under the run's `deadlines.eval_s` (sent with each eval message as its Celery hard time limit):
+    the pool process is killed at the limit, the stage is retried up to `retries.max_stage_attempts`, then its episode fails saying
+    why; every other episode and the run finish."""
+    config, artifacts = drill_config(tmp_path, "hung", max_outer_steps=2, max_stage_attempts=2, eval_deadline_s=3.0)
     env = service_env(pg_url, redis_url)
     markers = tmp_path / "hung"
-    pools = FaultPools(env, tmp_path / "logs", faults={"eval": f"hang-eval:{markers}"}, time_limits={"eval": 3.0})
+    pools = FaultPools(env, tmp_path / "logs", faults={"eval": f"hang-eval:{markers}"})
     pools.start()
     try:
         orchestrator = start_orchestrator(["run", str(config)], env)
@@ -416,7 +413,4 @@ if __name__ == "__main__":
     from workers.app import app
 
     pool = sys.argv[1]
-    argv = ["worker", "-Q", pool, "-n", f"{pool}@%h", "-l", "info", "-c", "1", "-E", "--without-mingle"]
-    if len(sys.argv) > 3:
-        argv += ["--time-limit", sys.argv[3]]
-    app.worker_main(argv)
+    app.worker_main(["worker", "-Q", pool, "-n", f"{pool}@%h", "-l", "info", "-c", "1", "-E", "--without-mingle"])

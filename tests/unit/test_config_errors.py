@@ -969,3 +969,19 @@ def test_property_probe_semantics(batch: int, group: int, steps: int, tokens: in
         if problem.field == "training.batch_size":
             suggestion = int(problem.fix.rsplit(" ", 1)[1])
             assert suggestion % group == 0
+
+
+def test_stage_deadline_out_of_bounds_names_the_field() -> None:
+    problem = only_problem(config_error(RunConfig, quickstart_text() + "\n[deadlines]\neval_s = 0\n"))
+    assert problem.field == "deadlines.eval_s"
+    assert ">= 1" in problem.fix
+
+
+def test_stage_deadlines_cover_every_queue() -> None:
+    from workers.queues import QUEUES
+
+    config = validate_model(RunConfig, tomllib.loads(quickstart_text() + "\n[deadlines]\nprobe_s = 42\n"), "run.toml")
+    limits = {queue: config.deadlines.for_queue(queue) for queue in QUEUES}
+    assert limits["probe"] == 42.0
+    assert set(limits) == {"agent", "probe", "train", "eval", "outer"}
+    assert all(limit >= 1.0 for limit in limits.values())
