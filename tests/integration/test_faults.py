@@ -163,6 +163,20 @@ def finish(orchestrator: subprocess.Popen[str], timeout_s: float = FINISH_TIMEOU
     return output
 
 
+def run_under_faults(config: Path, env: dict[str, str], log_dir: Path, started: list, faults: dict[str, str] | None = None) -> str:
+    """Start the pools (with their faults) and `metarl run CONFIG`, wait for the run to finish, stop the pools; return the run id."""
+    pools = FaultPools(env, log_dir, faults=faults)
+    pools.start()
+    try:
+        orchestrator = start_orchestrator(["run", str(config)], env)
+        started.append(orchestrator)
+        run_id = read_run_id(orchestrator)
+        finish(orchestrator)
+    finally:
+        pools.stop()
+    return run_id
+
+
 def scalar(url: str, statement) -> int:  # type: ignore[no-untyped-def]
     """One integer from the database."""
     with session_scope(url) as session:
@@ -366,16 +380,7 @@ def test_full_disk_in_the_artifact_folder(tmp_path: Path, pg_url: str, redis_url
 def test_slow_backends_are_not_taken_over(tmp_path: Path, pg_url: str, redis_url: str, started: list) -> None:
     """Stages that take longer than the claim lease keep their claim by heartbeat: no takeover, no duplicate work."""
     config, artifacts = drill_config(tmp_path, "slow", max_outer_steps=2, agent_s=2.5, eval_s=2.5, train_s=3.0, outer_s=2.5, lease_s=1.5, redispatch_after_s=1.5, in_flight=4)
-    env = service_env(pg_url, redis_url)
-    pools = FaultPools(env, tmp_path / "logs")
-    pools.start()
-    try:
-        orchestrator = start_orchestrator(["run", str(config)], env)
-        started.append(orchestrator)
-        run_id = read_run_id(orchestrator)
-        finish(orchestrator)
-    finally:
-        pools.stop()
+    run_id = run_under_faults(config, service_env(pg_url, redis_url), tmp_path / "logs", started)
     check_finished_exactly_once(pg_url, run_id, artifacts)
     assert takeovers(pg_url, run_id) == 0
     assert scalar(pg_url, select(func.sum(OuterStep.takeovers)).where(OuterStep.run_id == run_id)) == 0
@@ -386,17 +391,8 @@ def test_hung_backend_fails_its_episode_with_a_clear_message(tmp_path: Path, pg_
     the pool process is killed at the limit, the stage is retried up to `retries.max_stage_attempts`, then its episode fails saying
     why; every other episode and the run finish."""
     config, artifacts = drill_config(tmp_path, "hung", max_outer_steps=2, max_stage_attempts=2, eval_deadline_s=3.0)
-    env = service_env(pg_url, redis_url)
     markers = tmp_path / "hung"
-    pools = FaultPools(env, tmp_path / "logs", faults={"eval": f"hang-eval:{markers}"})
-    pools.start()
-    try:
-        orchestrator = start_orchestrator(["run", str(config)], env)
-        started.append(orchestrator)
-        run_id = read_run_id(orchestrator)
-        finish(orchestrator)
-    finally:
-        pools.stop()
+    run_id = run_under_faults(config, service_env(pg_url, redis_url), tmp_path / "logs", started, faults={"eval": f"hang-eval:{markers}"})
     check_finished_exactly_once(pg_url, run_id, artifacts)
     hung = [int(path.name.split("-", 1)[1]) for path in markers.iterdir()]
     assert len(hung) == 1
