@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from sqlalchemy import exists, func, or_, select
+from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
 from metarl.report_tables import STAGES, CostLine, ReportData, RunInfo, StageDuration, StepRecord, pick_metrics
 from orchestrator.status import run_status
-from schemas.records import ClaimStatus, CostEntry, Episode, EpisodeGroup, Evaluation, GroupStatus, InnerJob, OuterStep, Reward, Run, Stage, StageClaim
+from schemas.records import ClaimStatus, CostEntry, Episode, EpisodeGroup, Evaluation, InnerJob, OuterStep, Run, Stage, StageClaim
 
 
 def load_report_data(session: Session, run_id: str) -> ReportData:
@@ -15,7 +15,7 @@ def load_report_data(session: Session, run_id: str) -> ReportData:
     status = run_status(session, run_id)
     run = session.get(Run, run_id)
     steps = session.execute(select(OuterStep).where(OuterStep.run_id == run_id).order_by(OuterStep.step)).scalars().all()
-    held_out = held_out_reward_by_version(session, run_id)
+    held_out = {line["step"]: line["held_out_reward"] for line in status["outer_steps"]}
     return ReportData(
         run=RunInfo(
             id=status["run"]["id"],
@@ -37,7 +37,7 @@ def load_report_data(session: Session, run_id: str) -> ReportData:
                 status=step.status.value,
                 n_episodes=step.n_episodes,
                 policy_version_after=step.policy_version_after,
-                metrics=with_held_out(pick_metrics(step.metrics or {}), held_out.get(step.policy_version_before)),
+                metrics=with_held_out(pick_metrics(step.metrics or {}), held_out.get(step.step)),
             )
             for step in steps
         ],
@@ -45,24 +45,8 @@ def load_report_data(session: Session, run_id: str) -> ReportData:
     )
 
 
-def held_out_reward_by_version(session: Session, run_id: str) -> dict[int, float]:
-    """Mean reward of the evaluated held-out groups sampled under each policy version, read from the records now.
-
-    An outer step's stored metrics only hold the held-out groups that were evaluated before its update
-    ran; one that finished later is counted here.
-    """
-    rows = session.execute(
-        select(Episode.policy_version, func.avg(Reward.total))
-        .join(Reward, Reward.episode_id == Episode.id)
-        .join(EpisodeGroup, EpisodeGroup.id == Episode.group_id)
-        .where(EpisodeGroup.run_id == run_id, EpisodeGroup.held_out.is_(True), EpisodeGroup.status == GroupStatus.evaluated)
-        .group_by(Episode.policy_version)
-    ).all()
-    return {int(version): float(mean) for version, mean in rows}
-
-
 def with_held_out(metrics: dict[str, float | None], held_out_reward: float | None) -> dict[str, float | None]:
-    """The step's metrics with the held-out reward of its policy version from the records, when there is one."""
+    """The step's metrics with the held-out reward `metarl status` reads from the records, when there is one."""
     if held_out_reward is None:
         return metrics
     return {**metrics, "held_out_reward_mean": held_out_reward}

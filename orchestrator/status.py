@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from metarl.ledger import run_total_usd
+from orchestrator.step_metrics import held_out_reward_by_version
 from schemas.records import CostEntry, Episode, InnerJob, InnerJobStatus, OuterStep, ProbeAttempt, Reward, Run, Stage
 from workers.queues import QUEUES, filesystem_folder
 
@@ -131,6 +132,7 @@ def run_status(session: Session, run_id: str, broker_url: str | None = None) -> 
         .group_by(CostEntry.source, CostEntry.simulated)
     ).all()
     steps = session.execute(select(OuterStep).where(OuterStep.run_id == run_id).order_by(OuterStep.step)).scalars().all()
+    held_out = held_out_reward_by_version(session, run_id)
     rewards = session.execute(
         select(
             func.count(Reward.id),
@@ -207,7 +209,7 @@ def run_status(session: Session, run_id: str, broker_url: str | None = None) -> 
                 "episodes": step.n_episodes,
                 "dropped_stale": step.dropped_stale_groups,
                 "reward_mean": step.metrics.get("reward_mean"),
-                "held_out_reward": step.metrics.get("held_out_reward_mean"),
+                "held_out_reward": held_out.get(step.policy_version_before, step.metrics.get("held_out_reward_mean")),
                 "cost_usd": step.metrics.get("cost_usd_total"),
             }
             for step in steps

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from metarl.ledger import run_total_usd
@@ -82,13 +82,24 @@ def outer_step_metrics(session: Session, outer_step_id: int, run_id: str) -> dic
             )
         )
     summary = summarise(facts)
-    held_out = session.execute(
-        select(Reward.total)
-        .join(Episode, Episode.id == Reward.episode_id)
-        .join(EpisodeGroup, EpisodeGroup.id == Episode.group_id)
-        .where(EpisodeGroup.run_id == run_id, EpisodeGroup.held_out.is_(True), EpisodeGroup.status == GroupStatus.evaluated)
-        .where(Episode.policy_version == step.policy_version_before)
-    ).scalars().all()
-    summary["held_out_reward_mean"] = mean(list(held_out))
+    summary["held_out_reward_mean"] = held_out_reward_by_version(session, run_id, step.policy_version_before).get(step.policy_version_before)
     summary["cost_usd_total"] = run_total_usd(session, run_id)
     return summary
+
+
+def held_out_reward_by_version(session: Session, run_id: str, version: int | None = None) -> dict[int, float]:
+    """Mean reward of the evaluated held-out groups sampled under each policy version (or only `version`), from the records.
+
+    An outer step stores the value known when its update ran; a held-out group evaluated later is
+    only found here, so `metarl status` and the report read this, not the stored step metrics.
+    """
+    query = (
+        select(Episode.policy_version, func.avg(Reward.total))
+        .join(Reward, Reward.episode_id == Episode.id)
+        .join(EpisodeGroup, EpisodeGroup.id == Episode.group_id)
+        .where(EpisodeGroup.run_id == run_id, EpisodeGroup.held_out.is_(True), EpisodeGroup.status == GroupStatus.evaluated)
+        .group_by(Episode.policy_version)
+    )
+    if version is not None:
+        query = query.where(Episode.policy_version == version)
+    return {int(found): float(mean_reward) for found, mean_reward in session.execute(query).all()}
