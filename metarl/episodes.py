@@ -28,14 +28,14 @@ def episode_seed(run_seed: int, episode_id: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-PARSED_RUNS_KEPT = 32
-"""Runs whose parsed config and task specs a process keeps (a run's config never changes after it is created)."""
+PARSED_ENTRIES_KEPT = 256
+"""Parsed run configs (and, separately, task specs) a process keeps; a run's config never changes after it is created."""
 _parsed_configs: dict[tuple[str, object], RunConfig] = {}
 _parsed_tasks: dict[tuple[str, object, str], TaskSpec] = {}
 
 
 def _remember(cache: dict, key: object, value: object) -> None:  # type: ignore[type-arg]
-    if len(cache) >= PARSED_RUNS_KEPT * 8:
+    if len(cache) >= PARSED_ENTRIES_KEPT:
         cache.clear()
     cache[key] = value
 

@@ -27,7 +27,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -163,18 +163,28 @@ def finish(orchestrator: subprocess.Popen[str], timeout_s: float = FINISH_TIMEOU
     return output
 
 
-def run_under_faults(config: Path, env: dict[str, str], log_dir: Path, started: list, faults: dict[str, str] | None = None) -> str:
-    """Start the pools (with their faults) and `metarl run CONFIG`, wait for the run to finish, stop the pools; return the run id."""
+def run_under_faults(
+    config: Path,
+    env: dict[str, str],
+    log_dir: Path,
+    started: list,
+    faults: dict[str, str] | None = None,
+    mid_run: Callable[[str], None] | None = None,
+) -> tuple[str, str]:
+    """Start the pools (with their faults) and `metarl run CONFIG`, call `mid_run(run_id)`, wait for the run to finish,
+    stop the pools; return the run id and the orchestrator's output."""
     pools = FaultPools(env, log_dir, faults=faults)
     pools.start()
     try:
         orchestrator = start_orchestrator(["run", str(config)], env)
         started.append(orchestrator)
         run_id = read_run_id(orchestrator)
-        finish(orchestrator)
+        if mid_run is not None:
+            mid_run(run_id)
+        output = finish(orchestrator)
     finally:
         pools.stop()
-    return run_id
+    return run_id, output
 
 
 def scalar(url: str, statement) -> int:  # type: ignore[no-untyped-def]
@@ -229,12 +239,8 @@ def test_redis_restarted_mid_run(tmp_path: Path, pg_url: str, private_redis: Pri
     (kombu cannot restore its unacknowledged countdown messages over the dead connection) is restarted by its supervisor."""
     config, artifacts = drill_config(tmp_path, "redis-restart")
     env = service_env(pg_url, private_redis.url())
-    pools = FaultPools(env, tmp_path / "logs")
-    pools.start()
-    try:
-        orchestrator = start_orchestrator(["run", str(config)], env)
-        started.append(orchestrator)
-        run_id = read_run_id(orchestrator)
+
+    def restart_redis(run_id: str) -> None:
         wait_until(lambda: closed_claims(pg_url, run_id) >= 8 and running_claim(pg_url, run_id, Stage.train), 120, "a run in progress with an inner job running")
         private_redis.kill()
         down = subprocess.run([sys.executable, "-m", "metarl.cli", "status", run_id, "--json"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -242,9 +248,8 @@ def test_redis_restarted_mid_run(tmp_path: Path, pg_url: str, private_redis: Pri
         assert set(json.loads(down.stdout)["queue_depths"].values()) == {None}
         time.sleep(3)
         private_redis.start()
-        finish(orchestrator)
-    finally:
-        pools.stop()
+
+    run_id, _ = run_under_faults(config, env, tmp_path / "logs", started, mid_run=restart_redis)
     check_finished_exactly_once(pg_url, run_id, artifacts)
 
 
@@ -252,19 +257,13 @@ def test_postgres_restarted_mid_run(tmp_path: Path, redis_url: str, private_pg: 
     """PostgreSQL stops like a crash for a few seconds: workers and the orchestrator ride it out; the run finishes exactly once."""
     server, url = private_pg
     config, artifacts = drill_config(tmp_path, "pg-restart")
-    env = service_env(url, redis_url)
-    pools = FaultPools(env, tmp_path / "logs")
-    pools.start()
-    try:
-        orchestrator = start_orchestrator(["run", str(config)], env)
-        started.append(orchestrator)
-        run_id = read_run_id(orchestrator)
+
+    def restart_postgres(run_id: str) -> None:
         wait_until(lambda: closed_claims(url, run_id) >= 8 and running_claim(url, run_id, Stage.train), 120, "a run in progress with an inner job running")
         db.dispose_engines()
         server.restart(down_s=3.0, mode="immediate")
-        output = finish(orchestrator)
-    finally:
-        pools.stop()
+
+    run_id, output = run_under_faults(config, service_env(url, redis_url), tmp_path / "logs", started, mid_run=restart_postgres)
     check_finished_exactly_once(url, run_id, artifacts)
     assert f"run {run_id} paused: the database is unreachable" in output, output[-3000:]
     assert f"run {run_id} continues: the database is reachable again" in output, output[-3000:]
@@ -380,7 +379,7 @@ def test_full_disk_in_the_artifact_folder(tmp_path: Path, pg_url: str, redis_url
 def test_slow_backends_are_not_taken_over(tmp_path: Path, pg_url: str, redis_url: str, started: list) -> None:
     """Stages that take longer than the claim lease keep their claim by heartbeat: no takeover, no duplicate work."""
     config, artifacts = drill_config(tmp_path, "slow", max_outer_steps=2, agent_s=2.5, eval_s=2.5, train_s=3.0, outer_s=2.5, lease_s=1.5, redispatch_after_s=1.5, in_flight=4)
-    run_id = run_under_faults(config, service_env(pg_url, redis_url), tmp_path / "logs", started)
+    run_id, _ = run_under_faults(config, service_env(pg_url, redis_url), tmp_path / "logs", started)
     check_finished_exactly_once(pg_url, run_id, artifacts)
     assert takeovers(pg_url, run_id) == 0
     assert scalar(pg_url, select(func.sum(OuterStep.takeovers)).where(OuterStep.run_id == run_id)) == 0
@@ -392,7 +391,7 @@ def test_hung_backend_fails_its_episode_with_a_clear_message(tmp_path: Path, pg_
     why; every other episode and the run finish."""
     config, artifacts = drill_config(tmp_path, "hung", max_outer_steps=2, max_stage_attempts=2, eval_deadline_s=3.0)
     markers = tmp_path / "hung"
-    run_id = run_under_faults(config, service_env(pg_url, redis_url), tmp_path / "logs", started, faults={"eval": f"hang-eval:{markers}"})
+    run_id, _ = run_under_faults(config, service_env(pg_url, redis_url), tmp_path / "logs", started, faults={"eval": f"hang-eval:{markers}"})
     check_finished_exactly_once(pg_url, run_id, artifacts)
     hung = [int(path.name.split("-", 1)[1]) for path in markers.iterdir()]
     assert len(hung) == 1
