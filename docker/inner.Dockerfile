@@ -8,8 +8,9 @@
 # ghcr.io/primeintellect-ai/prime-rl:<tag>); its venv is /app/.venv, its entry script
 # /app/docker-entrypoint.sh (ulimit, then exec "$@"), its user appuser. The pin lives in
 # metarl/primerl/pin.py; tests/unit/test_primerl_dockerfile.py keeps this file in step with it.
-# Pods start with METARL_RUNNER_JOB_URL / METARL_RUNNER_RESULT_URL (and storage credentials for
-# the runner only: rl never sees them) and run one job; see metarl/pod_runner.py.
+# Pods start with METARL_RUNPOD_ROOT and METARL_POD_NAME (and storage credentials for the runner
+# only: rl never sees them); metarl/pod_supervisor.py follows the pod's assignment file and runs
+# each job assigned to it with metarl/pod_runner.py, so a warm pod takes job after job.
 ARG PRIME_RL_IMAGE=ghcr.io/primeintellect-ai/prime-rl:v0.8.0
 FROM ${PRIME_RL_IMAGE}
 
@@ -36,16 +37,16 @@ RUN /app/.venv/bin/python -c "import setuptools" \
 RUN uv venv --python /usr/bin/python3.12 /opt/metarl-runner \
     && uv pip install --python /opt/metarl-runner/bin/python "pydantic==2.14.4" "fsspec==2026.9.0" "s3fs==2026.9.0"
 
-COPY __init__.py pod_runner.py /opt/metarl-runner/src/metarl/
+COPY __init__.py pod_runner.py pod_supervisor.py /opt/metarl-runner/src/metarl/
 COPY primerl/ /opt/metarl-runner/src/metarl/primerl/
 RUN rm -rf /opt/metarl-runner/src/metarl/primerl/__pycache__ \
     && echo /opt/metarl-runner/src \
        > "$(/opt/metarl-runner/bin/python -c 'import site; print(site.getsitepackages()[0])')/metarl_runner.pth" \
-    && /opt/metarl-runner/bin/python -c "import metarl.pod_runner as r, metarl.primerl.pin as p; assert p.PRIME_RL_TAG == '${PRIME_RL_TAG}'" \
+    && /opt/metarl-runner/bin/python -c "import metarl.pod_runner as r, metarl.pod_supervisor as s, metarl.primerl.pin as p; assert p.PRIME_RL_TAG == '${PRIME_RL_TAG}'" \
     && mkdir -p /tmp/metarl-job && chown -R appuser:appuser /tmp/metarl-job /opt/metarl-runner
 
 USER appuser
 ENV METARL_RUNNER_WORK_DIR=/tmp/metarl-job
 
-ENTRYPOINT ["/app/docker-entrypoint.sh", "/opt/metarl-runner/bin/python", "-m", "metarl.pod_runner"]
+ENTRYPOINT ["/app/docker-entrypoint.sh", "/opt/metarl-runner/bin/python", "-m", "metarl.pod_supervisor"]
 CMD []

@@ -12,8 +12,8 @@ socket is opened, no service is started and nothing is written. What it holds:
 - a cost estimate per stage against ``budget.max_run_usd``, and whether that cap would bind.
 
 There is no offline Runpod price table (a pod's ``costPerHr`` is known only once the API launched
-it), so the Runpod line needs prices from the operator (``--usd-per-gpu-hour TYPE=USD``); without
-them it says so and gives only the worst case that ``budget.max_job_usd`` allows. Tinker token
+it), so the Runpod line needs prices from the operator (``backends.train.estimated_usd_per_gpu_hour``
+in the config, or ``--usd-per-gpu-hour TYPE=USD``, which wins); without them it says so and gives only the worst case that ``budget.max_job_usd`` allows. Tinker token
 costs are upper bounds from the configured turn and context caps. Everything but
 :func:`local_models` (which looks whether a base model is already in the cache) is pure.
 """
@@ -129,7 +129,8 @@ class PodPlan(Frozen):
     max_at_once: int = Field(ge=1, description="Most pods at once: min(max_pods, window.in_flight)")
     warm_pool_size: int = Field(ge=0, description="Idle pods kept for the next job")
     pods_created: int = Field(ge=0, description="Pods created with no warm pool and no restarts: one per inner job, at most one per episode")
-    usd_per_gpu_hour: dict[str, float | None] = Field(description="Price per GPU-hour of each type, from --usd-per-gpu-hour (None: not given)")
+    usd_per_gpu_hour: dict[str, float | None] = Field(description="Price per GPU-hour of each type, from --usd-per-gpu-hour or estimated_usd_per_gpu_hour (None: not given)")
+    storage_env: list[str] = Field(default_factory=list, description="Names of the worker variables each pod gets for artifact storage (values never shown)")
 
 
 class CompiledJob(Frozen):
@@ -174,12 +175,14 @@ class DryRunPlan(Frozen):
 
 
 def parse_gpu_prices(values: list[str], backend: object, source: str) -> dict[str, float]:
-    """`TYPE=USD` per GPU-hour for GPU types of the Runpod train backend; ConfigError naming the flag otherwise."""
+    """Price per GPU-hour by type: the config's ``estimated_usd_per_gpu_hour``, overridden by each
+    `TYPE=USD` flag value; ConfigError naming the flag for a bad value."""
+    configured = dict(backend.estimated_usd_per_gpu_hour) if isinstance(backend, RunpodTrainBackend) else {}
     if not values:
-        return {}
+        return configured
     if not isinstance(backend, RunpodTrainBackend):
         raise ConfigError(source, [FieldProblem(field=PRICE_FLAG, message="only Runpod inner jobs have GPU prices", fix=f"drop {PRICE_FLAG}, or set backends.train.type = \"runpod\"")])
-    prices: dict[str, float] = {}
+    prices = configured
     for value in values:
         gpu, sep, price_text = value.rpartition("=")
         gpu = gpu.strip()
@@ -405,6 +408,7 @@ def pod_plan(config: RunConfig, counts: EpisodeCounts, prices: dict[str, float])
         warm_pool_size=backend.warm_pool_size,
         pods_created=counts.total,
         usd_per_gpu_hour={gpu: prices.get(gpu) for gpu in backend.gpu_types},
+        storage_env=list(backend.storage_env),
     )
 
 
@@ -593,9 +597,10 @@ def render_text(plan: DryRunPlan) -> str:
         out.append(f"  disk       {pods.container_disk_gb} GB container" + (f", {pods.volume_gb} GB volume" if pods.volume_gb else ", no volume"))
         out.append(f"  names      {pods.name_pattern} (e.g. {pods.example_name})")
         out.append(f"  at once    up to {pods.max_at_once}; warm pool {pods.warm_pool_size}")
-        out.append(f"  created    about {pods.pods_created} (one per inner job)")
+        out.append(f"  created    at most {pods.pods_created} (one per inner job; warm pods take several)")
         priced = ", ".join(f"{gpu} ${price:g}/GPU-h" for gpu, price in pods.usd_per_gpu_hour.items() if price is not None)
-        out.append(f"  prices     {priced or 'none given (' + PRICE_FLAG + ')'}")
+        out.append(f"  prices     {priced or 'none given (' + PRICE_FLAG + ' or backends.train.estimated_usd_per_gpu_hour)'}")
+        out.append(f"  pod env    METARL_RUNPOD_ROOT, METARL_POD_NAME, METARL_RUNNER_JOB_URL, METARL_RUNNER_RESULT_URL; storage: {', '.join(pods.storage_env) or 'none'} (those set on the train workers)")
     if plan.compiled:
         out += ["", "Compiled prime-rl configs (the default job of each task)"]
         for job in plan.compiled:

@@ -22,6 +22,7 @@ Usage: ``python -m metarl.pod_runner --job-url URL --result-url URL`` (or the sa
 from __future__ import annotations
 
 import argparse
+import base64
 import fnmatch
 import json
 import os
@@ -97,11 +98,17 @@ Reason = Literal[
     "stalled",
     "startup_timeout",
     "timeout",
+    "train_timeout",
     "terminated",
     "install_failed",
     "fetch_failed",
     "bad_bundle",
 ]
+
+
+SUCCESS_REASONS = ("completed", "train_timeout")
+"""Ends whose newest uploaded weights are the job's result (a job cut at the task's training time
+keeps what it trained, as the local backend's time budget does)."""
 
 
 State = Literal["fetching", "installing", "running", "uploading", "finished"]
@@ -184,6 +191,26 @@ class ExitReport(BaseModel):
     log_tail: str = Field(default="", max_length=LOG_TAIL_CHARS, description="End of rl's output")
 
 
+class PodAssignment(BaseModel):
+    """``pods/<name>/assignment.json``: the job a pod runs now; ``job_name`` None means the pod is idle.
+
+    Written by the train backend (``metarl.backends.runpod_train``), followed by the pod's
+    supervisor (``metarl.pod_supervisor``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pod_name: str = Field(min_length=1, max_length=191, description="Pod name")
+    seq: int = Field(ge=0, description="Bumped on every change; the supervisor starts a job when it sees a new seq")
+    job_name: str | None = Field(default=None, max_length=191, description="Job to run (None: idle)")
+    job_url: str | None = Field(default=None, max_length=4096, description="The job bundle (the runner's job_url)")
+    result_url: str | None = Field(default=None, max_length=4096, description="Folder of the job attempt (the runner's result_url)")
+    assigned_at: float | None = Field(default=None, description="Wall time of the assignment")
+    released_at: float | None = Field(default=None, description="Wall time the pod went idle")
+    billed_chunks: int = Field(default=0, ge=0, description="Billing intervals of this pod already charged when it went idle")
+    terminated: bool = Field(default=False, description="The pod was settled and terminated (or is being)")
+
+
 # ---------------------------------------------------------------------------------------------
 # Pure helpers
 # ---------------------------------------------------------------------------------------------
@@ -258,10 +285,21 @@ def latest_weights_step(weights_dir: Path) -> int | None:
     return max(steps) if steps else None
 
 
-def decide_stop(now: float, started: float, last_progress: float | None, config: RunnerConfig) -> Reason | None:
-    """Whether the running rl must be stopped: over the wall-clock cap, never started, or stalled."""
+def decide_stop(
+    now: float,
+    started: float,
+    last_progress: float | None,
+    config: RunnerConfig,
+    first_progress: float | None = None,
+    max_train_seconds: float | None = None,
+) -> Reason | None:
+    """Whether the running rl must be stopped: over the wall-clock cap, over the task's training
+    time (counted from the first metrics row, so image pull and model load are not training), never
+    started, or stalled."""
     if now - started > config.max_runtime_s:
         return "timeout"
+    if max_train_seconds is not None and first_progress is not None and now - first_progress > max_train_seconds:
+        return "train_timeout"
     if last_progress is None:
         return "startup_timeout" if now - started > config.startup_timeout_s else None
     return "stalled" if now - last_progress > config.stall_timeout_s else None
@@ -413,6 +451,7 @@ class PodRunner:
         self.rl_started = 0.0
         self.follower: MetricsFollower | None = None
         self.last_progress: float | None = None
+        self.first_progress: float | None = None
         self.stop_requested: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -490,9 +529,13 @@ class PodRunner:
             now = time.time()
             if self.follower.poll():
                 self.last_progress = now
+                self.first_progress = self.first_progress or now
             if code is not None:
                 return exit_reason(code, self.weights_step() is not None), code
-            reason: Reason | None = "terminated" if self.stop_requested else decide_stop(now, self.rl_started, self.last_progress, self.config)
+            cap = self.manifest.max_train_seconds if self.manifest else None
+            reason: Reason | None = (
+                "terminated" if self.stop_requested else decide_stop(now, self.rl_started, self.last_progress, self.config, self.first_progress, cap)
+            )
             if reason is not None:
                 return reason, self.kill_rl()
             if now >= next_beat:
@@ -530,7 +573,7 @@ class PodRunner:
         except OSError as err:
             upload_errors.append(str(err))
         log_tail = tail_text(self.log_path)
-        succeeded = reason == "completed" and weights_url is not None and not upload_errors
+        succeeded = reason in SUCCESS_REASONS and weights_url is not None and not upload_errors
         if upload_errors:
             message = f"{message}; upload failed: {upload_errors[0]}"[:2000]
         finished = time.time()
@@ -574,6 +617,10 @@ class PodRunner:
             "stalled": f"no new metrics row for {self.config.stall_timeout_s:g} s (last step {step}); rl stopped",
             "startup_timeout": f"no metrics row within {self.config.startup_timeout_s:g} s of the start; rl stopped",
             "timeout": f"rl ran past max_runtime_s = {self.config.max_runtime_s:g} s; stopped",
+            "train_timeout": (
+                f"training reached the task's max_train_seconds = {(self.manifest.max_train_seconds or 0) if self.manifest else 0:g} s; "
+                f"rl stopped, weights of step {self.weights_step()} kept"
+            ),
             "terminated": f"the runner received {self.stop_requested}; rl stopped",
         }.get(reason, reason)
 
@@ -633,6 +680,23 @@ class PodRunner:
 # ---------------------------------------------------------------------------------------------
 
 ENV_PREFIX = "METARL_RUNNER_"
+ENCODED_PREFIX = "b64:"
+"""Prefix of an environment value the launcher base64-encoded (``metarl.runpod_provider.encode_env_value``)."""
+
+
+def decode_env_value(value: str) -> str:
+    """A pod environment value as the launcher meant it (``b64:`` values decoded, others as they are)."""
+    if value.startswith(ENCODED_PREFIX):
+        return base64.urlsafe_b64decode(value[len(ENCODED_PREFIX) :].encode("ascii")).decode("utf-8")
+    return value
+
+
+def decode_environ(environ: dict[str, str] | os._Environ[str]) -> None:
+    """Decode, in place, every value the launcher base64-encoded (storage credentials included, which
+    fsspec/s3fs read from the environment)."""
+    for name, value in list(environ.items()):
+        if value.startswith(ENCODED_PREFIX):
+            environ[name] = decode_env_value(value)
 
 
 def config_from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -642,6 +706,7 @@ def config_from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
         raw = environ.get(ENV_PREFIX + name.upper())
         if raw is None:
             continue
+        raw = decode_env_value(raw)
         annotation = str(field.annotation)
         values[name] = json.loads(raw) if ("list" in annotation or "dict" in annotation) else raw
     return values
@@ -665,6 +730,7 @@ def parse_args(argv: list[str] | None, environ: Mapping[str, str]) -> RunnerConf
 
 def main(argv: list[str] | None = None) -> int:
     """Run one job; exit code 0 success, 1 job failure, 2 unusable config."""
+    decode_environ(os.environ)
     try:
         config = parse_args(argv, os.environ)
     except (ValidationError, ValueError) as err:

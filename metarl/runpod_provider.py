@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
+from metarl.pod_runner import ENCODED_PREFIX, decode_env_value  # noqa: F401  (decode_env_value: the pod side's inverse)
 from schemas.run_config import RUNPOD_API_KEY_ENV
 
 log = logging.getLogger("metarl.runpod")
@@ -42,7 +43,6 @@ T = TypeVar("T")
 SAFE_TEXT = re.compile(r"^[A-Za-z0-9 ._:/@+=,\-]*$")
 SAFE_ENV_VALUE = re.compile(r"^[A-Za-z0-9._:/@+=,\-]*$")
 ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
-ENCODED_PREFIX = "b64:"
 POD_ID = re.compile(r"^[A-Za-z0-9]{1,64}$")
 
 
@@ -95,7 +95,7 @@ class LaunchRequest(Frozen):
     cloud_type: Literal["ALL", "SECURE", "COMMUNITY"] = Field(default="ALL", description="Runpod cloud")
     container_disk_gb: int = Field(default=50, ge=1, le=4000, description="Container disk")
     volume_gb: int = Field(default=0, ge=0, le=10_000, description="Pod volume")
-    env: dict[str, str] = Field(default_factory=dict, description="Environment of the pod (never a secret it does not need)")
+    env: dict[str, str] = Field(default_factory=dict, repr=False, description="Environment of the pod (never a secret it does not need; kept out of repr)")
 
 
 class RetryPolicy(Frozen):
@@ -203,13 +203,6 @@ def encode_env_value(value: str) -> str:
     if SAFE_ENV_VALUE.match(value) and not value.startswith(ENCODED_PREFIX):
         return value
     return ENCODED_PREFIX + base64.urlsafe_b64encode(value.encode("utf-8")).decode("ascii")
-
-
-def decode_env_value(value: str) -> str:
-    """Inverse of `encode_env_value` (the pod runner calls this)."""
-    if value.startswith(ENCODED_PREFIX):
-        return base64.urlsafe_b64decode(value[len(ENCODED_PREFIX) :].encode("ascii")).decode("utf-8")
-    return value
 
 
 def encode_env(env: dict[str, str]) -> dict[str, str]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from schemas.base import StrictModel
 from schemas.task_spec import IDENTIFIER
@@ -196,6 +196,19 @@ RUNPOD_API_KEY_ENV = "RUNPOD_API_KEY"
 _GPU_TYPE = r"^[A-Za-z0-9][A-Za-z0-9 ._\-]{0,63}$"
 
 
+DEFAULT_STORAGE_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+)
+"""What an ``s3://`` artifact root needs on the pod (s3fs reads these)."""
+STORAGE_ENV_REFUSED_PREFIXES = ("RUNPOD_", "TINKER_", "METARL_")
+
+
 class RunpodTrainBackend(StrictModel):
     """Inner jobs as prime-rl runs on Runpod pods (2x A40 by default), submitted then polled.
 
@@ -218,7 +231,7 @@ class RunpodTrainBackend(StrictModel):
     container_disk_gb: int = Field(default=80, ge=10, le=4000, description="Container disk of a pod (image, model, checkpoints)")
     volume_gb: int = Field(default=0, ge=0, le=10_000, description="Pod volume (0 = none)")
     max_pods: int = Field(default=16, ge=1, le=1000, description="Most pods at once, busy and idle (the pool size P)")
-    warm_pool_size: int = Field(default=0, ge=0, le=1000, description="Idle pods kept for the next job instead of being terminated (needs an image whose pods follow their assignment file; metarl.pod_runner runs one job per container)")
+    warm_pool_size: int = Field(default=2, ge=0, le=1000, description="Idle pods kept for the next job instead of being terminated (the image's metarl.pod_supervisor follows its pod's assignment file); 0 = a new pod per job")
     idle_timeout_s: float = Field(default=300.0, ge=0.0, le=86_400.0, description="An idle pod unused this long is terminated")
     poll_interval_s: float = Field(default=30.0, ge=0.05, le=3600.0, description="Seconds between polls of a running job")
     startup_timeout_s: float = Field(default=1800.0, ge=1.0, le=86_400.0, description="Longest wait for a job's first progress (image pull, model download)")
@@ -232,6 +245,35 @@ class RunpodTrainBackend(StrictModel):
     capacity_cooldown_s: float = Field(default=60.0, ge=0.0, le=86_400.0, description="A GPU type that had no capacity is tried after the others for this long")
     reap_interval_s: float = Field(default=60.0, ge=0.0, le=86_400.0, description="Seconds between orphan-reaper passes of one worker process")
     orphan_grace_s: float = Field(default=600.0, ge=0.0, le=86_400.0, description="A pod of ours with no assignment record is reaped once it is this old")
+    storage_env: list[Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]{0,127}$")]] = Field(
+        default_factory=lambda: list(DEFAULT_STORAGE_ENV),
+        max_length=32,
+        description="Variables of the train worker's environment copied into each pod's so its runner can reach artifact storage (those unset are skipped; rl never sees credential-like ones)",
+    )
+    estimated_usd_per_gpu_hour: dict[Annotated[str, Field(pattern=_GPU_TYPE)], Annotated[float, Field(ge=0.0, le=1000.0)]] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Price per GPU-hour by GPU type, for the dry run's estimate only (billing uses the pod's costPerHr); --usd-per-gpu-hour overrides it",
+    )
+
+    @field_validator("storage_env")
+    @classmethod
+    def _storage_env_is_not_ours(cls, names: list[str]) -> list[str]:
+        refused = [name for name in names if name.startswith(STORAGE_ENV_REFUSED_PREFIXES)]
+        if refused:
+            raise ValueError(
+                f"{refused[0]} is not a storage setting: the Runpod and Tinker keys and METARL_ settings never go to a pod; "
+                f"list only the storage variables (e.g. {', '.join(DEFAULT_STORAGE_ENV[:2])})"
+            )
+        return names
+
+    @field_validator("estimated_usd_per_gpu_hour")
+    @classmethod
+    def _priced_types_are_used(cls, prices: dict[str, float], info: Any) -> dict[str, float]:
+        unknown = sorted(set(prices) - set(info.data.get("gpu_types") or []))
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not one of gpu_types; price only the GPU types listed there, spelled as there")
+        return prices
 
     @model_validator(mode="before")
     @classmethod
@@ -251,7 +293,9 @@ class RunpodTrainBackend(StrictModel):
     @model_validator(mode="after")
     def _pool_fits(self) -> "RunpodTrainBackend":
         if self.warm_pool_size > self.max_pods:
-            raise ValueError("warm_pool_size must be at most max_pods (idle pods count towards the pool)")
+            if "warm_pool_size" in self.model_fields_set:
+                raise ValueError("warm_pool_size must be at most max_pods (idle pods count towards the pool)")
+            self.warm_pool_size = self.max_pods
         if self.startup_timeout_s < self.poll_interval_s or self.hang_timeout_s < self.poll_interval_s:
             raise ValueError("startup_timeout_s and hang_timeout_s must be at least poll_interval_s, or the watchdog fires between two polls")
         return self

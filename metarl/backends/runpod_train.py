@@ -18,8 +18,10 @@ runner's METARL_RUNNER_JOB_URL / METARL_RUNNER_RESULT_URL in its environment, so
 its first job at boot. When a job ends on a healthy pod, the pod is kept idle for the next job of
 the same run (up to `warm_pool_size`, for `idle_timeout_s`); a job takes an idle pod before it
 creates one, by rewriting the pod's assignment file (claims serialised by a PostgreSQL advisory
-lock). Reuse needs a pod that follows its assignment file (`tests/fakes/pod_runner.py` does);
-`metarl.pod_runner` runs one job per container, so with that image keep `warm_pool_size = 0`.
+lock). The image's main process, `metarl.pod_supervisor`, follows that file and runs each new job
+with `metarl.pod_runner` (`tests/fakes/pod_runner.py` is a stand-in that follows it too). Pods also
+get the artifact-storage variables named in `storage_env` (the runner keeps them from `rl`) and the
+task's `max_train_seconds`, in the bundle manifest, which the runner enforces.
 
 Billing: pod seconds are charged in intervals of `billing_interval_s` of the vendor's uptime, one
 ledger row per pod and interval with the key `runpod:<pod id>:<interval>`, so re-polls, takeovers
@@ -36,7 +38,7 @@ import os
 import posixpath
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -44,7 +46,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from metarl.backends.base import CostItem, EpisodeContext, LaunchResult, PollResult
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
 from metarl.pod_runner import ENV_PREFIX as RUNNER_ENV_PREFIX
-from metarl.pod_runner import ExitReport, Heartbeat
+from metarl.pod_runner import ExitReport, Heartbeat, PodAssignment
+from metarl.pod_supervisor import POD_NAME_ENV, POD_ROOT_ENV, assignment_path
 from metarl.primerl.manifest import EXIT_FILE, METRICS_DIR, STATUS_FILE
 from metarl.runpod_provider import LaunchRequest, PodInfo, PodState, RetryPolicy, RunpodProvider
 from schemas.job import JobSpec
@@ -55,7 +58,6 @@ log = logging.getLogger("metarl.runpod")
 NAME_PREFIX = "metarl-"
 POOL_LOCK_KEY = int.from_bytes(hashlib.sha256(b"metarl-runpod-pool").digest()[:7], "big")
 REAP_LOCK_KEY = POOL_LOCK_KEY ^ 0x2A2A
-POD_ROOT_ENV, POD_NAME_ENV = "METARL_RUNPOD_ROOT", "METARL_POD_NAME"
 RUNNER_JOB_URL_ENV, RUNNER_RESULT_URL_ENV = f"{RUNNER_ENV_PREFIX}JOB_URL", f"{RUNNER_ENV_PREFIX}RESULT_URL"
 
 
@@ -66,20 +68,6 @@ class Frozen(BaseModel):
 
 
 # --- the pod/runner protocol (files in artifact storage) -------------------------------------
-
-
-class PodAssignment(Frozen):
-    """pods/<name>/assignment.json: the job a pod runs now; job_name None means the pod is idle."""
-
-    pod_name: str = Field(min_length=1, max_length=191, description="Pod name")
-    seq: int = Field(ge=0, description="Bumped on every change; the runner starts a job when it sees a new seq")
-    job_name: str | None = Field(default=None, max_length=191, description="Job to run (None: idle)")
-    job_url: str | None = Field(default=None, max_length=4096, description="The job bundle (the runner's job_url)")
-    result_url: str | None = Field(default=None, max_length=4096, description="Folder of the job attempt (the runner's result_url)")
-    assigned_at: float | None = Field(default=None, description="Wall time of the assignment")
-    released_at: float | None = Field(default=None, description="Wall time the pod went idle")
-    billed_chunks: int = Field(default=0, ge=0, description="Billing intervals of this pod already charged when it went idle")
-    terminated: bool = Field(default=False, description="The pod was settled and terminated (or is being)")
 
 
 class AttemptPointer(Frozen):
@@ -114,6 +102,11 @@ class JobState(BaseModel):
 
 
 # --- pure logic --------------------------------------------------------------------------------
+
+
+def storage_environment(names: list[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The artifact-storage variables a pod gets: each listed name that is set (and not empty) here."""
+    return {name: environ[name] for name in names if environ.get(name)}
 
 
 def pod_name_for(job_name: str, attempt: int) -> str:
@@ -343,7 +336,7 @@ class Store:
         self.write_bytes(path, value.model_dump_json().encode("utf-8"))
 
     def assignment_path(self, pod_name: str) -> str:
-        return self.path("pods", pod_name, "assignment.json")
+        return self.path(*assignment_path(pod_name).split("/"))
 
     def attempt_path(self, job_name: str, attempt: int) -> str:
         return self.path("jobs", job_name, f"a{attempt}")
@@ -372,6 +365,7 @@ class RunpodTrain:
         provider: RunpodProvider | None = None,
         clock: Callable[[], float] = time.time,
         ledger: LedgerWriter | None = None,
+        environ: Mapping[str, str] | None = None,
     ):
         from metarl.settings import database_url as configured_database_url
 
@@ -383,6 +377,7 @@ class RunpodTrain:
         self.provider = provider or RunpodProvider(retry, capacity_cooldown_s=config.capacity_cooldown_s)
         self.clock = clock
         self.ledger = ledger
+        self.environ = os.environ if environ is None else environ
 
     # TrainBackend protocol
 
@@ -483,7 +478,7 @@ class RunpodTrain:
         from metarl.primerl.compiler import compile_bundle, pod_compile_options, write_bundle
         from metarl.workspace import WorkspaceError
 
-        options = pod_compile_options(self.config.gpu_count)
+        options = pod_compile_options(self.config.gpu_count, ctx.task.budget.max_train_seconds)
         try:
             bundle = compile_bundle(job, ctx.workspace_uri, options)
         except WorkspaceError as err:
@@ -554,7 +549,13 @@ class RunpodTrain:
             cloud_type=self.config.cloud_type,
             container_disk_gb=self.config.container_disk_gb,
             volume_gb=self.config.volume_gb,
-            env={POD_ROOT_ENV: self.store.root_uri, POD_NAME_ENV: name, RUNNER_JOB_URL_ENV: urls["job_url"], RUNNER_RESULT_URL_ENV: urls["result_url"]},
+            env={
+                **storage_environment(self.config.storage_env, self.environ),
+                POD_ROOT_ENV: self.store.root_uri,
+                POD_NAME_ENV: name,
+                RUNNER_JOB_URL_ENV: urls["job_url"],
+                RUNNER_RESULT_URL_ENV: urls["result_url"],
+            },
         )
 
     def _place_waiting(self, ctx: EpisodeContext, current: JobState) -> PollResult:

@@ -101,12 +101,17 @@ class CompileOptions(BaseModel):
     min_seq_len: int = Field(default=512, ge=64, le=131_072, description="Smallest sequence length")
     seq_len_multiple: int = Field(default=256, ge=1, le=8192, description="seq_len is rounded up to a multiple of this")
     output_dir: str = Field(default="outputs", pattern=r"^[A-Za-z0-9_\-]{1,64}$", description="rl.toml output_dir (relative)")
+    max_train_seconds: float | None = Field(
+        default=None, gt=0, le=7 * 24 * 3600, description="The task's training-time cap, written to the manifest for the pod runner (None: no cap)"
+    )
 
 
-def pod_compile_options(gpu_count: int) -> CompileOptions:
+def pod_compile_options(gpu_count: int, max_train_seconds: float | None = None) -> CompileOptions:
     """Options for a pod of ``gpu_count`` GPUs: half of them (at least one) train, the rest serve vLLM."""
     train_gpus = max(1, gpu_count // 2)
-    return CompileOptions(gpus_per_node=gpu_count, num_train_gpus=train_gpus, num_infer_gpus=max(1, gpu_count - train_gpus))
+    return CompileOptions(
+        gpus_per_node=gpu_count, num_train_gpus=train_gpus, num_infer_gpus=max(1, gpu_count - train_gpus), max_train_seconds=max_train_seconds
+    )
 
 
 def seq_len_for(max_tokens: int, options: CompileOptions) -> int:
@@ -244,6 +249,7 @@ def build_bundle(job: JobSpec, environment_source: bytes, dataset: bytes, option
         env_module=module,
         output_dir=options.output_dir,
         max_steps=job.resolved().max_steps,
+        max_train_seconds=options.max_train_seconds,
         files={path: sha256_hex(data) for path, data in files.items()},
     )
     files[MANIFEST_FILE] = (manifest.model_dump_json(indent=2) + "\n").encode()

@@ -62,6 +62,9 @@ class BundleManifest(BaseModel):
     env_module: str = Field(pattern=ENV_MODULE_PATTERN, description="Importable module name of the environment package")
     output_dir: str = Field(default="outputs", pattern=OUTPUT_DIR_PATTERN, description="rl.toml output_dir, relative to the run folder")
     max_steps: int = Field(ge=1, le=100_000, description="Trainer steps the job runs")
+    max_train_seconds: float | None = Field(
+        default=None, gt=0, le=7 * 24 * 3600, description="The task's training-time cap, enforced by the pod runner from the first metrics row (None: no cap)"
+    )
     files: dict[str, str] = Field(
         min_length=1, max_length=64, description="Relative path -> sha256 of every bundle file except the manifest"
     )

@@ -137,7 +137,7 @@ def test_runpod_example(sandbox: tuple[dict[str, str], Path], recorder: Connecti
     assert "base model local-s (for Qwen/Qwen3-0.6B, scale 1) to build on first use" in out  # the vLLM eval's base scores
 
 
-def test_runpod_example_as_json_without_prices(sandbox: tuple[dict[str, str], Path], recorder: ConnectionRecorder) -> None:
+def test_runpod_example_as_json_with_the_configs_price_estimate(sandbox: tuple[dict[str, str], Path], recorder: ConnectionRecorder) -> None:
     plan = json.loads(dry_run(sandbox, recorder, str(EXAMPLES / "runpod.toml"), "--json"))
     assert plan["pods"]["image"] == "ghcr.io/your-org/metarl-inner:prime-rl-v0.8.0"
     assert plan["pods"]["gpu_types"][0] == "NVIDIA A40" and plan["pods"]["max_at_once"] == 16
@@ -145,8 +145,10 @@ def test_runpod_example_as_json_without_prices(sandbox: tuple[dict[str, str], Pa
     assert compiled["problems"] == [] and compiled["rl_config"]["orchestrator"]["renderer"] == {"name": "qwen3", "enable_thinking": False}
     assert tomllib.loads(compiled["rl_toml"]) == compiled["rl_config"]
     train = next(line for line in plan["estimate"]["lines"] if line["stage"] == "train")
-    assert train["usd"] is None and "no offline Runpod price table" in train["unavailable"]
-    assert plan["estimate"]["upper_usd"] == pytest.approx(404.0) and plan["estimate"]["cap"]["binds"] == "unknown"
+    assert plan["pods"]["usd_per_gpu_hour"]["NVIDIA A40"] == 0.44 and plan["pods"]["usd_per_gpu_hour"]["NVIDIA L40S"] is None
+    assert train["usd"] is not None and train["usd"] > 0 and not train.get("unavailable")
+    assert plan["estimate"]["upper_usd"] == pytest.approx(404.0)
+    assert "AWS_SECRET_ACCESS_KEY" in plan["pods"]["storage_env"]
 
 
 def test_tinker_example(sandbox: tuple[dict[str, str], Path], recorder: ConnectionRecorder) -> None:

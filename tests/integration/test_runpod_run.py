@@ -38,6 +38,7 @@ GPUS = (
     GpuOffer("NVIDIA L40S", "L40S", 48, 5.0, 4.5),
 )
 MAX_REQUESTS = 4000
+STORAGE_SECRET_ENV = "AWS_SECRET_ACCESS_KEY"
 
 
 def write_config(tmp_path: Path, name: str, *, budget: str = "", hang_timeout_s: float = 2.0, max_outer_steps: int = 2) -> Path:
@@ -118,6 +119,8 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunpo
     fake.start()
     monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.url)
     monkeypatch.setenv("RUNPOD_API_KEY", key)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFAKESTORAGEID")
+    monkeypatch.setenv(STORAGE_SECRET_ENV, f"fake-storage-secret-{uuid.uuid4().hex}")
     yield fake
     fake.stop()
     assert fake.pod_processes_alive() == []
@@ -213,18 +216,29 @@ def assert_billing_matches(cloud: FakeRunpod, pg_url: str, run_id: str) -> None:
     assert abs(ledger_usd(pg_url, run_id) - fake_usd) < 0.005, f"ledger ${ledger_usd(pg_url, run_id):.4f} vs fake ${fake_usd:.4f}"
 
 
-def assert_no_secret_anywhere(key: str, tmp_path: Path, pg_url: str, cloud: FakeRunpod) -> None:
-    """The key is in no log, artifact, pod log, pod environment or database row."""
-    needle = key.encode()
+def assert_not_recorded(secret: str, tmp_path: Path, pg_url: str) -> None:
+    """The secret is in no log, artifact, pod log or database row."""
+    needle = secret.encode()
     for path in tmp_path.rglob("*"):
         if path.is_file():
-            assert needle not in path.read_bytes(), f"the API key leaked into {path}"
-    for env in cloud.pod_environments():
-        assert key not in json.dumps(env) and "RUNPOD_API_KEY" not in env
+            assert needle not in path.read_bytes(), f"a secret leaked into {path}"
     with session_scope(pg_url) as session:
         for table in Base.metadata.sorted_tables:
             for (row,) in session.execute(text(f'SELECT t::text FROM "{table.name}" t')):
-                assert key not in row, f"the API key leaked into table {table.name}"
+                assert secret not in row, f"a secret leaked into table {table.name}"
+
+
+def assert_no_secret_anywhere(key: str, storage_secret: str, tmp_path: Path, pg_url: str, cloud: FakeRunpod) -> None:
+    """The API key is nowhere, not even in a pod's environment; the storage secret reached every pod and nothing else."""
+    assert_not_recorded(key, tmp_path, pg_url)
+    assert_not_recorded(storage_secret, tmp_path, pg_url)
+    environments = cloud.pod_environments()
+    for env in environments:
+        assert key not in json.dumps(env) and "RUNPOD_API_KEY" not in env
+    launched = [env for env in environments if "METARL_RUNNER_JOB_URL" in env]  # not the orphan the test launched itself
+    assert launched
+    for env in launched:
+        assert env.get(STORAGE_SECRET_ENV) == storage_secret and env.get("AWS_ACCESS_KEY_ID") == "AKIAFAKESTORAGEID"
     assert cloud.seen_authorization == {f"Bearer {key}"}
 
 
@@ -286,7 +300,7 @@ def test_runpod_run_survives_faults_bills_exactly_and_leaves_nothing_running(tmp
     status = json.loads(metarl_cli(["status", run_id, "--json"], env).stdout)
     assert any(cost["source"] == "runpod" and not cost["simulated"] for cost in status["costs"])
     assert status["inner_jobs"]["succeeded"] == len(jobs)
-    assert_no_secret_anywhere(key, tmp_path, pg_url, cloud)
+    assert_no_secret_anywhere(key, env[STORAGE_SECRET_ENV], tmp_path, pg_url, cloud)
 
 
 def test_run_budget_cap_with_on_cap_stop_terminates_running_pods_and_says_so(tmp_path, cloud, runpod_pools, pg_url, redis_url):

@@ -102,8 +102,10 @@ def test_tinker_bounds_follow_the_turn_and_context_caps() -> None:
 def test_parse_gpu_prices() -> None:
     config, _ = example("runpod")
     train = config.backends.train
-    assert parse_gpu_prices([], train, "x") == {}
-    assert parse_gpu_prices(["NVIDIA A40=0.44", "NVIDIA L40S=0.86"], train, "x") == {"NVIDIA A40": 0.44, "NVIDIA L40S": 0.86}
+    assert parse_gpu_prices([], train, "x") == train.estimated_usd_per_gpu_hour == {"NVIDIA A40": 0.44}  # the config's estimate
+    assert parse_gpu_prices([], train.model_copy(update={"estimated_usd_per_gpu_hour": {}}), "x") == {}
+    # a flag overrides the config's price of its type and adds the others
+    assert parse_gpu_prices(["NVIDIA A40=0.5", "NVIDIA L40S=0.86"], train, "x") == {"NVIDIA A40": 0.5, "NVIDIA L40S": 0.86}
     for bad in ["NVIDIA A40", "NVIDIA A40=", "=0.4", "NVIDIA A40=-1", "NVIDIA A40=nan", "NVIDIA A40=inf", "NVIDIA A40=1e9", "NVIDIA H100=2.0"]:
         with pytest.raises(ConfigError) as caught:
             parse_gpu_prices([bad], train, "x")

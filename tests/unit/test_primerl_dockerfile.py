@@ -46,9 +46,9 @@ def test_the_build_refuses_another_prime_rl_version() -> None:
     assert "import verifiers, datasets" in runs
 
 
-def test_entrypoint_runs_the_pod_runner_through_prime_rls_entry_script() -> None:
+def test_entrypoint_runs_the_pod_supervisor_through_prime_rls_entry_script() -> None:
     entry = [json.loads(rest) for word, rest in instructions() if word == "ENTRYPOINT"]
-    assert entry == [["/app/docker-entrypoint.sh", "/opt/metarl-runner/bin/python", "-m", "metarl.pod_runner"]]
+    assert entry == [["/app/docker-entrypoint.sh", "/opt/metarl-runner/bin/python", "-m", "metarl.pod_supervisor"]]
     assert [word for word, _ in instructions()][-1] == "CMD"
     assert ("USER", "appuser") in instructions()
 
@@ -59,21 +59,23 @@ def test_copied_files_exist_in_the_build_context() -> None:
     assert sources
     for source in sources:
         assert (CONTEXT / source).exists(), source
-    assert {"pod_runner.py", "__init__.py", "primerl/"} <= set(sources)
+    assert {"pod_runner.py", "pod_supervisor.py", "__init__.py", "primerl/"} <= set(sources)
 
 
 def test_runner_imports_only_what_the_image_installs() -> None:
     """The runner venv has pydantic, fsspec and s3fs: the runner and the modules it imports use nothing else."""
     allowed = {"pydantic", "fsspec", "metarl"}
-    stdlib_like = re.compile(r"^(from|import) (__future__|argparse|fnmatch|json|os|re|signal|subprocess|sys|time|hashlib|collections|pathlib|typing)\b")
-    for path in (REPO / "metarl" / "pod_runner.py", REPO / "metarl" / "primerl" / "manifest.py", REPO / "metarl" / "primerl" / "pin.py"):
+    stdlib_like = re.compile(r"^(from|import) (__future__|argparse|base64|fnmatch|json|os|re|shutil|signal|subprocess|sys|time|hashlib|collections|pathlib|typing)\b")
+    runner_modules = ("pod_runner.py", "pod_supervisor.py", "primerl/manifest.py", "primerl/pin.py")
+    for path in (REPO / "metarl" / name for name in runner_modules):
         for line in path.read_text().splitlines():
             if re.match(r"^\s*(from \S+ import|import \S+)", line) and not stdlib_like.match(line.strip()):
                 module = line.split()[1].split(".")[0]
                 assert module in allowed, f"{path.name}: {line.strip()}"
-    for line in (REPO / "metarl" / "pod_runner.py").read_text().splitlines():
-        if line.startswith("from metarl"):
-            assert line.split()[1] in ("metarl.primerl.manifest", "metarl.primerl.pin"), line
+    for name in ("pod_runner.py", "pod_supervisor.py"):
+        for line in (REPO / "metarl" / name).read_text().splitlines():
+            if line.startswith("from metarl"):
+                assert line.split()[1] in ("metarl.pod_runner", "metarl.primerl.manifest", "metarl.primerl.pin"), line
     installs = " ".join(rest for word, rest in instructions() if word == "RUN")
     for package in ("pydantic==", "fsspec==", "s3fs=="):
         assert package in installs

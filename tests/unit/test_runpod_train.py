@@ -32,7 +32,7 @@ from metarl.backends.runpod_train import (
     watchdog,
 )
 from metarl.pod_runner import ExitReport, Heartbeat
-from metarl.runpod_provider import PodState
+from metarl.runpod_provider import PodState, decode_env_value
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec
 from schemas.run_config import BudgetConfig, RunpodTrainBackend
@@ -233,11 +233,19 @@ def test_backend_launch_poll_warm_reuse_preemption_hang_and_release(cloud, tmp_p
         api_backoff_s=0.01,
         capacity_cooldown_s=0.0,
     )
-    backend = RunpodTrain(config, str(tmp_path / "artifacts"), BudgetConfig(), ledger=lambda run, episode, items: ledger.extend((episode, i) for i in items))
+    storage = {"AWS_ACCESS_KEY_ID": "AKIAFAKE", "AWS_SECRET_ACCESS_KEY": "fake/secret+value", "AWS_REGION": "", "UNLISTED_TOKEN": "x"}
+    backend = RunpodTrain(
+        config, str(tmp_path / "artifacts"), BudgetConfig(), ledger=lambda run, episode, items: ledger.extend((episode, i) for i in items), environ=storage
+    )
     job = JobSpec(model=JobModel(name="Qwen/Qwen3-0.6B"))
 
     retried = backend.launch(context(1, tmp_path), job, "metarl-0a1b2c3d-1")
     assert backend.launch(context(1, tmp_path), job, "metarl-0a1b2c3d-1").external_id == retried.external_id, "a retried launch made a new pod"
+    (pod_env,) = cloud.pod_environments()
+    # the listed storage variables that are set reach the pod (the secret base64-encoded for the GraphQL), nothing else of the worker's
+    assert pod_env["AWS_ACCESS_KEY_ID"] == "AKIAFAKE" and decode_env_value(pod_env["AWS_SECRET_ACCESS_KEY"]) == "fake/secret+value"
+    assert "AWS_REGION" not in pod_env and "UNLISTED_TOKEN" not in pod_env
+    assert "fake/secret+value" not in repr(backend._launch_request("metarl-0a1b2c3d-9", "metarl-0a1b2c3d-9", "a0"))
     first = run_to_end(backend, context(1, tmp_path), job, "metarl-0a1b2c3d-1", ledger)
     assert first.status == "succeeded" and first.checkpoint_uri.endswith("a0/weights/step_4") and first.metrics_uri.endswith("a0/metrics/metrics.jsonl") and first.train_seconds > 0
     assert cloud.capacity_refusals["NVIDIA A40"] == 1 and "A6000" in first.state["gpu_type"]
