@@ -9,27 +9,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from metarl.backends.base import EvalBackend, Score
-from metarl.db import session_scope
+from metarl.db import run_sql, session_scope
 from schemas.records import BaselineScore
 from schemas.task_spec import TaskSpec
 
 
+CACHED_BASELINE_SQL = """
+SELECT score FROM baseline_scores
+WHERE task_id = %(task_id)s AND model_name = %(model_name)s AND eval_version = %(eval_version)s AND backend = %(backend)s
+"""
+"""Sent as written: every eval message reads it."""
+
+
 def cached_baseline(session: Session, task: TaskSpec, model_name: str, backend_name: str) -> float | None:
     """The stored base score of ``model_name`` on ``task`` for this eval version and backend, if any."""
-    row = session.execute(
-        select(BaselineScore.score).where(
-            BaselineScore.task_id == task.id,
-            BaselineScore.model_name == model_name,
-            BaselineScore.eval_version == task.hidden_eval.version,
-            BaselineScore.backend == backend_name,
-        )
-    ).scalar_one_or_none()
-    return float(row) if row is not None else None
+    params = {"task_id": task.id, "model_name": model_name, "eval_version": task.hidden_eval.version, "backend": backend_name}
+    row = run_sql(session, CACHED_BASELINE_SQL, params).first()
+    return float(row[0]) if row is not None else None
 
 
 def store_baseline(session: Session, task: TaskSpec, model_name: str, backend_name: str, score: Score) -> None:

@@ -6,9 +6,12 @@ import datetime as dt
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import DateTime, func, literal, select, update
-from sqlalchemy.dialects.postgresql import insert
+from typing import Any
+
+from sqlalchemy import update
 from sqlalchemy.orm import Session
+
+from metarl.db import run_sql
 
 from schemas.records import ClaimStatus, Stage, StageClaim
 
@@ -37,6 +40,36 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+CLAIM_INSERT_SQL = """
+INSERT INTO stage_claims (run_id, episode_id, stage, probe_attempt, token, status, worker, takeovers, transient_failures, claimed_at, heartbeat_at)
+VALUES (%(run_id)s, %(episode_id)s, %(stage)s, %(probe_attempt)s, %(token)s, 'running', %(worker)s, 0, 0, now(), now())
+ON CONFLICT ON CONSTRAINT uq_stage_claims_key DO NOTHING
+RETURNING id
+"""
+CLAIM_EXISTING_SQL = """
+SELECT id, status, token, worker FROM stage_claims WHERE episode_id = %(episode_id)s AND stage = %(stage)s AND probe_attempt = %(probe_attempt)s
+"""
+CLAIM_TAKEOVER_SQL = """
+UPDATE stage_claims SET token = %(new_token)s, worker = %(worker)s, heartbeat_at = %(now)s, takeovers = takeovers + %(added)s
+WHERE id = %(id)s AND status = 'running' AND (token = %(token)s OR (%(stale_ok)s AND heartbeat_at < %(stale_before)s))
+RETURNING takeovers
+"""
+HEARTBEAT_SQL = """
+UPDATE stage_claims SET heartbeat_at = %(now)s WHERE id = %(id)s AND token = %(token)s AND status = 'running' RETURNING id
+"""
+FINISH_SQL = """
+UPDATE stage_claims
+SET status = %(status)s, finished_at = %(now)s, heartbeat_at = %(now)s, error = %(error)s, duration_s = extract(epoch FROM %(now)s - claimed_at)
+WHERE id = %(id)s AND token = %(token)s AND status = 'running'
+RETURNING id
+"""
+"""The claim statements, sent as they are (no ORM compilation): they run several times per stage."""
+
+
+def _first(session: Session, sql: str, params: dict[str, object]) -> Any:
+    return run_sql(session, sql, params).first()
+
+
 def claim_stage(
     session: Session, *, run_id: str, episode_id: int, stage: Stage, probe_attempt: int, worker: str, lease_s: float, token: str | None = None
 ) -> Claim:
@@ -46,75 +79,45 @@ def claim_stage(
     Raises ClaimRefused when the stage is done or held by a live worker.
     """
     new_token = str(uuid.uuid4())
-    inserted = session.execute(
-        insert(StageClaim)
-        .values(
-            run_id=run_id,
-            episode_id=episode_id,
-            stage=stage,
-            probe_attempt=probe_attempt,
-            token=new_token,
-            status=ClaimStatus.running,
-            worker=worker,
-        )
-        .on_conflict_do_nothing(constraint="uq_stage_claims_key")
-        .returning(StageClaim.id)
-    ).scalar_one_or_none()
+    key = {"episode_id": episode_id, "stage": stage.value, "probe_attempt": probe_attempt}
+    inserted = _first(session, CLAIM_INSERT_SQL, {**key, "run_id": run_id, "token": new_token, "worker": worker})
     if inserted is not None:
-        return Claim(inserted, new_token, episode_id, stage, probe_attempt)
-    existing = session.execute(
-        select(StageClaim).where(StageClaim.episode_id == episode_id, StageClaim.stage == stage, StageClaim.probe_attempt == probe_attempt)
-    ).scalar_one()
-    if existing.status != ClaimStatus.running:
-        raise ClaimRefused(f"stage {stage.value} of episode {episode_id} is already {existing.status.value}")
+        return Claim(inserted[0], new_token, episode_id, stage, probe_attempt)
+    existing = _first(session, CLAIM_EXISTING_SQL, key)
+    assert existing is not None, "the claim insert conflicted, so the row exists"
+    claim_id, status, held_token, holder = existing
+    if status != ClaimStatus.running.value:
+        raise ClaimRefused(f"stage {stage.value} of episode {episode_id} is already {status}")
     now = utcnow()
-    if token is not None and token == existing.token:
-        condition = StageClaim.token == token
-    else:
-        condition = StageClaim.heartbeat_at < now - dt.timedelta(seconds=lease_s)
-    taken = session.execute(
-        update(StageClaim)
-        .where(StageClaim.id == existing.id, StageClaim.status == ClaimStatus.running, condition)
-        .values(
-            token=new_token,
-            worker=worker,
-            heartbeat_at=now,
-            takeovers=StageClaim.takeovers + (0 if token == existing.token else 1),
-        )
-        .returning(StageClaim.takeovers)
-    ).scalar_one_or_none()
+    continuing = token is not None and token == held_token
+    taken = _first(
+        session,
+        CLAIM_TAKEOVER_SQL,
+        {
+            "new_token": new_token,
+            "worker": worker,
+            "now": now,
+            "added": 0 if continuing else 1,
+            "id": claim_id,
+            "token": token if continuing else "",
+            "stale_ok": not continuing,
+            "stale_before": now - dt.timedelta(seconds=lease_s),
+        },
+    )
     if taken is None:
-        raise ClaimRefused(f"stage {stage.value} of episode {episode_id} is held by {existing.worker}")
-    return Claim(existing.id, new_token, episode_id, stage, probe_attempt, takeovers=taken)
+        raise ClaimRefused(f"stage {stage.value} of episode {episode_id} is held by {holder}")
+    return Claim(claim_id, new_token, episode_id, stage, probe_attempt, takeovers=taken[0])
 
 
 def heartbeat(session: Session, claim: Claim) -> bool:
     """Renew the claim; False means it was taken over (the caller must stop and record nothing)."""
-    renewed = session.execute(
-        update(StageClaim)
-        .where(StageClaim.id == claim.claim_id, StageClaim.token == claim.token, StageClaim.status == ClaimStatus.running)
-        .values(heartbeat_at=utcnow())
-        .returning(StageClaim.id)
-    ).scalar_one_or_none()
-    return renewed is not None
+    return _first(session, HEARTBEAT_SQL, {"now": utcnow(), "id": claim.claim_id, "token": claim.token}) is not None
 
 
 def finish_claim(session: Session, claim: Claim, status: ClaimStatus, error: str | None = None) -> bool:
     """Close the claim in the caller's transaction (one statement); False if this worker no longer owns it."""
-    now = utcnow()
-    closed = session.execute(
-        update(StageClaim)
-        .where(StageClaim.id == claim.claim_id, StageClaim.token == claim.token, StageClaim.status == ClaimStatus.running)
-        .values(
-            status=status,
-            finished_at=now,
-            heartbeat_at=now,
-            error=error,
-            duration_s=func.extract("epoch", literal(now, DateTime(timezone=True)) - StageClaim.claimed_at),
-        )
-        .returning(StageClaim.id)
-    ).scalar_one_or_none()
-    return closed is not None
+    params = {"status": status.value, "now": utcnow(), "error": error, "id": claim.claim_id, "token": claim.token}
+    return _first(session, FINISH_SQL, params) is not None
 
 
 def count_transient_failure(session: Session, claim: Claim) -> int:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import CursorResult, Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
@@ -64,6 +64,21 @@ def session_scope(url: str) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def run_sql(session: Session, statement: str, params: Mapping[str, Any]) -> CursorResult[Any]:
+    """Run one statement as written (psycopg ``%(name)s`` parameters) in the session's transaction.
+
+    No ORM compilation: the statements every stage message runs use this.
+    """
+    return session.connection().exec_driver_sql(statement, dict(params))
+
+
+def json_param(value: Any) -> Any:
+    """A parameter for a JSON column in :func:`run_sql` (psycopg does not guess JSON from a dict or list)."""
+    from psycopg.types.json import Json
+
+    return Json(value)
 
 
 def alembic_config(url: str) -> AlembicConfig:

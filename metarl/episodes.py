@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import func, select, update
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from metarl.backends.base import CostItem, EpisodeContext
 from metarl.claims import utcnow
+from metarl.db import json_param, run_sql
 from metarl.ledger import record_cost
 from metarl.reward import RewardBreakdown, RewardInputs, compute_reward
 from orchestrator.transitions import TERMINAL_STAGES, Transition
 from schemas.base import FieldProblem
-from schemas.records import Episode, EpisodeGroup, GroupStatus, InnerJob, PolicyVersion, ProbeAttempt, Reward, Run, Stage
+from schemas.records import GroupStatus, Run, RunStatus, Stage
 from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
@@ -50,70 +52,131 @@ def run_config_of(run: Run) -> RunConfig:
     return config
 
 
-def task_of(run: Run, task_id: str) -> TaskSpec:
-    """One of the run's validated task specs, parsed once per process per run."""
-    key = (run.id, run.created_at, task_id)
-    task = _parsed_tasks.get(key)
-    if task is None:
-        task = TaskSpec.model_validate(run.task_specs[task_id])
-        _remember(_parsed_tasks, key, task)
-    return task
+@dataclass(frozen=True)
+class StageRow:
+    """What a stage reads of its episode before claiming it: one row, one round trip."""
+
+    episode_id: int
+    run_id: str
+    run_created_at: dt.datetime
+    run_status: RunStatus
+    stage: Stage
+    probe_attempt: int
+    task_id: str
+    policy_version: int
+    policy_state_uri: str | None
+    workspace_uri: str | None
+    job_toml: str | None
+    previous_errors: list[dict[str, Any]] | None
 
 
-def build_context(session: Session, run: Run, episode: Episode, config: RunConfig) -> EpisodeContext:
-    feedback: list[FieldProblem] = []
-    if episode.probe_attempt > 1:
-        previous = session.execute(
-            select(ProbeAttempt.errors).where(ProbeAttempt.episode_id == episode.id, ProbeAttempt.attempt == episode.probe_attempt - 1)
-        ).scalar_one_or_none()
-        feedback = [FieldProblem.model_validate(item) for item in (previous or [])]
-    state_uri, workspace_uri = session.execute(
-        select(
-            select(PolicyVersion.state_uri).where(PolicyVersion.run_id == run.id, PolicyVersion.version == episode.policy_version).scalar_subquery(),
-            select(ProbeAttempt.workspace_uri).where(ProbeAttempt.episode_id == episode.id, ProbeAttempt.attempt == episode.probe_attempt).scalar_subquery(),
-        )
-    ).one()
+STAGE_ROW_SQL = """
+SELECT e.id, e.run_id, r.created_at, r.status, e.stage, e.probe_attempt, e.task_id, e.policy_version,
+       pv.state_uri, cur.workspace_uri, cur.job_toml, prev.errors
+FROM episodes e
+JOIN runs r ON r.id = e.run_id
+LEFT JOIN policy_versions pv ON pv.run_id = e.run_id AND pv.version = e.policy_version
+LEFT JOIN probe_attempts cur ON cur.episode_id = e.id AND cur.attempt = e.probe_attempt
+LEFT JOIN probe_attempts prev ON prev.episode_id = e.id AND prev.attempt = e.probe_attempt - 1
+WHERE e.id = %(episode_id)s
+"""
+RUN_SPECS_SQL = "SELECT config, task_specs FROM runs WHERE id = %(run_id)s"
+"""Sent as they are (no ORM compilation): every stage message runs the first."""
+
+
+def stage_row(session: Session, episode_id: int) -> StageRow | None:
+    """The episode, its run's status and the current attempt's inputs, or None when there is no such episode."""
+    row = run_sql(session, STAGE_ROW_SQL, {"episode_id": episode_id}).first()
+    if row is None:
+        return None
+    (eid, run_id, created_at, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors) = row
+    return StageRow(eid, run_id, created_at, RunStatus(run_status), Stage(stage), attempt, task_id, version, state_uri, workspace_uri, job_toml, errors)
+
+
+def config_and_task(session: Session, row: StageRow) -> tuple[RunConfig, TaskSpec]:
+    """The run's config and the episode's task spec, parsed once per process per run (read only when not cached)."""
+    config_key, task_key = (row.run_id, row.run_created_at), (row.run_id, row.run_created_at, row.task_id)
+    config, task = _parsed_configs.get(config_key), _parsed_tasks.get(task_key)
+    if config is None or task is None:
+        raw_config, raw_specs = run_sql(session, RUN_SPECS_SQL, {"run_id": row.run_id}).one()
+        config = config or RunConfig.model_validate(raw_config)
+        task = task or TaskSpec.model_validate(raw_specs[row.task_id])
+        _remember(_parsed_configs, config_key, config)
+        _remember(_parsed_tasks, task_key, task)
+    return config, task
+
+
+def stage_context(row: StageRow, config: RunConfig, task: TaskSpec) -> EpisodeContext:
+    """The backends' view of the episode at this stage (pure)."""
+    feedback = [FieldProblem.model_validate(item) for item in (row.previous_errors or [])] if row.probe_attempt > 1 else []
     return EpisodeContext(
-        policy_state_uri=state_uri,
-        workspace_uri=workspace_uri,
-        run_id=run.id,
-        episode_id=episode.id,
-        task=task_of(run, episode.task_id),
-        policy_version=episode.policy_version,
-        probe_attempt=episode.probe_attempt,
-        seed=episode_seed(config.run.seed, episode.id),
+        policy_state_uri=row.policy_state_uri,
+        workspace_uri=row.workspace_uri,
+        run_id=row.run_id,
+        episode_id=row.episode_id,
+        task=task,
+        policy_version=row.policy_version,
+        probe_attempt=row.probe_attempt,
+        seed=episode_seed(config.run.seed, row.episode_id),
         feedback=feedback,
         artifacts_root=config.artifacts.root,
     )
 
 
+MOVE_EPISODE_SQL = """
+UPDATE episodes
+SET stage = %(to_stage)s, probe_attempt = %(to_attempt)s, updated_at = %(now)s, dispatched_at = %(now)s, error = %(error)s,
+    finished_at = CASE WHEN %(terminal)s THEN %(now)s ELSE finished_at END
+WHERE id = %(episode_id)s AND stage = %(from_stage)s AND probe_attempt = %(from_attempt)s
+RETURNING group_id
+"""
+LOCK_GROUP_SQL = "SELECT status FROM episode_groups WHERE id = %(group_id)s FOR UPDATE"
+CLOSE_GROUP_SQL = """
+UPDATE episode_groups g SET status = CASE WHEN g.held_out THEN %(evaluated)s ELSE %(complete)s END
+WHERE g.id = %(group_id)s AND g.status = %(open)s
+  AND (SELECT count(*) FROM episodes e WHERE e.group_id = g.id AND e.stage = ANY(%(terminal)s)) >= g.size
+"""
+"""Sent as they are (no ORM compilation): every stage moves its episode."""
+
+
 def move_episode(session: Session, episode_id: int, from_stage: Stage, from_attempt: int, to: Transition, error: str | None = None) -> None:
     """Compare-and-set the episode from (stage, attempt) to the transition's target; raise if it moved already."""
-    now = utcnow()
-    values: dict[str, object] = {"stage": to.stage, "probe_attempt": to.probe_attempt, "updated_at": now, "dispatched_at": now, "error": error}
-    if to.stage in TERMINAL_STAGES:
-        values["finished_at"] = now
-    moved = session.execute(
-        update(Episode)
-        .where(Episode.id == episode_id, Episode.stage == from_stage, Episode.probe_attempt == from_attempt)
-        .values(**values)
-        .returning(Episode.group_id)
-    ).scalar_one_or_none()
+    terminal = to.stage in TERMINAL_STAGES
+    params = {
+        "to_stage": to.stage.value,
+        "to_attempt": to.probe_attempt,
+        "now": utcnow(),
+        "error": error,
+        "terminal": terminal,
+        "episode_id": episode_id,
+        "from_stage": from_stage.value,
+        "from_attempt": from_attempt,
+    }
+    moved = run_sql(session, MOVE_EPISODE_SQL, params).first()
     if moved is None:
         raise StaleTransition(f"episode {episode_id} is no longer at {from_stage.value}/{from_attempt}")
-    if to.stage in TERMINAL_STAGES:
-        close_group_if_finished(session, moved)
+    if terminal:
+        close_group_if_finished(session, moved[0])
 
 
 def close_group_if_finished(session: Session, group_id: int) -> None:
-    group = session.execute(select(EpisodeGroup).where(EpisodeGroup.id == group_id).with_for_update()).scalar_one()
-    if group.status != GroupStatus.open:
-        return
-    finished = session.execute(
-        select(func.count()).select_from(Episode).where(Episode.group_id == group_id, Episode.stage.in_(TERMINAL_STAGES))
-    ).scalar_one()
-    if finished >= group.size:
-        group.status = GroupStatus.evaluated if group.held_out else GroupStatus.complete
+    """Mark the group complete (evaluated, if held out) once all its episodes ended.
+
+    The group row is locked first, so of two episodes of a group ending at once the second one's
+    count (a new statement, so a new snapshot) sees the first one's move.
+    """
+    run_sql(session, LOCK_GROUP_SQL, {"group_id": group_id})
+    run_sql(
+        session,
+        CLOSE_GROUP_SQL,
+        {
+            "group_id": group_id,
+            "evaluated": GroupStatus.evaluated.value,
+            "complete": GroupStatus.complete.value,
+            "open": GroupStatus.open.value,
+            "terminal": [stage.value for stage in TERMINAL_STAGES],
+        },
+    )
 
 
 def record_costs(session: Session, run_id: str, episode_id: int | None, costs: list[CostItem], simulated: bool) -> None:
@@ -132,12 +195,16 @@ def record_costs(session: Session, run_id: str, episode_id: int | None, costs: l
         )
 
 
+ATTEMPTS_SQL = "SELECT attempt, passed, agent_tokens FROM probe_attempts WHERE episode_id = %(episode_id)s ORDER BY attempt"
+STORE_REWARD_SQL = """
+INSERT INTO rewards (episode_id, total, job, validation, efficiency, speed, raw_improvement, weights, created_at)
+VALUES (%(episode_id)s, %(total)s, %(job)s, %(validation)s, %(efficiency)s, %(speed)s, %(raw_improvement)s, %(weights)s, now())
+ON CONFLICT ON CONSTRAINT uq_rewards_episode_id DO NOTHING
+"""
 def passed_attempt_and_tokens(session: Session, episode_id: int) -> tuple[int | None, int]:
-    rows = session.execute(
-        select(ProbeAttempt.attempt, ProbeAttempt.passed, ProbeAttempt.agent_tokens).where(ProbeAttempt.episode_id == episode_id).order_by(ProbeAttempt.attempt)
-    ).all()
+    """The attempt that passed the probe (None if none did) and the agent tokens spent up to it (or in all attempts)."""
     tokens = 0
-    for attempt, passed, attempt_tokens in rows:
+    for attempt, passed, attempt_tokens in run_sql(session, ATTEMPTS_SQL, {"episode_id": episode_id}):
         tokens += attempt_tokens
         if passed:
             return attempt, tokens
@@ -147,14 +214,15 @@ def passed_attempt_and_tokens(session: Session, episode_id: int) -> tuple[int | 
 def store_reward(
     session: Session,
     *,
-    episode: Episode,
+    episode_id: int,
     config: RunConfig,
     task: TaskSpec,
     base_score: float | None,
     trained_score: float | None,
     train_seconds: float | None,
 ) -> RewardBreakdown:
-    passed_on, tokens = passed_attempt_and_tokens(session, episode.id)
+    """Compute the episode's reward from its records and store it once (a second call stores nothing)."""
+    passed_on, tokens = passed_attempt_and_tokens(session, episode_id)
     breakdown = compute_reward(
         RewardInputs(
             passed_on_attempt=passed_on,
@@ -167,13 +235,5 @@ def store_reward(
         ),
         config.reward,
     )
-    session.execute(
-        insert(Reward)
-        .values(episode_id=episode.id, weights=config.reward.model_dump(), **breakdown.model_dump())
-        .on_conflict_do_nothing(constraint="uq_rewards_episode_id")
-    )
+    run_sql(session, STORE_REWARD_SQL, {"episode_id": episode_id, "weights": json_param(config.reward.model_dump()), **breakdown.model_dump()})
     return breakdown
-
-
-def inner_job_of(session: Session, episode_id: int) -> InnerJob | None:
-    return session.execute(select(InnerJob).where(InnerJob.episode_id == episode_id)).scalar_one_or_none()

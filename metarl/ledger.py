@@ -5,10 +5,20 @@ from __future__ import annotations
 from decimal import Decimal
 
 from sqlalchemy import func, select
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from metarl.db import run_sql
+
 from schemas.records import CostEntry
+
+
+RECORD_COST_SQL = """
+INSERT INTO cost_ledger (run_id, episode_id, source, description, quantity, unit, unit_price_usd, amount_usd, simulated, idempotency_key, created_at)
+VALUES (%(run_id)s, %(episode_id)s, %(source)s, %(description)s, %(quantity)s, %(unit)s, %(unit_price_usd)s, %(amount_usd)s, %(simulated)s,
+        %(idempotency_key)s, now())
+ON CONFLICT ON CONSTRAINT uq_cost_ledger_idempotency_key DO NOTHING
+RETURNING id
+"""
 
 
 def record_cost(
@@ -26,24 +36,19 @@ def record_cost(
 ) -> bool:
     """Insert one charge; returns False (and changes nothing) if that key was already billed."""
     amount = Decimal(str(quantity)) * Decimal(str(unit_price_usd))
-    inserted = session.execute(
-        insert(CostEntry)
-        .values(
-            run_id=run_id,
-            episode_id=episode_id,
-            source=source,
-            description=description[:255],
-            quantity=quantity,
-            unit=unit,
-            unit_price_usd=unit_price_usd,
-            amount_usd=amount,
-            simulated=simulated,
-            idempotency_key=idempotency_key,
-        )
-        .on_conflict_do_nothing(constraint="uq_cost_ledger_idempotency_key")
-        .returning(CostEntry.id)
-    ).scalar_one_or_none()
-    return inserted is not None
+    params = {
+        "run_id": run_id,
+        "episode_id": episode_id,
+        "source": source,
+        "description": description[:255],
+        "quantity": quantity,
+        "unit": unit,
+        "unit_price_usd": unit_price_usd,
+        "amount_usd": amount,
+        "simulated": simulated,
+        "idempotency_key": idempotency_key,
+    }
+    return run_sql(session, RECORD_COST_SQL, params).first() is not None
 
 
 def run_total_usd(session: Session, run_id: str) -> float:

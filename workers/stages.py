@@ -14,8 +14,7 @@ from typing import Any
 
 from celery import Task
 from celery.signals import task_failure
-from sqlalchemy import func, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -27,27 +26,25 @@ from metarl.claims import Claim, ClaimRefused, finish_claim
 from metarl.db import session_scope
 from metarl.episodes import (
     StaleTransition,
-    build_context,
-    inner_job_of,
+    config_and_task,
     move_episode,
     record_costs,
-    run_config_of,
+    stage_context,
+    stage_row,
     store_reward,
 )
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
-from metarl.ledger import run_total_usd
+from metarl.inner_jobs import InnerJobRow, create_inner_job, inner_job_of, record_launch, record_poll, spent_and_active
 from metarl.probe import probe_job_text
+from metarl.stage_records import store_evaluation, store_submission, store_verdict
 from orchestrator.transitions import Transition, after_agent, after_eval, after_probe, after_train
 from schemas.base import parse_toml_text, validate_model
 from schemas.job import JobSpec
 from schemas.records import (
     ClaimStatus,
     Episode,
-    Evaluation,
     InnerJob,
     InnerJobStatus,
-    ProbeAttempt,
-    Run,
     RunStatus,
     Stage,
     StageClaim,
@@ -80,33 +77,34 @@ class StageJob:
     claim: Claim
     config: RunConfig
     ctx: EpisodeContext
+    job_toml: str | None = None
     loaded: Any = None
 
 
-StageLoader = Callable[[Session, RunConfig, EpisodeContext], Any]
+StageLoader = Callable[[Session, RunConfig, EpisodeContext, str | None], Any]
+"""Reads what a stage needs in the claim's transaction: (session, config, context, the attempt's job.toml text)."""
 
 
 def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token: str | None, load: StageLoader | None = None) -> StageJob | None:
     """Claim the stage, or return None when the message is stale, done, or held by a live worker.
 
-    `load` reads what the stage needs in the claim's own transaction (one transaction instead of two).
+    One transaction: the episode row with the attempt's inputs, the claim, and what `load` reads.
     """
     with session_scope(database_url()) as session:
-        found = session.execute(select(Episode, Run).join(Run, Run.id == Episode.run_id).where(Episode.id == episode_id)).one_or_none()
-        if found is None:
+        row = stage_row(session, episode_id)
+        if row is None:
             log.info("skip %s episode=%s attempt=%s: no such episode", stage.value, episode_id, probe_attempt)
             return None
-        episode, run = found
-        if episode.stage != stage or episode.probe_attempt != probe_attempt:
+        if row.stage != stage or row.probe_attempt != probe_attempt:
             log.info("skip %s episode=%s attempt=%s: episode is elsewhere", stage.value, episode_id, probe_attempt)
             return None
-        if run.status in (RunStatus.stopped, RunStatus.failed, RunStatus.finished):
+        if row.run_status in (RunStatus.stopped, RunStatus.failed, RunStatus.finished):
             return None
-        config = run_config_of(run)
+        config, task = config_and_task(session, row)
         try:
             claim = claims.claim_stage(
                 session,
-                run_id=run.id,
+                run_id=row.run_id,
                 episode_id=episode_id,
                 stage=stage,
                 probe_attempt=probe_attempt,
@@ -117,10 +115,10 @@ def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token
         except ClaimRefused as refused:
             log.info("skip %s: %s", stage.value, refused.reason)
             return None
-        ctx = build_context(session, run, episode, config)
+        ctx = stage_context(row, config, task)
         last_error = session.execute(select(StageClaim.error).where(StageClaim.id == claim.claim_id)).scalar_one() if claim.takeovers else None
-        loaded = load(session, config, ctx) if load is not None and claim.takeovers <= config.retries.max_stage_attempts else None
-    job = StageJob(claim=claim, config=config, ctx=ctx, loaded=loaded)
+        loaded = load(session, config, ctx, row.job_toml) if load is not None and claim.takeovers <= config.retries.max_stage_attempts else None
+    job = StageJob(claim=claim, config=config, ctx=ctx, job_toml=row.job_toml, loaded=loaded)
     if claim.takeovers > config.retries.max_stage_attempts:
         message = f"stage {stage.value} was abandoned {claim.takeovers} times (workers died or crashed in it); giving up"
         fail_episode(job, stage, f"{message}; last error: {last_error}" if last_error else message)
@@ -240,20 +238,18 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     with session_scope(database_url()) as session:
         if not finish_claim(session, job.claim, ClaimStatus.done):
             return "taken over"
-        session.execute(
-            insert(ProbeAttempt)
-            .values(
-                episode_id=episode_id,
-                attempt=probe_attempt,
-                job_toml=submission.job_toml,
-                workspace_uri=submission.workspace_uri,
-                agent_tokens=submission.agent_tokens,
-                agent_backend=backend.name,
-                policy_tokens=submission.sample.tokens if submission.sample else None,
-                behaviour_logprobs=submission.sample.logprobs if submission.sample else None,
-                prompt_length=submission.sample.prompt_length if submission.sample else None,
-            )
-            .on_conflict_do_nothing(constraint="uq_probe_attempts_episode_id")
+        sample = submission.sample
+        store_submission(
+            session,
+            episode_id=episode_id,
+            attempt=probe_attempt,
+            job_toml=submission.job_toml,
+            workspace_uri=submission.workspace_uri,
+            agent_tokens=submission.agent_tokens,
+            agent_backend=backend.name,
+            policy_tokens=sample.tokens if sample else None,
+            behaviour_logprobs=sample.logprobs if sample else None,
+            prompt_length=sample.prompt_length if sample else None,
         )
         record_costs(session, job.ctx.run_id, episode_id, submission.costs, backend.simulated)
         move_episode(session, episode_id, Stage.agent, probe_attempt, to)
@@ -264,10 +260,10 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
 @app.task(bind=True, name="metarl.stage.probe", queue="probe", max_retries=None)
 def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
     """Validate one submission; send errors back to the agent or end the episode at the retry cap."""
-    job = claim_episode_stage(Stage.probe, episode_id, probe_attempt, token, load=submitted_job_text)
+    job = claim_episode_stage(Stage.probe, episode_id, probe_attempt, token)
     if job is None:
         return "skipped"
-    job_toml, workspace_uri = job.loaded, job.ctx.workspace_uri
+    job_toml, workspace_uri = submitted_job_text(job), job.ctx.workspace_uri
     started = time.perf_counter()
     checks = registry.probe_checks(job.config)
     if workspace_uri is not None:
@@ -281,22 +277,19 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     with session_scope(database_url()) as session:
         if not finish_claim(session, job.claim, ClaimStatus.done):
             return "taken over"
-        session.execute(
-            update(ProbeAttempt)
-            .where(ProbeAttempt.episode_id == episode_id, ProbeAttempt.attempt == probe_attempt)
-            .values(
-                passed=verdict.passed,
-                errors=[problem.model_dump() for problem in verdict.errors],
-                probe_seconds=seconds,
-                probed_at=func.now(),
-                model_name=verdict.job.model.name if verdict.job else None,
-                explicit_hyperparameters=verdict.job.explicit_hyperparameters() if verdict.job else None,
-            )
+        store_verdict(
+            session,
+            episode_id=episode_id,
+            attempt=probe_attempt,
+            passed=verdict.passed,
+            errors=[problem.model_dump() for problem in verdict.errors],
+            probe_seconds=seconds,
+            model_name=verdict.job.model.name if verdict.job else None,
+            explicit_hyperparameters=verdict.job.explicit_hyperparameters() if verdict.job else None,
         )
         move_episode(session, episode_id, Stage.probe, probe_attempt, to)
         if to.ends_unvalidated:
-            episode = session.get(Episode, episode_id)
-            store_reward(session, episode=episode, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
+            store_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
     return "passed" if verdict.passed else "rejected"
 
@@ -312,26 +305,28 @@ def probe_workspace_or_fail(workspace_uri: str, task, checks, seed: int):  # typ
         raise TransientBackendError(f"sandbox unavailable: {err}") from None
 
 
-def submitted_job_text(session: Session, config: RunConfig, ctx: EpisodeContext) -> str:
-    """The job.toml text of the context's attempt."""
-    return session.execute(
-        select(ProbeAttempt.job_toml).where(ProbeAttempt.episode_id == ctx.episode_id, ProbeAttempt.attempt == ctx.probe_attempt)
-    ).scalar_one()
+def submitted_job_text(job: StageJob) -> str:
+    """The job.toml text of the claimed attempt (read with the claim)."""
+    if job.job_toml is None:
+        raise RuntimeError(f"episode {job.ctx.episode_id} attempt {job.ctx.probe_attempt} has no submission")
+    return job.job_toml
 
 
-def passing_job(session: Session, config: RunConfig, ctx: EpisodeContext) -> JobSpec:
+def passing_job(ctx: EpisodeContext, job_toml: str | None) -> JobSpec:
     """The validated job of the attempt that passed the probe."""
-    return validate_model(JobSpec, parse_toml_text(submitted_job_text(session, config, ctx), "job.toml"), "job.toml")
+    if job_toml is None:
+        raise RuntimeError(f"episode {ctx.episode_id} attempt {ctx.probe_attempt} has no submission")
+    return validate_model(JobSpec, parse_toml_text(job_toml, "job.toml"), "job.toml")
 
 
-def passing_job_and_inner(session: Session, config: RunConfig, ctx: EpisodeContext) -> tuple[JobSpec, InnerJob | None]:
+def passing_job_and_inner(session: Session, config: RunConfig, ctx: EpisodeContext, job_toml: str | None) -> tuple[JobSpec, InnerJobRow | None]:
     """The train stage's loader: the passing job and its inner job row (None before launch)."""
-    return passing_job(session, config, ctx), inner_job_of(session, ctx.episode_id)
+    return passing_job(ctx, job_toml), inner_job_of(session, ctx.episode_id)
 
 
-def eval_inputs(session: Session, config: RunConfig, ctx: EpisodeContext) -> tuple[JobSpec, InnerJob, float | None]:
+def eval_inputs(session: Session, config: RunConfig, ctx: EpisodeContext, job_toml: str | None) -> tuple[JobSpec, InnerJobRow, float | None]:
     """The eval stage's loader: the passing job, its finished inner job, and the cached base score (None if not yet measured)."""
-    spec = passing_job(session, config, ctx)
+    spec = passing_job(ctx, job_toml)
     inner = inner_job_of(session, ctx.episode_id)
     if inner is None:
         raise RuntimeError(f"episode {ctx.episode_id} reached eval without an inner job record")
@@ -357,31 +352,22 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
 
     if inner is None:
         with session_scope(url) as session:
-            session.execute(select(func.pg_advisory_xact_lock(hash_run(job.ctx.run_id))))
-            if run_total_usd(session, job.ctx.run_id) >= job.config.budget.max_run_usd:
-                budget_blocked = True
-            else:
-                budget_blocked = False
-                active = session.execute(
-                    select(func.count())
-                    .select_from(InnerJob)
-                    .where(InnerJob.backend == backend.name, InnerJob.status.in_((InnerJobStatus.launching, InnerJobStatus.running)))
-                ).scalar_one()
+            spent, active = spent_and_active(session, hash_run(job.ctx.run_id), job.ctx.run_id, backend.name)
+            budget_blocked = spent >= job.config.budget.max_run_usd
+            if not budget_blocked:
                 if active >= backend.capacity():
                     claims.heartbeat(session, job.claim)
                     session.commit()
                     raise poll_again(backend.poll_interval_s())
-                inner = InnerJob(
+                inner = create_inner_job(
+                    session,
                     run_id=job.ctx.run_id,
                     episode_id=episode_id,
                     name=inner_job_name(job.ctx.run_id, episode_id),
                     backend=backend.name,
                     simulated=backend.simulated,
-                    status=InnerJobStatus.launching,
                     model_name=spec.model.name,
-                    backend_state={},
                 )
-                session.add(inner)
         if budget_blocked:
             fail_episode(job, Stage.train, f"run budget of ${job.config.budget.max_run_usd} reached; job not launched")
             return "budget"
@@ -398,18 +384,7 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         if launched is None:
             return "failed"
         with session_scope(url) as session:
-            session.execute(
-                update(InnerJob)
-                .where(InnerJob.episode_id == episode_id, InnerJob.external_id.is_(None))
-                .values(
-                    external_id=launched.external_id,
-                    backend_state=launched.state,
-                    status=InnerJobStatus.running,
-                    launched_at=func.now(),
-                    launch_count=InnerJob.launch_count + 1,
-                    error=None,
-                )
-            )
+            record_launch(session, episode_id, launched)
             claims.heartbeat(session, job.claim)
         raise poll_again(backend.poll_interval_s())
     if status != InnerJobStatus.running:
@@ -418,24 +393,14 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     if polled is None:
         return "failed"
     ended = None if polled.status == "running" else (InnerJobStatus.succeeded if polled.status == "succeeded" else InnerJobStatus.failed)
-    values: dict[str, Any] = {"backend_state": polled.state}
-    if ended is not None:
-        values.update(
-            status=ended,
-            finished_at=func.now(),
-            checkpoint_uri=polled.checkpoint_uri,
-            metrics_uri=polled.metrics_uri,
-            train_seconds=polled.train_seconds,
-            error=polled.error,
-        )
 
-    def record_poll(session: Session) -> None:
+    def record_poll_and_costs(session: Session) -> None:
         record_costs(session, job.ctx.run_id, episode_id, polled.costs, backend.simulated)
-        session.execute(update(InnerJob).where(InnerJob.episode_id == episode_id).values(**values))
+        record_poll(session, episode_id, polled, ended)
 
     try:
         with session_scope(url) as session:
-            record_poll(session)
+            record_poll_and_costs(session)
             if ended is None:
                 claims.heartbeat(session, job.claim)
                 to = None
@@ -443,7 +408,7 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
                 to = close_train_stage(session, job, episode_id, probe_attempt, ended, polled.error)
     except StaleTransition:
         with session_scope(url) as session:
-            record_poll(session)
+            record_poll_and_costs(session)
         raise
     if ended is None:
         raise poll_again(backend.poll_interval_s())
@@ -470,8 +435,7 @@ def close_train_stage(session: Session, job: StageJob, episode_id: int, probe_at
         return to
     to = Transition(Stage.done, probe_attempt)
     move_episode(session, episode_id, Stage.train, probe_attempt, to, error=f"inner job failed: {error or ''}")
-    episode = session.get(Episode, episode_id)
-    store_reward(session, episode=episode, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
+    store_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
     return to
 
 
@@ -513,23 +477,19 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
     with session_scope(url) as session:
         if not finish_claim(session, job.claim, ClaimStatus.done):
             return "taken over"
-        session.execute(
-            insert(Evaluation)
-            .values(
-                episode_id=episode_id,
-                backend=backend.name,
-                simulated=backend.simulated,
-                base_score=base_score,
-                trained_score=trained.score,
-                ci_low=trained.ci_low,
-                ci_high=trained.ci_high,
-                n_items=trained.n_items,
-                eval_seconds=time.perf_counter() - started,
-            )
-            .on_conflict_do_nothing(constraint="uq_evaluations_episode_id")
+        store_evaluation(
+            session,
+            episode_id=episode_id,
+            backend=backend.name,
+            simulated=backend.simulated,
+            base_score=base_score,
+            trained_score=trained.score,
+            ci_low=trained.ci_low,
+            ci_high=trained.ci_high,
+            n_items=trained.n_items,
+            eval_seconds=time.perf_counter() - started,
         )
         record_costs(session, job.ctx.run_id, episode_id, trained.costs, backend.simulated)
         move_episode(session, episode_id, Stage.eval, probe_attempt, to)
-        episode = session.get(Episode, episode_id)
-        store_reward(session, episode=episode, config=job.config, task=task, base_score=base_score, trained_score=trained.score, train_seconds=train_seconds)
+        store_reward(session, episode_id=episode_id, config=job.config, task=task, base_score=base_score, trained_score=trained.score, train_seconds=train_seconds)
     return "scored"

@@ -1,0 +1,112 @@
+"""Database side of what the agent, probe and eval stages store: submissions, verdicts, evaluations.
+
+Each runs once per stage message, so each is sent as written (:func:`metarl.db.run_sql`), without
+ORM compilation. Inserts are idempotent on their unique keys: a replayed stage stores nothing twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from metarl.db import json_param, run_sql
+
+SUBMISSION_SQL = """
+INSERT INTO probe_attempts (episode_id, attempt, job_toml, workspace_uri, agent_tokens, agent_backend, policy_tokens, behaviour_logprobs,
+                            prompt_length, submitted_at)
+VALUES (%(episode_id)s, %(attempt)s, %(job_toml)s, %(workspace_uri)s, %(agent_tokens)s, %(agent_backend)s, %(policy_tokens)s,
+        %(behaviour_logprobs)s, %(prompt_length)s, now())
+ON CONFLICT ON CONSTRAINT uq_probe_attempts_episode_id DO NOTHING
+"""
+VERDICT_SQL = """
+UPDATE probe_attempts
+SET passed = %(passed)s, errors = %(errors)s, probe_seconds = %(probe_seconds)s, probed_at = now(), model_name = %(model_name)s,
+    explicit_hyperparameters = %(explicit_hyperparameters)s
+WHERE episode_id = %(episode_id)s AND attempt = %(attempt)s
+"""
+EVALUATION_SQL = """
+INSERT INTO evaluations (episode_id, backend, simulated, base_score, trained_score, ci_low, ci_high, n_items, eval_seconds, created_at)
+VALUES (%(episode_id)s, %(backend)s, %(simulated)s, %(base_score)s, %(trained_score)s, %(ci_low)s, %(ci_high)s, %(n_items)s, %(eval_seconds)s, now())
+ON CONFLICT ON CONSTRAINT uq_evaluations_episode_id DO NOTHING
+"""
+
+
+def store_submission(
+    session: Session,
+    *,
+    episode_id: int,
+    attempt: int,
+    job_toml: str,
+    workspace_uri: str | None,
+    agent_tokens: int,
+    agent_backend: str,
+    policy_tokens: list[int] | None,
+    behaviour_logprobs: list[float] | None,
+    prompt_length: int | None,
+) -> None:
+    """Store one agent submission (its sampled tokens and behaviour logprobs too, for the outer update)."""
+    params: dict[str, Any] = {
+        "episode_id": episode_id,
+        "attempt": attempt,
+        "job_toml": job_toml,
+        "workspace_uri": workspace_uri,
+        "agent_tokens": agent_tokens,
+        "agent_backend": agent_backend,
+        "policy_tokens": json_param(policy_tokens) if policy_tokens is not None else None,
+        "behaviour_logprobs": json_param(behaviour_logprobs) if behaviour_logprobs is not None else None,
+        "prompt_length": prompt_length,
+    }
+    run_sql(session, SUBMISSION_SQL, params)
+
+
+def store_verdict(
+    session: Session,
+    *,
+    episode_id: int,
+    attempt: int,
+    passed: bool,
+    errors: list[dict[str, Any]],
+    probe_seconds: float,
+    model_name: str | None,
+    explicit_hyperparameters: int | None,
+) -> None:
+    """Record the probe's verdict on a submission."""
+    params = {
+        "passed": passed,
+        "errors": json_param(errors),
+        "probe_seconds": probe_seconds,
+        "model_name": model_name,
+        "explicit_hyperparameters": explicit_hyperparameters,
+        "episode_id": episode_id,
+        "attempt": attempt,
+    }
+    run_sql(session, VERDICT_SQL, params)
+
+
+def store_evaluation(
+    session: Session,
+    *,
+    episode_id: int,
+    backend: str,
+    simulated: bool,
+    base_score: float,
+    trained_score: float,
+    ci_low: float | None,
+    ci_high: float | None,
+    n_items: int,
+    eval_seconds: float,
+) -> None:
+    """Store the hidden-eval scores of an episode's trained model (and the base score it is compared with)."""
+    params = {
+        "episode_id": episode_id,
+        "backend": backend,
+        "simulated": simulated,
+        "base_score": base_score,
+        "trained_score": trained_score,
+        "ci_low": ci_low,
+        "ci_high": ci_high,
+        "n_items": n_items,
+        "eval_seconds": eval_seconds,
+    }
+    run_sql(session, EVALUATION_SQL, params)

@@ -1,0 +1,47 @@
+"""The backends' view of an episode, built from the one row a stage reads before claiming it (pure)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from metarl.episodes import StageRow, episode_seed, stage_context
+from metarl.runconfig import load_run
+from schemas.records import RunStatus, Stage
+from tests.conftest import REPO
+
+ERRORS = [{"field": "training.batch_size", "message": "must be divisible by group_size", "fix": "use 16"}]
+
+
+def row(probe_attempt: int, previous_errors: list | None) -> StageRow:
+    return StageRow(
+        episode_id=17,
+        run_id="0a1b2c3d-0000-4000-8000-000000000000",
+        run_created_at=dt.datetime(2026, 11, 30, tzinfo=dt.timezone.utc),
+        run_status=RunStatus.running,
+        stage=Stage.agent,
+        probe_attempt=probe_attempt,
+        task_id="addition",
+        policy_version=3,
+        policy_state_uri="file:///artifacts/policy/v00003.pt",
+        workspace_uri=None,
+        job_toml=None,
+        previous_errors=previous_errors,
+    )
+
+
+def test_context_carries_the_rows_inputs_and_a_seed_per_episode() -> None:
+    config, specs = load_run(REPO / "examples" / "sim.toml")
+    ctx = stage_context(row(1, None), config, specs["addition"])
+    assert (ctx.episode_id, ctx.policy_version, ctx.probe_attempt) == (17, 3, 1)
+    assert ctx.policy_state_uri == "file:///artifacts/policy/v00003.pt" and ctx.workspace_uri is None
+    assert ctx.seed == episode_seed(config.run.seed, 17) and ctx.artifacts_root == config.artifacts.root
+    assert ctx.task.id == "addition" and ctx.feedback == []
+
+
+def test_feedback_is_the_previous_attempts_probe_errors_only_after_the_first_attempt() -> None:
+    config, specs = load_run(REPO / "examples" / "sim.toml")
+    retried = stage_context(row(2, ERRORS), config, specs["addition"])
+    assert [problem.field for problem in retried.feedback] == ["training.batch_size"]
+    assert retried.feedback[0].fix == "use 16"
+    # a first attempt has no previous attempt, whatever the row holds
+    assert stage_context(row(1, ERRORS), config, specs["addition"]).feedback == []
