@@ -13,6 +13,7 @@ from metarl.backends.base import CostItem, EpisodeContext
 from metarl.claims import utcnow
 from metarl.db import json_param, run_sql
 from metarl.ledger import record_cost
+from metarl.tick_wakeup import request_tick
 from metarl.reward import RewardBreakdown, RewardInputs, compute_reward
 from orchestrator.transitions import TERMINAL_STAGES, Transition
 from schemas.base import FieldProblem
@@ -135,6 +136,7 @@ CLOSE_GROUP_SQL = """
 UPDATE episode_groups g SET status = CASE WHEN g.held_out THEN %(evaluated)s ELSE %(complete)s END
 WHERE g.id = %(group_id)s AND g.status = %(open)s
   AND (SELECT count(*) FROM episodes e WHERE e.group_id = g.id AND e.stage = ANY(%(terminal)s)) >= g.size
+RETURNING g.run_id
 """
 """Sent as they are (no ORM compilation): every stage moves its episode."""
 
@@ -160,13 +162,13 @@ def move_episode(session: Session, episode_id: int, from_stage: Stage, from_atte
 
 
 def close_group_if_finished(session: Session, group_id: int) -> None:
-    """Mark the group complete (evaluated, if held out) once all its episodes ended.
+    """Mark the group complete (evaluated, if held out) once all its episodes ended, and ask for a tick.
 
     The group row is locked first, so of two episodes of a group ending at once the second one's
     count (a new statement, so a new snapshot) sees the first one's move.
     """
     run_sql(session, LOCK_GROUP_SQL, {"group_id": group_id})
-    run_sql(
+    closed = run_sql(
         session,
         CLOSE_GROUP_SQL,
         {
@@ -176,7 +178,9 @@ def close_group_if_finished(session: Session, group_id: int) -> None:
             "open": GroupStatus.open.value,
             "terminal": [stage.value for stage in TERMINAL_STAGES],
         },
-    )
+    ).first()
+    if closed is not None:
+        request_tick(session, closed[0])
 
 
 def record_costs(session: Session, run_id: str, episode_id: int | None, costs: list[CostItem], simulated: bool) -> None:

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from metarl.claims import utcnow
 from metarl.db import get_engine, session_scope
 from metarl.episodes import run_config_of
+from metarl.tick_wakeup import TickWaiter
 from metarl.errors import RunNotFound
 from metarl.ledger import run_total_usd
 from orchestrator.batching import GroupView, groups_to_open, plan_batch
@@ -202,8 +203,12 @@ class Orchestrator:
         return sent
 
     def loop(self, stop_event: threading.Event, on_tick: Callable[[TickReport], None] | None = None) -> RunStatus:
-        """Tick until the run ends or `stop_event` is set; a database outage pauses the loop (logged once) instead of ending it."""
+        """Tick until the run ends or `stop_event` is set; a database outage pauses the loop (logged once) instead of ending it.
+
+        Between ticks it waits `window.tick_s`, or less when a worker asks for a tick (metarl.tick_wakeup).
+        """
         config = self.setup()
+        waiter = TickWaiter(self.database_url, self.run_id)
         try:
             while not stop_event.is_set():
                 try:
@@ -220,9 +225,10 @@ class Orchestrator:
                 if report.finished:
                     self._release_train_resources(config)
                     return report.status
-                stop_event.wait(config.window.tick_s)
+                waiter.wait(config.window.tick_s, stop_event)
             return RunStatus.running
         finally:
+            waiter.close()
             self.stop()
 
     def _release_train_resources(self, config: RunConfig) -> None:

@@ -29,6 +29,7 @@ from metarl.backends.base import OuterBatchEpisode, OuterResult, PolicySample
 from metarl.claims import utcnow
 from metarl.db import session_scope
 from metarl.episodes import record_costs, run_config_of
+from metarl.tick_wakeup import request_tick
 from metarl.errors import PermanentBackendError, TransientBackendError
 from orchestrator.step_metrics import outer_step_metrics
 from schemas.records import Episode, EpisodeGroup, OuterStatus, OuterStep, PolicyVersion, ProbeAttempt, Reward, Run, RunStatus
@@ -238,6 +239,7 @@ def publish_version(claim: OuterClaim, work: OuterWork, result: OuterResult, bac
         session.add(PolicyVersion(run_id=work.run_id, version=after, backend=backend.name, state_uri=result.state_uri, outer_step_id=claim.outer_step_id))
         session.execute(update(Run).where(Run.id == work.run_id, Run.policy_version == work.version_before).values(policy_version=after))
         record_costs(session, work.run_id, None, result.costs, backend.simulated)
+        request_tick(session, work.run_id)
     return True
 
 

@@ -1,0 +1,120 @@
+"""Wake a run's orchestrator as soon as a tick has work, instead of at its next `window.tick_s`.
+
+Work for a tick appears when a group of episodes completes (an outer step can be batched, window
+slots free up) and when an outer update publishes a new policy version (the next step can start).
+The transaction that makes the change also sends ``pg_notify(CHANNEL, run_id)``; PostgreSQL
+delivers it only if that transaction commits. The orchestrator LISTENs on its own connection and
+ticks when a notification for its run arrives, or when `tick_s` passes, whichever is first: the
+tick interval stays the fallback, so a lost notification (a listener reconnecting after a
+database outage) only delays a tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psycopg
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from metarl.db import normalise_url, run_sql
+
+log = logging.getLogger("metarl.orchestrator")
+
+CHANNEL = "metarl_tick"
+NOTIFY_SQL = "SELECT pg_notify('metarl_tick', %(run_id)s)"
+WAIT_SLICE_S = 0.25
+"""Longest block on the listener at a time, so a stop request is seen within this."""
+RECONNECT_AFTER_S = 5.0
+DRAIN_S = 0.001
+"""How long to look for notifications already queued (psycopg reads a timeout of 0 as none)."""
+
+
+def request_tick(session: Session, run_id: str) -> None:
+    """Ask the run's orchestrator for a tick once the caller's transaction commits."""
+    run_sql(session, NOTIFY_SQL, {"run_id": run_id})
+
+
+def libpq_conninfo(database_url: str) -> str:
+    """The libpq form of a SQLAlchemy PostgreSQL URL (password kept, driver name dropped)."""
+    url = make_url(normalise_url(database_url)).set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+class TickWaiter:
+    """Waits up to a tick interval, returning early when the run's orchestrator is asked for a tick."""
+
+    def __init__(self, database_url: str, run_id: str):
+        self.conninfo = libpq_conninfo(database_url)
+        self.run_id = run_id
+        self.connection: psycopg.Connection | None = None
+        self.failed_at: float | None = None
+        self.wakeups = 0
+
+    def _listen(self) -> psycopg.Connection | None:
+        if self.connection is not None:
+            return self.connection
+        if self.failed_at is not None and time.monotonic() - self.failed_at < RECONNECT_AFTER_S:
+            return None
+        try:
+            self.connection = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5)
+            self.connection.execute(f"LISTEN {CHANNEL}")
+        except psycopg.Error as err:
+            self._drop(err)
+            return None
+        self.failed_at = None
+        return self.connection
+
+    def _drop(self, err: psycopg.Error) -> None:
+        if self.failed_at is None:
+            log.info("tick wake-ups off until the database answers again (%s); ticking every tick_s", type(err).__name__)
+        self.failed_at = time.monotonic()
+        if self.connection is not None:
+            self.connection.close()
+        self.connection = None
+
+    def wait(self, timeout_s: float, stop_event: threading.Event) -> bool:
+        """Block until a tick is requested for this run (True), `timeout_s` passes or `stop_event` is set (False)."""
+        deadline = time.monotonic() + timeout_s
+        while not stop_event.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            connection = self._listen()
+            if connection is None:
+                stop_event.wait(min(left, WAIT_SLICE_S))
+                continue
+            try:
+                woken = self._ours_arrived(connection, min(left, WAIT_SLICE_S))
+                if woken:
+                    self._drain(connection)
+            except psycopg.Error as err:
+                self._drop(err)
+                continue
+            if woken:
+                self.wakeups += 1
+                return True
+        return False
+
+    def _ours_arrived(self, connection: psycopg.Connection, timeout_s: float) -> bool:
+        """Read notifications for up to `timeout_s`; True at the first one for this run.
+
+        The generator is closed before returning: while it is open it holds the connection.
+        """
+        notifications = connection.notifies(timeout=timeout_s)
+        try:
+            return any(notification.payload == self.run_id for notification in notifications)
+        finally:
+            notifications.close()
+
+    def _drain(self, connection: psycopg.Connection) -> None:
+        """Consume notifications already queued: one tick answers all of them."""
+        for _ in connection.notifies(timeout=DRAIN_S):
+            pass
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
