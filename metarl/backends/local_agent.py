@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tomllib
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -25,8 +26,17 @@ _POLICY_CACHE: OrderedDict[str, object] = OrderedDict()
 POLICY_CACHE_SIZE = 4
 
 
-def policy_path(artifacts_root: str, run_id: str, version: int) -> Path:
-    return Path(artifacts_root) / "policy" / run_id / f"v{version:05d}.pt"
+def policy_path(artifacts_root: str, run_id: str, version: int, attempt: str | None = None) -> Path:
+    """Where a policy version's state is saved: `vNNNNN.pt` for the initial version, `vNNNNN-<attempt>.pt`
+    for an update, so that an update taken over while it ran never overwrites the state of the
+    attempt that published the version (the published path is the one in policy_versions)."""
+    name = f"v{version:05d}" if attempt is None else f"v{version:05d}-{attempt}"
+    return Path(artifacts_root) / "policy" / run_id / f"{name}.pt"
+
+
+def saved_states(artifacts_root: str, run_id: str, version: int) -> list[Path]:
+    """Every state saved for a version by any update attempt, published or not."""
+    return sorted((Path(artifacts_root) / "policy" / run_id).glob(f"v{version:05d}-*.pt"))
 
 
 def load_policy(state_uri: str):  # type: ignore[no-untyped-def]
@@ -274,6 +284,6 @@ class LocalOuter:
             max_grad_norm=self.config.max_grad_norm,
             temperature=self.agent.temperature,
         )
-        path = policy_path(config.artifacts.root, run_id, version)
+        path = policy_path(config.artifacts.root, run_id, version, attempt=uuid.uuid4().hex[:12])
         policy.save_state(path)
         return OuterResult(state_uri=str(path), metrics={key: float(value) for key, value in metrics.items()})

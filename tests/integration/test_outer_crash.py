@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import func, select
 
 from metarl.backends import registry
-from metarl.backends.local_agent import policy_path
+from metarl.backends.local_agent import saved_states
 from metarl.claims import utcnow
 from metarl.db import session_scope
 from metarl.episodes import run_config_of
@@ -205,7 +205,7 @@ def test_kill_orchestrator_and_outer_worker_mid_update_then_resume(tmp_path, ser
             run = session.get(Run, run_id)
             assert run.status == RunStatus.running, f"the run ended before the kill: {run.status.value}: {run.status_message}"
             status = session.execute(select(OuterStep.status).where(OuterStep.run_id == run_id, OuterStep.step == 2)).scalar_one_or_none()
-        return status == OuterStatus.running and policy_path(str(artifacts), run_id, 2).exists()
+        return status == OuterStatus.running and bool(saved_states(str(artifacts), run_id, 2))
 
     wait_until(step_two_saved_not_published, 150, "outer step 2 to save version 2")
     for process in started:
@@ -217,6 +217,8 @@ def test_kill_orchestrator_and_outer_worker_mid_update_then_resume(tmp_path, ser
         killed = session.execute(select(OuterStep).where(OuterStep.run_id == run_id, OuterStep.step == 2)).scalar_one()
         assert killed.status == OuterStatus.running and killed.takeovers == 0
     assert sorted(published) == [0, 1], "version 2 was published although its step never finished"
+    (killed_attempt_state,) = saved_states(str(artifacts), run_id, 2)
+    killed_attempt_digest = sha256(str(killed_attempt_state))
 
     started.append(start_outer_worker(stage_pools.env, tmp_path / "logs", "slow:4", concurrency=2))
     resumed = metarl_cli(["resume", run_id, "--no-workers", "--quiet"], service_env, timeout=240)
@@ -237,6 +239,8 @@ def test_kill_orchestrator_and_outer_worker_mid_update_then_resume(tmp_path, ser
         versions = session.execute(select(PolicyVersion).where(PolicyVersion.run_id == run_id).order_by(PolicyVersion.version)).scalars().all()
         assert [(v.version, v.outer_step_id) for v in versions] == [(0, None)] + [(s.step, s.id) for s in steps]
         assert {v: sha256(versions[v].state_uri) for v in published} == published, "a published version's state changed"
+        # the taken-over attempt saved to its own file: the version published by the next attempt is another file
+        assert versions[2].state_uri != str(killed_attempt_state) and sha256(str(killed_attempt_state)) == killed_attempt_digest
 
         # No episode lost or counted twice: every batched group belongs to one done step, every
         # rewarded episode of it is in exactly that step's batch, every other group was dropped and counted.
