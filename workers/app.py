@@ -7,6 +7,7 @@ import os
 from celery import Celery
 from celery.signals import worker_process_init
 from kombu import Queue
+from kombu.transport import TRANSPORT_ALIASES
 
 from metarl.settings import BROKER_ENV
 from workers.queues import QUEUES, filesystem_folder
@@ -20,8 +21,14 @@ def transport_options(broker_url: str) -> dict[str, object]:
     folder = filesystem_folder(broker_url)
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        return {"data_folder_in": str(folder), "data_folder_out": str(folder), "polling_interval": 0.05}
+        control = folder / "control"
+        control.mkdir(exist_ok=True)
+        return {"data_folder_in": str(folder), "data_folder_out": str(folder), "control_folder": str(control), "polling_interval": 0.05}
     return {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+
+
+FILESYSTEM_TRANSPORT = "workers.fs_broker:AtomicFilesystemTransport"
+TRANSPORT_ALIASES["filesystem"] = FILESYSTEM_TRANSPORT  # filesystem:// URLs publish whole messages (see workers.fs_broker)
 
 
 def make_app(broker_url: str | None = None) -> Celery:
