@@ -93,6 +93,7 @@ class Orchestrator:
         self.run_id = run_id
         self._lock_connection = None
         self._first_tick = True
+        self._next_reconcile = 0.0
         self._outages: dict[str, float] = {}
 
     def _acquire_lock(self) -> None:
@@ -164,8 +165,10 @@ class Orchestrator:
             config = run_config_of(run)
             now = utcnow()
             run.orchestrator_heartbeat_at = now
-            dispatches += orphaned_episodes(session, run.id, now, config.retries.redispatch_after_s, config.retries.lease_s, self._first_tick)
-            outer_ids += orphaned_outer_steps(session, run.id, now, config.retries.redispatch_after_s, config.retries.lease_s, self._first_tick)
+            if self._first_tick or time.monotonic() >= self._next_reconcile:
+                dispatches += orphaned_episodes(session, run.id, now, config.retries.redispatch_after_s, config.retries.lease_s, self._first_tick)
+                outer_ids += orphaned_outer_steps(session, run.id, now, config.retries.redispatch_after_s, config.retries.lease_s, self._first_tick)
+                self._next_reconcile = time.monotonic() + reconcile_interval_s(config)
             report.dropped_stale, resample_tasks = self._drop_stale_groups(session, run, config)
             created = self._maybe_create_outer_step(session, run, config)
             if created is not None:
@@ -410,6 +413,16 @@ class Orchestrator:
         report.status = run.status
         report.finished = True
         log.info("run %s %s", run.id, run.status.value)
+
+
+def reconcile_interval_s(config: RunConfig) -> float:
+    """Seconds between reconciler passes: a quarter of the shorter of the lease and the re-dispatch delay
+    (so a lost stage is re-sent at most 25% later than those allow), never more often than the tick.
+
+    Ticks also come on demand (metarl.tick_wakeup); the reconciler scans the run's active episodes,
+    so it does not run on every one of them.
+    """
+    return max(config.window.tick_s, min(config.retries.lease_s, config.retries.redispatch_after_s) / 4)
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:

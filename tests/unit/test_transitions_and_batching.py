@@ -60,3 +60,19 @@ def test_window_opens_whole_groups():
     assert groups_to_open(6, 8, 4) == 1
     assert groups_to_open(8, 8, 4) == 0
     assert groups_to_open(12, 8, 4) == 0
+
+
+def test_reconciler_runs_a_quarter_lease_apart_but_never_more_often_than_ticks() -> None:
+    from metarl.runconfig import load_run
+    from orchestrator.loop import reconcile_interval_s
+    from tests.conftest import REPO
+
+    base, _ = load_run(REPO / "examples" / "sim.toml")
+
+    def config(lease_s: float, redispatch_after_s: float, tick_s: float):  # type: ignore[no-untyped-def]
+        retries = base.retries.model_copy(update={"lease_s": lease_s, "redispatch_after_s": redispatch_after_s})
+        return base.model_copy(update={"retries": retries, "window": base.window.model_copy(update={"tick_s": tick_s})})
+
+    assert reconcile_interval_s(config(60, 120, 0.5)) == 15.0
+    assert reconcile_interval_s(config(60, 8, 0.5)) == 2.0
+    assert reconcile_interval_s(config(1, 1, 0.5)) == 0.5
