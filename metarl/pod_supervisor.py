@@ -89,7 +89,7 @@ class PodSupervisor:
         self.runner_settings = dict(runner_settings)
         self.environ = dict(os.environ if environ is None else environ)
         self.root = Storage(config.pod_root)
-        self.work_root = Path(str(self.runner_settings.pop("work_dir", "/tmp/metarl-job")))
+        self.work_root = Path(str(self.runner_settings.pop("work_dir", RunnerConfig.model_fields["work_dir"].default)))
         self.runner_settings.pop("job_url", None)
         self.runner_settings.pop("result_url", None)
         self.done_seq = 0

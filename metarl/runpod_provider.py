@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
-from metarl.pod_runner import ENCODED_PREFIX, decode_env_value  # noqa: F401  (decode_env_value: the pod side's inverse)
+from metarl.pod_runner import ENCODED_PREFIX
 from schemas.run_config import RUNPOD_API_KEY_ENV
 
 log = logging.getLogger("metarl.runpod")

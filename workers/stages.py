@@ -263,7 +263,7 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     job = claim_episode_stage(Stage.probe, episode_id, probe_attempt, token)
     if job is None:
         return "skipped"
-    job_toml, workspace_uri = submitted_job_text(job), job.ctx.workspace_uri
+    job_toml, workspace_uri = submitted_job_text(job.ctx, job.job_toml), job.ctx.workspace_uri
     started = time.perf_counter()
     checks = registry.probe_checks(job.config)
     if workspace_uri is not None:
@@ -305,18 +305,16 @@ def probe_workspace_or_fail(workspace_uri: str, task, checks, seed: int):  # typ
         raise TransientBackendError(f"sandbox unavailable: {err}") from None
 
 
-def submitted_job_text(job: StageJob) -> str:
-    """The job.toml text of the claimed attempt (read with the claim)."""
-    if job.job_toml is None:
-        raise RuntimeError(f"episode {job.ctx.episode_id} attempt {job.ctx.probe_attempt} has no submission")
-    return job.job_toml
+def submitted_job_text(ctx: EpisodeContext, job_toml: str | None) -> str:
+    """The job.toml text of the claimed attempt (read with the claim); an attempt past the agent stage always has one."""
+    if job_toml is None:
+        raise RuntimeError(f"episode {ctx.episode_id} attempt {ctx.probe_attempt} has no submission")
+    return job_toml
 
 
 def passing_job(ctx: EpisodeContext, job_toml: str | None) -> JobSpec:
     """The validated job of the attempt that passed the probe."""
-    if job_toml is None:
-        raise RuntimeError(f"episode {ctx.episode_id} attempt {ctx.probe_attempt} has no submission")
-    return validate_model(JobSpec, parse_toml_text(job_toml, "job.toml"), "job.toml")
+    return validate_model(JobSpec, parse_toml_text(submitted_job_text(ctx, job_toml), "job.toml"), "job.toml")
 
 
 def passing_job_and_inner(session: Session, config: RunConfig, ctx: EpisodeContext, job_toml: str | None) -> tuple[JobSpec, InnerJobRow | None]:

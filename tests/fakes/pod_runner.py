@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 from metarl.backends.runpod_train import POD_NAME_ENV, POD_ROOT_ENV, PodAssignment
-from metarl.pod_runner import ExitReport, Heartbeat
+from metarl.pod_runner import ExitReport, Heartbeat, decode_env_value
 from metarl.primerl.pin import PRIME_RL_TAG
-from metarl.runpod_provider import decode_env_value
 
 
 def write_json(path: Path, text: str) -> None:

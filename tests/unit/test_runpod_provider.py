@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
+from metarl.pod_runner import decode_env_value
 from metarl.runpod_provider import (
     ErrorKind,
     LaunchRequest,
@@ -24,7 +25,6 @@ from metarl.runpod_provider import (
     backoff_delay,
     classify_exception,
     classify_message,
-    decode_env_value,
     encode_env,
     encode_env_value,
     launch_order,

@@ -32,7 +32,8 @@ from metarl.backends.runpod_train import (
     watchdog,
 )
 from metarl.pod_runner import ExitReport, Heartbeat
-from metarl.runpod_provider import PodState, decode_env_value
+from metarl.pod_runner import decode_env_value
+from metarl.runpod_provider import PodState
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec
 from schemas.run_config import BudgetConfig, RunpodTrainBackend
