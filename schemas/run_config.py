@@ -60,7 +60,8 @@ class LocalTrainBackend(StrictModel):
     """Real GRPO on the local CPU: each inner job is a detached trainer process, submitted then polled."""
 
     type: Literal["local"] = Field(description="Backend kind")
-    max_concurrent_jobs: int = Field(default=1, ge=1, le=64, description="Trainer processes at once (each uses all cores)")
+    max_concurrent_jobs: int = Field(default=1, ge=1, le=64, description="Trainer processes at once (the usable cores are split between them)")
+    torch_threads_per_job: int | None = Field(default=None, ge=1, le=1024, description="Torch threads of each trainer; default: usable cores // max_concurrent_jobs, at least 1")
     poll_interval_s: float = Field(default=1.0, ge=0.05, le=600, description="Seconds between polls of a running job")
     model_scale: float = Field(default=1.0, gt=0.0, le=10.0, description="Pretraining scale of the base models (tests use less)")
     model_cache_dir: str | None = Field(default=None, max_length=4096, description="Base-model cache (default METARL_CACHE_DIR or ~/.cache/metarl/models)")

@@ -29,6 +29,7 @@ import psutil
 
 from metarl.backends.base import EpisodeContext, LaunchResult, PollResult, Score
 from metarl.errors import PermanentBackendError
+from metarl.learning.runtime import THREADS_ENV, threads_per_job
 from schemas.base import FieldProblem
 from schemas.job import JobSpec
 from schemas.run_config import LocalEvalBackend, LocalTrainBackend
@@ -199,6 +200,7 @@ class LocalTrain:
             (job_dir / DATASET_FILE).write_text(dataset_text(ctx.task.family, job.dataset.size, job.dataset.difficulty, job.training.seed), encoding="utf-8")
         (job_dir / JOB_FILE).write_text(json.dumps(compiled, indent=2), encoding="utf-8")
         env = {key: value for key, value in os.environ.items() if not key.upper().endswith(("_KEY", "_TOKEN", "_SECRET", "_PASSWORD"))}
+        env[THREADS_ENV] = str(threads_per_job(self.config.max_concurrent_jobs, self.config.torch_threads_per_job))
         with open(job_dir / "trainer.log", "ab") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", "metarl.backends.local_job", str(job_dir)],

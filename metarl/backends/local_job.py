@@ -26,6 +26,13 @@ def write_status(job_dir: Path, status: dict[str, object]) -> None:
     temporary.replace(job_dir / "status.json")
 
 
+def torch_threads() -> int:
+    """Intra-op threads this trainer ran with (the backend sets them per job from its concurrency)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def main(job_dir: Path) -> int:
     """Run the job in ``job_dir``; 0 when it succeeded, 1 when it failed with a recorded status."""
     from metarl.learning.families import Example, get_family
@@ -83,6 +90,7 @@ def main(job_dir: Path) -> int:
             "steps": outcome.steps_completed,
             "stopped_by": outcome.stopped_by,
             "reward": stats.model_dump(mode="json"),
+            "torch_threads": torch_threads(),
         },
     )
     return 0

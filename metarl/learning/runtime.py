@@ -1,10 +1,8 @@
-"""Process-level torch settings for the local backends."""
+"""Process-level torch settings for the local backends (torch is imported only where threads are set)."""
 
 from __future__ import annotations
 
 import os
-
-import torch
 
 THREADS_ENV = "METARL_TORCH_THREADS"
 
@@ -14,8 +12,18 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def threads_per_job(concurrent_jobs: int, requested: int | None = None, cores: int | None = None) -> int:
+    """Torch threads for each of `concurrent_jobs` trainers sharing the cores (`requested` wins, capped at the cores)."""
+    cores = available_cores() if cores is None else cores
+    if requested is not None:
+        return max(1, min(requested, cores))
+    return max(1, cores // max(1, concurrent_jobs))
+
+
 def configure_torch_threads() -> int:
     """Set torch's intra-op threads to the usable core count (or ``METARL_TORCH_THREADS``); return it."""
+    import torch
+
     requested = os.environ.get(THREADS_ENV)
     threads = int(requested) if requested else available_cores()
     threads = max(1, min(threads, available_cores()))

@@ -35,6 +35,7 @@ from metarl.backends.local_agent import environment_source
 from metarl.learning.families import generate_dataset, get_family
 from metarl.learning.grpo import LocalTrainConfig, RewardWeights, read_metrics, rollout_reward, train
 from metarl.learning.models import ensure_base_model
+from metarl.learning.runtime import threads_per_job
 from metarl.reward_source import EnvironmentRewardSpec, Rollout, SandboxRewardSource
 from metarl.sandbox import SandboxCall, SandboxLimits, SandboxSession
 from schemas.job import JobSpec
@@ -256,7 +257,9 @@ def test_launched_job_trains_on_the_workspace_module(model_root: Path, tmp_path:
     (files / "dataset.jsonl").write_text(dataset_text("addition", 32, 0.5, seed=0), encoding="utf-8")
     hostile = workspace(tmp_path, HOSTILE_MODULES["reads_environment"][0], "hostile-ws")
     shutil.copy(files / "dataset.jsonl", hostile / "dataset.jsonl")
-    backend = LocalTrain(LocalTrainBackend(type="local", poll_interval_s=0.2, model_scale=TINY_SCALE, model_cache_dir=str(model_root)), tmp_path / "jobs")
+    backend = LocalTrain(
+        LocalTrainBackend(type="local", max_concurrent_jobs=2, poll_interval_s=0.2, model_scale=TINY_SCALE, model_cache_dir=str(model_root)), tmp_path / "jobs"
+    )
     results = {}
     for name, folder in (("good", files), ("hostile", hostile)):
         ctx = EpisodeContext(
@@ -282,6 +285,7 @@ def test_launched_job_trains_on_the_workspace_module(model_root: Path, tmp_path:
     assert (good_dir / "workspace" / "environment.py").read_text() == LONG
     status = json.loads((good_dir / "status.json").read_text())
     assert status["reward"]["mode"] == "persistent" and status["reward"]["steps"] == status["steps"] == 4
+    assert status["torch_threads"] == threads_per_job(2)  # two trainers at once split the cores
     rows = read_metrics(good.metrics_uri)
     assert all(row.reward_mean == pytest.approx(row.completion_tokens / 6 - 1 / 6, abs=0.35) for row in rows)  # len(text) ~ tokens - EOS
     bad, bad_dir = results["hostile"]

@@ -24,6 +24,7 @@ from metarl.learning.models import (
     ensure_base_model,
     resolve_model_name,
 )
+from metarl.learning.runtime import threads_per_job
 from metarl.learning.sampling import (
     completion_logits,
     decode_completions,
@@ -274,3 +275,12 @@ def test_perfect_model_scores_one(tiny_model_dir: Path, monkeypatch: pytest.Monk
 
 def test_format_prompt_is_the_prompt() -> None:
     assert format_prompt(Example(prompt="add 1+2=", answer="3")) == "add 1+2="
+
+
+def test_threads_per_job_splits_the_cores_between_concurrent_trainers() -> None:
+    assert threads_per_job(1, cores=2) == 2
+    assert threads_per_job(2, cores=2) == 1
+    assert threads_per_job(3, cores=8) == 2
+    assert threads_per_job(4, cores=2) == 1  # never below one thread
+    assert threads_per_job(2, requested=2, cores=2) == 2  # an explicit setting wins
+    assert threads_per_job(1, requested=16, cores=2) == 2  # ... capped at the usable cores
