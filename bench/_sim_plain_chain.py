@@ -6,10 +6,10 @@ queue, exactly as `metarl.pools.worker_command` starts our pools. The app is our
 difference from our pipeline is what the tasks do: here nothing, there the claims, records and
 orchestrator bookkeeping.
 
-One episode is the chain agent -> probe -> train -> eval on the queues of the same names. The
-train task retries itself once with `countdown = poll_countdown_s`, as our train stage submits an
-inner job and then polls it with `self.retry(countdown=poll_interval_s)`, so both pipelines execute
-five task messages per episode. The eval task increments a Redis counter (the driver's only way to
+One episode is the chain agent -> probe -> train (submit) -> train (poll) -> eval on the queues of
+the same names; the poll link is sent with `countdown = poll_countdown_s`, as our train stage
+submits an inner job and then sends itself a poll message `poll_interval_s` later, so both
+pipelines execute five task messages per episode. The eval task increments a Redis counter (the driver's only way to
 see the end without a result backend) and every `episodes_per_batch`-th completion sends one
 `outer` task, as our orchestrator sends one outer update per batch of complete groups.
 """
@@ -17,7 +17,6 @@ see the end without a result backend) and every `episodes_per_batch`-th completi
 from __future__ import annotations
 
 import redis
-from celery import Task
 
 from workers.app import make_app
 
@@ -46,11 +45,9 @@ def probe(episode: int) -> None:
     """No-op stand-in for the probe stage."""
 
 
-@app.task(bind=True, name=f"{TASK_PREFIX}.train", queue="train", max_retries=None)
-def train(self: Task, episode: int, poll_countdown_s: float) -> None:
-    """No-op submit, then one retried poll message, like our submit-then-poll train stage."""
-    if self.request.retries == 0:
-        raise self.retry(countdown=poll_countdown_s)
+@app.task(name=f"{TASK_PREFIX}.train", queue="train")
+def train(episode: int, poll: bool) -> None:
+    """No-op stand-in for the train stage's submit message (`poll` False) and its poll message (True)."""
 
 
 @app.task(name=f"{TASK_PREFIX}.eval", queue="eval")

@@ -8,12 +8,12 @@ the tests' lock scheme, and then, in the same process and on the same broker:
 
 * **ours**: five real worker pools as subprocesses (`metarl.pools.WorkerPools`: one `celery worker
   -c 1` per queue) and the real orchestrator loop (`orchestrator.loop.Orchestrator`) run N episodes
-  through agent -> probe -> train (submit, then one retried poll) -> eval on the `sim` backends with
+  through agent -> probe -> train (submit, then one poll message) -> eval on the `sim` backends with
   every duration zero, no invalid jobs and no job failures, plus one outer update per batch. Every
   stage claims its row, records its result and moves the episode in PostgreSQL.
 * **plain**: five worker processes started the same way, on the same Celery app configuration,
-  run `bench._sim_plain_chain`: per episode the chain agent -> probe -> train (retries itself once
-  with the same countdown) -> eval of no-op tasks, plus one no-op outer task per batch. Same
+  run `bench._sim_plain_chain`: per episode the chain agent -> probe -> train submit -> train poll
+  (sent with the same countdown) -> eval of no-op tasks, plus one no-op outer task per batch. Same
   number of task messages, same queues, same concurrency; no database.
 
 The ratio is ours' wall time over the plain chain's for the same N (target: at most 1.5). The
@@ -138,14 +138,14 @@ class StageProfile(BaseModel):
     calls: int = Field(ge=1, description="Stage executions replayed")
     statements: float = Field(ge=0.0, description="SQL statements per execution")
     transactions: float = Field(ge=0.0, description="Committed transactions per execution")
-    checkouts: float = Field(ge=0.0, description="Connection-pool checkouts per execution (each pings the server first: pool_pre_ping)")
+    checkouts: float = Field(ge=0.0, description="Connection-pool checkouts per execution (a local socket check each, no round trip)")
     wall_ms: float = Field(ge=0.0, description="Wall milliseconds per execution")
     cpu_ms: float = Field(ge=0.0, description="CPU milliseconds per execution (this process)")
 
     @property
     def round_trips(self) -> float:
-        """Client/server round trips per execution: statements, BEGIN and COMMIT of each transaction, one ping per checkout."""
-        return self.statements + 2 * self.transactions + self.checkouts
+        """Client/server round trips per execution: statements, and BEGIN and COMMIT of each transaction."""
+        return self.statements + 2 * self.transactions
 
 
 # -- pure helpers (unit-tested) -------------------------------------------------------------------
@@ -526,7 +526,8 @@ def run_plain(settings: BenchSettings, database_url: str, broker_url: str, work:
             chain(
                 app.signature(f"{TASK_PREFIX}.agent", args=(episode,), queue="agent", immutable=True),
                 app.signature(f"{TASK_PREFIX}.probe", args=(episode,), queue="probe", immutable=True),
-                app.signature(f"{TASK_PREFIX}.train", args=(episode, settings.poll_interval_s), queue="train", immutable=True),
+                app.signature(f"{TASK_PREFIX}.train", args=(episode, False), queue="train", immutable=True),
+                app.signature(f"{TASK_PREFIX}.train", args=(episode, True), queue="train", immutable=True, countdown=settings.poll_interval_s),
                 app.signature(f"{TASK_PREFIX}.eval", args=(episode, settings.episodes_per_batch), queue="eval", immutable=True),
             ).apply_async()
         deadline = time.monotonic() + 600
@@ -700,7 +701,7 @@ def render(settings: BenchSettings, plain: list[PhaseResult], ours: list[PhaseRe
     if profiles:
         lines += [
             "",
-            "database work per execution (stage functions replayed in-process, no Celery; round trips = statements + 2 x transactions + pings):",
+            "database work per execution (stage functions replayed in-process, no Celery; round trips = statements + 2 x transactions):",
             f"{'step':<14}{'calls':>6}{'statements':>12}{'transactions':>14}{'checkouts':>11}{'round trips':>13}{'wall ms':>9}{'CPU ms':>8}",
         ]
         for name, profile in profiles.items():

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from celery import Celery
 from kombu.exceptions import OperationalError as BrokerUnreachable
-from sqlalchemy import func, select, text, update
+from sqlalchemy import select, text, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -23,10 +23,9 @@ from metarl.db import get_engine, session_scope
 from metarl.episodes import run_config_of
 from metarl.tick_wakeup import TickWaiter
 from metarl.errors import RunNotFound
-from metarl.ledger import run_total_usd
 from orchestrator.batching import GroupView, groups_to_open, plan_batch
 from orchestrator.reconciler import StageDispatch, orphaned_episodes, orphaned_outer_steps
-from orchestrator.transitions import ACTIVE_STAGES
+from orchestrator.tick_counts import TickCounts, read_tick_counts
 from schemas.records import Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus, Stage
 from schemas.run_config import RunConfig, StageDeadlines
 from schemas.task_spec import TaskSpec
@@ -169,16 +168,19 @@ class Orchestrator:
                 dispatches += orphaned_episodes(session, run.id, now, config.retries.redispatch_after_s, config.retries.lease_s, self._first_tick)
                 outer_ids += orphaned_outer_steps(session, run.id, now, config.retries.redispatch_after_s, config.retries.lease_s, self._first_tick)
                 self._next_reconcile = time.monotonic() + reconcile_interval_s(config)
+            counts = read_tick_counts(session, run.id)
             report.dropped_stale, resample_tasks = self._drop_stale_groups(session, run, config)
-            created = self._maybe_create_outer_step(session, run, config)
+            counts = counts.after_dropping(report.dropped_stale)
+            created, counts = self._maybe_create_outer_step(session, run, config, counts)
             if created is not None:
                 report.outer_step_created = created
                 outer_ids.append(created)
-            draining = run.stop_requested or self._over_budget(session, run, config, report)
+            draining = run.stop_requested or self._over_budget(run, config, counts.spent_usd, report)
             if not draining:
-                dispatches += self._open_held_out_groups(session, run, config, report)
-                dispatches += self._open_groups(session, run, config, report, resample_tasks)
-            self._maybe_finish(session, run, config, report, draining)
+                held_out, counts = self._open_held_out_groups(session, run, config, report, counts)
+                trainable, counts = self._open_groups(session, run, config, report, resample_tasks, counts)
+                dispatches += held_out + trainable
+            self._maybe_finish(run, config, report, draining, counts)
         self._first_tick = False
         report.dispatched = self._send(dispatches, outer_ids, config.deadlines)
         return report
@@ -247,8 +249,7 @@ class Orchestrator:
         if released:
             log.info("run %s ended: released %s train backend resource(s)", self.run_id, released)
 
-    def _over_budget(self, session: Session, run: Run, config: RunConfig, report: TickReport) -> bool:
-        spent = run_total_usd(session, run.id)
+    def _over_budget(self, run: Run, config: RunConfig, spent: float, report: TickReport) -> bool:
         if spent < config.budget.max_run_usd:
             return False
         running = "running inner jobs are stopped" if config.budget.on_cap == "stop" else "running inner jobs finish"
@@ -274,30 +275,27 @@ class Orchestrator:
         resample = [group.task_id for group in stale] if config.outer.stale_groups == "resample" else []
         return len(stale), resample
 
-    def _maybe_create_outer_step(self, session: Session, run: Run, config: RunConfig) -> int | None:
-        busy = session.execute(
-            select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run.id, OuterStep.status.in_((OuterStatus.pending, OuterStatus.running)))
-        ).scalar_one()
-        steps = session.execute(select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run.id)).scalar_one()
-        if busy or steps >= config.run.max_outer_steps:
-            return None
+    def _maybe_create_outer_step(self, session: Session, run: Run, config: RunConfig, counts: TickCounts) -> tuple[int | None, TickCounts]:
+        if counts.outer_busy or counts.outer_steps >= config.run.max_outer_steps:
+            return None, counts
         complete = session.execute(
-            select(EpisodeGroup.id, EpisodeGroup.policy_version).where(
+            select(EpisodeGroup.id, EpisodeGroup.policy_version, EpisodeGroup.size).where(
                 EpisodeGroup.run_id == run.id, EpisodeGroup.status == GroupStatus.complete, EpisodeGroup.held_out.is_(False)
             )
         ).all()
-        plan = plan_batch([GroupView(g, v) for g, v in complete], run.policy_version, config.outer.max_steps_off_policy, config.outer.groups_per_batch)
+        plan = plan_batch([GroupView(g, v) for g, v, _ in complete], run.policy_version, config.outer.max_steps_off_policy, config.outer.groups_per_batch)
         if not plan.batch:
-            return None
-        episodes = session.execute(select(func.count()).select_from(Episode).where(Episode.group_id.in_(plan.batch))).scalar_one()
+            return None, counts
+        sizes = {group_id: size for group_id, _, size in complete}
+        episodes = sum(sizes[group_id] for group_id in plan.batch)
         step = OuterStep(
             run_id=run.id,
-            step=steps + 1,
+            step=counts.outer_steps + 1,
             status=OuterStatus.pending,
             policy_version_before=run.policy_version,
             n_groups=len(plan.batch),
             n_episodes=episodes,
-            dropped_stale_groups=self._dropped_since_last_step(session, run.id),
+            dropped_stale_groups=counts.dropped_unrecorded,
             dispatched_at=utcnow(),
             metrics={},
         )
@@ -309,19 +307,7 @@ class Orchestrator:
             .values(status=GroupStatus.batched, outer_step_id=step.id)
         )
         log.info("outer step %s: %s groups, %s episodes, policy version %s", step.step, len(plan.batch), episodes, run.policy_version)
-        return step.id
-
-    def _dropped_since_last_step(self, session: Session, run_id: str) -> int:
-        dropped = session.execute(
-            select(func.count()).select_from(EpisodeGroup).where(EpisodeGroup.run_id == run_id, EpisodeGroup.status == GroupStatus.dropped)
-        ).scalar_one()
-        counted = session.execute(select(func.coalesce(func.sum(OuterStep.dropped_stale_groups), 0)).where(OuterStep.run_id == run_id)).scalar_one()
-        return int(dropped - counted)
-
-    def _active_episodes(self, session: Session, run_id: str) -> int:
-        return session.execute(
-            select(func.count()).select_from(Episode).where(Episode.run_id == run_id, Episode.stage.in_(ACTIVE_STAGES))
-        ).scalar_one()
+        return step.id, counts.after_batching(len(plan.batch), counts.dropped_unrecorded)
 
     def _new_group(self, session: Session, run: Run, config: RunConfig, task_id: str, held_out: bool) -> list[StageDispatch]:
         group = EpisodeGroup(run_id=run.id, task_id=task_id, policy_version=run.policy_version, size=config.outer.group_size, held_out=held_out)
@@ -347,10 +333,10 @@ class Orchestrator:
         session.flush()
         return [StageDispatch(Stage.agent, episode.id, 1) for episode in episodes]
 
-    def _open_held_out_groups(self, session: Session, run: Run, config: RunConfig, report: TickReport) -> list[StageDispatch]:
+    def _open_held_out_groups(self, session: Session, run: Run, config: RunConfig, report: TickReport, counts: TickCounts) -> tuple[list[StageDispatch], TickCounts]:
         version = run.policy_version
         if version % config.outer.held_out_eval_every != 0:
-            return []
+            return [], counts
         dispatches: list[StageDispatch] = []
         for task_id, spec in run.task_specs.items():
             if not spec.get("held_out"):
@@ -361,48 +347,39 @@ class Orchestrator:
                 )
             ).first()
             if exists is None:
-                dispatches += self._new_group(session, run, config, task_id, held_out=True)
+                opened = self._new_group(session, run, config, task_id, held_out=True)
+                dispatches += opened
+                counts = counts.after_opening(1, len(opened), trainable=False)
                 report.opened_groups += 1
-        return dispatches
+        return dispatches, counts
 
-    def _open_groups(self, session: Session, run: Run, config: RunConfig, report: TickReport, resample_tasks: list[str]) -> list[StageDispatch]:
+    def _open_groups(
+        self, session: Session, run: Run, config: RunConfig, report: TickReport, resample_tasks: list[str], counts: TickCounts
+    ) -> tuple[list[StageDispatch], TickCounts]:
         trainable = [task_id for task_id, spec in run.task_specs.items() if not spec.get("held_out")]
         if not trainable:
-            return []
-        steps = session.execute(select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run.id)).scalar_one()
-        waiting = session.execute(
-            select(func.count())
-            .select_from(EpisodeGroup)
-            .where(EpisodeGroup.run_id == run.id, EpisodeGroup.held_out.is_(False), EpisodeGroup.status.in_((GroupStatus.open, GroupStatus.complete)))
-        ).scalar_one()
-        needed = (config.run.max_outer_steps - steps) * config.outer.groups_per_batch - waiting
-        window = groups_to_open(self._active_episodes(session, run.id), config.window.in_flight, config.outer.group_size)
+            return [], counts
+        needed = (config.run.max_outer_steps - counts.outer_steps) * config.outer.groups_per_batch - counts.waiting_groups
+        window = groups_to_open(counts.active_episodes, config.window.in_flight, config.outer.group_size)
         count = max(0, min(needed, window))
-        opened_so_far = session.execute(
-            select(func.count()).select_from(EpisodeGroup).where(EpisodeGroup.run_id == run.id, EpisodeGroup.held_out.is_(False))
-        ).scalar_one()
+        opened_so_far = counts.trainable_groups
         dispatches: list[StageDispatch] = []
         for index in range(count):
             task_id = resample_tasks[index] if index < len(resample_tasks) else trainable[(opened_so_far + index) % len(trainable)]
-            dispatches += self._new_group(session, run, config, task_id, held_out=False)
+            opened = self._new_group(session, run, config, task_id, held_out=False)
+            dispatches += opened
+            counts = counts.after_opening(1, len(opened), trainable=True)
             report.opened_groups += 1
-        return dispatches
+        return dispatches, counts
 
-    def _maybe_finish(self, session: Session, run: Run, config: RunConfig, report: TickReport, draining: bool) -> None:
-        active = self._active_episodes(session, run.id)
-        outer_busy = session.execute(
-            select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run.id, OuterStep.status.in_((OuterStatus.pending, OuterStatus.running)))
-        ).scalar_one()
-        done_steps = session.execute(
-            select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run.id, OuterStep.status == OuterStatus.done)
-        ).scalar_one()
-        if active or outer_busy:
+    def _maybe_finish(self, run: Run, config: RunConfig, report: TickReport, draining: bool, counts: TickCounts) -> None:
+        if counts.active_episodes or counts.outer_busy:
             if run.stop_requested and run.status == RunStatus.running:
                 run.status = RunStatus.stopping
                 report.status = run.status
             return
-        if done_steps >= config.run.max_outer_steps:
-            run.status, run.status_message = RunStatus.finished, f"finished {done_steps} outer steps"
+        if counts.outer_done >= config.run.max_outer_steps:
+            run.status, run.status_message = RunStatus.finished, f"finished {counts.outer_done} outer steps"
         elif run.stop_requested:
             run.status, run.status_message = RunStatus.stopped, "stopped on request; `metarl resume` continues it"
         elif draining:

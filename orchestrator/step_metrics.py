@@ -62,9 +62,15 @@ def outer_step_metrics(session: Session, outer_step_id: int, run_id: str) -> dic
         .join(Reward, Reward.episode_id == Episode.id)
         .where(EpisodeGroup.outer_step_id == outer_step_id)
     ).all()
+    attempts_of: dict[int, list[ProbeAttempt]] = {}
+    if rows:
+        for attempt in session.execute(
+            select(ProbeAttempt).where(ProbeAttempt.episode_id.in_([row[0] for row in rows])).order_by(ProbeAttempt.episode_id, ProbeAttempt.attempt)
+        ).scalars():
+            attempts_of.setdefault(attempt.episode_id, []).append(attempt)
     facts = []
     for episode_id, version, reward in rows:
-        attempts = session.execute(select(ProbeAttempt).where(ProbeAttempt.episode_id == episode_id).order_by(ProbeAttempt.attempt)).scalars().all()
+        attempts = attempts_of.get(episode_id, [])
         parsed = [a for a in attempts if a.model_name is not None]
         last = parsed[-1] if parsed else None
         facts.append(

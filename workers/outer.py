@@ -104,31 +104,36 @@ class OuterClaim:
 
 
 def claim_outer_step(outer_step_id: int, lease_s: float) -> OuterClaim | None:
-    """CAS the step from pending (or running with a dead heartbeat) to running under a new token.
+    """CAS the step from pending (or running with a dead heartbeat) to running under a new token, in its own transaction."""
+    with session_scope(database_url()) as session:
+        return take_outer_step(session, outer_step_id, lease_s)
+
+
+def take_outer_step(session: Session, outer_step_id: int, lease_s: float) -> OuterClaim | None:
+    """In the caller's transaction: CAS the step from pending (or running with a dead heartbeat) to running under a new token.
 
     Taking a running step over from a worker that stopped heartbeating counts one takeover.
     """
     token = str(uuid.uuid4())
     now = utcnow()
-    with session_scope(database_url()) as session:
-        takeovers = session.execute(
-            update(OuterStep)
-            .where(
-                OuterStep.id == outer_step_id,
-                or_(
-                    OuterStep.status == OuterStatus.pending,
-                    (OuterStep.status == OuterStatus.running) & (OuterStep.heartbeat_at < now - dt.timedelta(seconds=lease_s)),
-                ),
-            )
-            .values(
-                status=OuterStatus.running,
-                worker=worker_name(),
-                token=token,
-                heartbeat_at=now,
-                takeovers=OuterStep.takeovers + case((OuterStep.status == OuterStatus.running, 1), else_=0),
-            )
-            .returning(OuterStep.takeovers)
-        ).scalar_one_or_none()
+    takeovers = session.execute(
+        update(OuterStep)
+        .where(
+            OuterStep.id == outer_step_id,
+            or_(
+                OuterStep.status == OuterStatus.pending,
+                (OuterStep.status == OuterStatus.running) & (OuterStep.heartbeat_at < now - dt.timedelta(seconds=lease_s)),
+            ),
+        )
+        .values(
+            status=OuterStatus.running,
+            worker=worker_name(),
+            token=token,
+            heartbeat_at=now,
+            takeovers=OuterStep.takeovers + case((OuterStep.status == OuterStatus.running, 1), else_=0),
+        )
+        .returning(OuterStep.takeovers)
+    ).scalar_one_or_none()
     return OuterClaim(outer_step_id, token, takeovers) if takeovers is not None else None
 
 
@@ -276,13 +281,12 @@ def outer_update(self: Task, outer_step_id: int) -> str:
         if run is None or run.status in CLOSED_RUN_STATUSES:
             return "skipped"
         config = run_config_of(run)
-    lease_s, cap = config.retries.lease_s, config.retries.max_stage_attempts
-    claim = claim_outer_step(outer_step_id, lease_s)
-    if claim is None:
-        return "skipped"
-    with session_scope(database_url()) as session:
+        lease_s, cap = config.retries.lease_s, config.retries.max_stage_attempts
+        last_error = step.error
+        claim = take_outer_step(session, outer_step_id, lease_s)
+        if claim is None:
+            return "skipped"
         work = load_outer_work(session, outer_step_id)
-        last_error = session.get(OuterStep, outer_step_id).error
     if crash_looping(claim.takeovers, cap):
         fail_outer_step(claim, crash_loop_message(work.step, claim.takeovers, cap, last_error))
         return "failed"

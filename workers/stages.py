@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from celery import Task
 from celery.signals import task_failure
@@ -317,9 +317,40 @@ def passing_job(ctx: EpisodeContext, job_toml: str | None) -> JobSpec:
     return validate_model(JobSpec, parse_toml_text(submitted_job_text(ctx, job_toml), "job.toml"), "job.toml")
 
 
-def passing_job_and_inner(session: Session, config: RunConfig, ctx: EpisodeContext, job_toml: str | None) -> tuple[JobSpec, InnerJobRow | None]:
-    """The train stage's loader: the passing job and its inner job row (None before launch)."""
-    return passing_job(ctx, job_toml), inner_job_of(session, ctx.episode_id)
+@dataclass(frozen=True)
+class TrainInputs:
+    """What the train stage's claim transaction read or created: the passing job and its inner job, or why there is none."""
+
+    spec: JobSpec
+    inner: InnerJobRow | None
+    blocked: Literal["budget", "capacity"] | None = None
+
+
+def train_inputs(session: Session, config: RunConfig, ctx: EpisodeContext, job_toml: str | None) -> TrainInputs:
+    """The train stage's loader: the passing job and its inner job, created here on the first submit when budget and capacity allow.
+
+    The capacity count and the insert run under the run's advisory lock, so two submits never both take the last slot.
+    """
+    spec = passing_job(ctx, job_toml)
+    inner = inner_job_of(session, ctx.episode_id)
+    if inner is not None:
+        return TrainInputs(spec, inner)
+    backend = registry.train_backend(config)
+    spent, active = spent_and_active(session, hash_run(ctx.run_id), ctx.run_id, backend.name)
+    if spent >= config.budget.max_run_usd:
+        return TrainInputs(spec, None, "budget")
+    if active >= backend.capacity():
+        return TrainInputs(spec, None, "capacity")
+    created = create_inner_job(
+        session,
+        run_id=ctx.run_id,
+        episode_id=ctx.episode_id,
+        name=inner_job_name(ctx.run_id, ctx.episode_id),
+        backend=backend.name,
+        simulated=backend.simulated,
+        model_name=spec.model.name,
+    )
+    return TrainInputs(spec, created)
 
 
 def eval_inputs(session: Session, config: RunConfig, ctx: EpisodeContext, job_toml: str | None) -> tuple[JobSpec, InnerJobRow, float | None]:
@@ -337,38 +368,25 @@ def inner_job_name(run_id: str, episode_id: int) -> str:
 
 @app.task(bind=True, name="metarl.stage.train", queue="train", max_retries=None)
 def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
-    """Submit the inner job once, then poll it with short retried tasks until it ends."""
-    job = claim_episode_stage(Stage.train, episode_id, probe_attempt, token, load=passing_job_and_inner)
+    """Submit the inner job once, then poll it with short messages (each sends the next) until it ends."""
+    job = claim_episode_stage(Stage.train, episode_id, probe_attempt, token, load=train_inputs)
     if job is None:
         return "skipped"
-    spec, inner = job.loaded
+    inputs: TrainInputs = job.loaded
+    spec, inner = inputs.spec, inputs.inner
     backend = registry.train_backend(job.config)
     url = database_url()
 
-    def poll_again(countdown: float) -> Exception:
-        return self.retry(args=[episode_id, probe_attempt], kwargs={"token": job.claim.token}, countdown=countdown, max_retries=None)
+    def poll_again(countdown: float) -> str:
+        """Send this stage's next poll (with the claim's token) and end this message: no Retry, whose traceback Celery pickles."""
+        send_stage(app, Stage.train, episode_id, probe_attempt, token=job.claim.token, countdown=countdown, time_limit=job.config.deadlines.for_queue(Stage.train.value))
+        return "polling"
 
-    if inner is None:
-        with session_scope(url) as session:
-            spent, active = spent_and_active(session, hash_run(job.ctx.run_id), job.ctx.run_id, backend.name)
-            budget_blocked = spent >= job.config.budget.max_run_usd
-            if not budget_blocked:
-                if active >= backend.capacity():
-                    claims.heartbeat(session, job.claim)
-                    session.commit()
-                    raise poll_again(backend.poll_interval_s())
-                inner = create_inner_job(
-                    session,
-                    run_id=job.ctx.run_id,
-                    episode_id=episode_id,
-                    name=inner_job_name(job.ctx.run_id, episode_id),
-                    backend=backend.name,
-                    simulated=backend.simulated,
-                    model_name=spec.model.name,
-                )
-        if budget_blocked:
-            fail_episode(job, Stage.train, f"run budget of ${job.config.budget.max_run_usd} reached; job not launched")
-            return "budget"
+    if inputs.blocked == "budget":
+        fail_episode(job, Stage.train, f"run budget of ${job.config.budget.max_run_usd} reached; job not launched")
+        return "budget"
+    if inputs.blocked == "capacity":
+        return poll_again(backend.poll_interval_s())  # the claim was just renewed by this attempt's claim
     assert inner is not None
     name, external_id, state, status = inner.name, inner.external_id, dict(inner.backend_state or {}), inner.status
     if external_id is None:
@@ -378,13 +396,13 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             with session_scope(url) as session:
                 session.execute(update(InnerJob).where(InnerJob.episode_id == episode_id).values(error=f"capacity: {err}"))
                 claims.heartbeat(session, job.claim)
-            raise poll_again(max(5.0, backend.poll_interval_s())) from None
+            return poll_again(max(5.0, backend.poll_interval_s()))
         if launched is None:
             return "failed"
         with session_scope(url) as session:
             record_launch(session, episode_id, launched)
             claims.heartbeat(session, job.claim)
-        raise poll_again(backend.poll_interval_s())
+        return poll_again(backend.poll_interval_s())
     if status != InnerJobStatus.running:
         return finish_train(job, episode_id, probe_attempt, status)
     polled = run_with_retries(self, job, Stage.train, lambda: backend.poll(job.ctx, spec, external_id, state))
@@ -409,7 +427,7 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             record_poll_and_costs(session)
         raise
     if ended is None:
-        raise poll_again(backend.poll_interval_s())
+        return poll_again(backend.poll_interval_s())
     if to is None:
         return "taken over"
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)

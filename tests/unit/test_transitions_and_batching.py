@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.batching import GroupView, groups_to_open, is_stale, plan_batch, staleness
+from orchestrator.tick_counts import TickCounts
 from orchestrator.transitions import after_agent, after_eval, after_probe, after_train
 from schemas.records import Stage
 
@@ -76,3 +77,24 @@ def test_reconciler_runs_a_quarter_lease_apart_but_never_more_often_than_ticks()
     assert reconcile_interval_s(config(60, 120, 0.5)) == 15.0
     assert reconcile_interval_s(config(60, 8, 0.5)) == 2.0
     assert reconcile_interval_s(config(1, 1, 0.5)) == 0.5
+
+
+def tick_counts(**overrides: float) -> TickCounts:
+    values = dict(
+        outer_steps=3, outer_busy=0, outer_done=3, dropped_counted=1, trainable_groups=10, waiting_groups=4, dropped_groups=2, active_episodes=6, spent_usd=0.5
+    )
+    values.update(overrides)
+    return TickCounts(**values)  # type: ignore[arg-type]
+
+
+def test_tick_counts_follow_drops_batches_and_new_groups():
+    counts = tick_counts()
+    assert counts.dropped_unrecorded == 1
+    dropped = counts.after_dropping(2)
+    assert (dropped.waiting_groups, dropped.dropped_groups, dropped.dropped_unrecorded) == (2, 4, 3)
+    batched = dropped.after_batching(groups=2, dropped_recorded=dropped.dropped_unrecorded)
+    assert (batched.outer_steps, batched.outer_busy, batched.waiting_groups, batched.dropped_unrecorded) == (4, 1, 0, 0)
+    assert batched.outer_done == 3  # a new step is pending, not done
+    opened = batched.after_opening(1, 4, trainable=True).after_opening(1, 4, trainable=False)
+    assert (opened.trainable_groups, opened.waiting_groups, opened.active_episodes) == (11, 1, 14)
+    assert counts == tick_counts()  # each step returns a copy
