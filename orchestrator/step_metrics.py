@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
 from metarl.ledger import run_total_usd
@@ -62,11 +63,14 @@ def outer_step_metrics(session: Session, outer_step_id: int, run_id: str) -> dic
         .join(Reward, Reward.episode_id == Episode.id)
         .where(EpisodeGroup.outer_step_id == outer_step_id)
     ).all()
-    attempts_of: dict[int, list[ProbeAttempt]] = {}
+    attempts_of: dict[int, list[Row[Any]]] = {}
     if rows:
+        # only the columns the facts use: the attempts' policy tokens and logprobs are not parsed again here
         for attempt in session.execute(
-            select(ProbeAttempt).where(ProbeAttempt.episode_id.in_([row[0] for row in rows])).order_by(ProbeAttempt.episode_id, ProbeAttempt.attempt)
-        ).scalars():
+            select(ProbeAttempt.episode_id, ProbeAttempt.passed, ProbeAttempt.model_name, ProbeAttempt.explicit_hyperparameters)
+            .where(ProbeAttempt.episode_id.in_([row[0] for row in rows]))
+            .order_by(ProbeAttempt.episode_id, ProbeAttempt.attempt)
+        ):
             attempts_of.setdefault(attempt.episode_id, []).append(attempt)
     facts = []
     for episode_id, version, reward in rows:
