@@ -11,12 +11,20 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from metarl.db import session_scope
 from metarl.ledger import run_total_usd
 from orchestrator.loop import TickReport
+from orchestrator.step_metrics import held_out_reward_by_version
 from orchestrator.transitions import TERMINAL_STAGES
 from schemas.records import Episode, OuterStep, OuterStatus, Run
+
+
+def latest_held_out_reward(session: Session, run_id: str) -> float | None:
+    """Mean reward of the newest policy version whose held-out groups were evaluated (from the records, as `metarl status` reads it)."""
+    by_version = held_out_reward_by_version(session, run_id)
+    return by_version[max(by_version)] if by_version else None
 
 
 class ProgressDisplay:
@@ -48,7 +56,7 @@ class ProgressDisplay:
                 "outer_step": last.step if last else 0,
                 "max_outer_steps": run.config["run"]["max_outer_steps"] if run else 0,
                 "reward": last.metrics.get("reward_mean") if last else None,
-                "held_out": last.metrics.get("held_out_reward_mean") if last else None,
+                "held_out": latest_held_out_reward(session, self.run_id),
                 "cost_usd": run_total_usd(session, self.run_id),
             }
 
