@@ -25,8 +25,7 @@ def configure_torch_threads() -> int:
     import torch
 
     requested = os.environ.get(THREADS_ENV)
-    threads = int(requested) if requested else available_cores()
-    threads = max(1, min(threads, available_cores()))
+    threads = threads_per_job(1, int(requested) if requested else None)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads
