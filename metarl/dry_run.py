@@ -76,7 +76,8 @@ class EpisodeCounts(Frozen):
     train_episodes: int = Field(ge=0, description="max_outer_steps x groups_per_batch x group_size")
     held_out_tasks: int = Field(ge=0, description="Held-out tasks of the run")
     held_out_evals: int = Field(ge=0, description="Policy versions (0 .. max_outer_steps) at which held-out tasks are evaluated")
-    held_out_episodes: int = Field(ge=0, description="held_out_evals x held_out_tasks x group_size")
+    held_out_group_size: int = Field(ge=1, description="outer.held_out_group_size, or group_size when unset")
+    held_out_episodes: int = Field(ge=0, description="held_out_evals x held_out_tasks x held_out_group_size")
     total: int = Field(ge=0, description="train_episodes + held_out_episodes")
 
 
@@ -218,7 +219,8 @@ def episode_counts(config: RunConfig, specs: dict[str, TaskSpec]) -> EpisodeCoun
     train = config.run.max_outer_steps * outer.groups_per_batch * outer.group_size
     held_out_tasks = sum(1 for spec in specs.values() if spec.held_out)
     evals = held_out_eval_points(config.run.max_outer_steps, outer.held_out_eval_every) if held_out_tasks else 0
-    held_out = evals * held_out_tasks * outer.group_size
+    held_out_size = outer.held_out_group_size or outer.group_size
+    held_out = evals * held_out_tasks * held_out_size
     return EpisodeCounts(
         max_outer_steps=config.run.max_outer_steps,
         groups_per_batch=outer.groups_per_batch,
@@ -226,6 +228,7 @@ def episode_counts(config: RunConfig, specs: dict[str, TaskSpec]) -> EpisodeCoun
         train_episodes=train,
         held_out_tasks=held_out_tasks,
         held_out_evals=evals,
+        held_out_group_size=held_out_size,
         held_out_episodes=held_out,
         total=train + held_out,
     )
@@ -234,7 +237,7 @@ def episode_counts(config: RunConfig, specs: dict[str, TaskSpec]) -> EpisodeCoun
 def task_lines(config: RunConfig, specs: dict[str, TaskSpec], counts: EpisodeCounts) -> list[TaskLine]:
     """Each task with its episodes: training groups go round-robin over the trainable tasks (spread evenly here)."""
     trainable = [task_id for task_id, spec in specs.items() if not spec.held_out]
-    per_held_out = counts.held_out_evals * config.outer.group_size
+    per_held_out = counts.held_out_evals * counts.held_out_group_size
     return [
         TaskLine(
             task_id=task_id,
@@ -586,7 +589,7 @@ def render_text(plan: DryRunPlan) -> str:
     out += ["", "Episodes"]
     out.append(f"  training   {counts.max_outer_steps} outer step(s) x {counts.groups_per_batch} group(s) x {counts.group_size} episode(s) = {counts.train_episodes}")
     if counts.held_out_tasks:
-        out.append(f"  held-out   {counts.held_out_evals} eval(s) x {counts.held_out_tasks} task(s) x {counts.group_size} episode(s) = {counts.held_out_episodes}")
+        out.append(f"  held-out   {counts.held_out_evals} eval(s) x {counts.held_out_tasks} task(s) x {counts.held_out_group_size} episode(s) = {counts.held_out_episodes}")
     out.append(f"  total      {counts.total}")
     if plan.pods is not None:
         pods = plan.pods

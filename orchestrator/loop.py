@@ -310,7 +310,8 @@ class Orchestrator:
         return step.id, counts.after_batching(len(plan.batch), counts.dropped_unrecorded)
 
     def _new_group(self, session: Session, run: Run, config: RunConfig, task_id: str, held_out: bool) -> list[StageDispatch]:
-        group = EpisodeGroup(run_id=run.id, task_id=task_id, policy_version=run.policy_version, size=config.outer.group_size, held_out=held_out)
+        size = (config.outer.held_out_group_size or config.outer.group_size) if held_out else config.outer.group_size
+        group = EpisodeGroup(run_id=run.id, task_id=task_id, policy_version=run.policy_version, size=size, held_out=held_out)
         session.add(group)
         session.flush()
         now = utcnow()
@@ -327,7 +328,7 @@ class Orchestrator:
                 dispatched_at=now,
                 dispatch_count=1,
             )
-            for index in range(config.outer.group_size)
+            for index in range(size)
         ]
         session.add_all(episodes)
         session.flush()

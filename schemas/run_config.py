@@ -104,6 +104,9 @@ class LocalAgentBackend(StrictModel):
     type: Literal["local"] = Field(description="Backend kind")
     temperature: float = Field(default=1.0, gt=0.0, le=5.0, description="Sampling temperature of the policy")
     init_seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the untrained policy's weights")
+    prior_default_bias: float = Field(
+        default=3.0, ge=0.0, le=20.0, description="Initial logit bonus of `default` tokens: how strongly the untrained policy leaves settings to defaults"
+    )
 
 
 class LocalOuterBackend(StrictModel):
@@ -343,6 +346,9 @@ class OuterConfig(StrictModel):
     learning_rate: float = Field(default=1e-4, gt=0, le=1.0, description="Outer learning rate")
     ratio_cap: float = Field(default=2.0, ge=1.0, le=100.0, description="Truncation of the importance ratio")
     held_out_eval_every: int = Field(default=1, ge=1, le=100_000, description="Evaluate held-out tasks every K outer steps")
+    held_out_group_size: int | None = Field(
+        default=None, ge=1, le=1024, description="Episodes per held-out evaluation (None = group_size); larger groups measure held-out reward more precisely"
+    )
 
 
 class RetryConfig(StrictModel):

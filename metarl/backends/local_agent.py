@@ -251,7 +251,7 @@ class LocalOuter:
 
         path = policy_path(config.artifacts.root, run_id, 0)
         if not path.exists():
-            LocalPolicy(PolicyConfig(init_seed=self.agent.init_seed)).save_state(path)
+            LocalPolicy(PolicyConfig(init_seed=self.agent.init_seed, default_bias=self.agent.prior_default_bias)).save_state(path)
         return str(path)
 
     def update(

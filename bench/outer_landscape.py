@@ -1,0 +1,139 @@
+"""How fast does the local outer learner find good jobs? A named simulator for choosing its settings.
+
+The policy, its sampling, the probe and the importance-sampling update are the real ones
+(`LocalPolicy`, `probe_job_text` on the shipped task specs, `local_outer_step` on real datums).
+Only the inner job is simulated: its job credit is a hand-written landscape anchored on the
+`bench.inner_jobs` numbers (BENCHMARKS.md), plus Gaussian noise:
+
+- learning rate 1e-2 or more collapses the model (credit -0.8); 3e-3 harms it (-0.4); the
+  default 1e-3 harms it a little (-0.25, what the default-leaning jobs of the real runs did);
+- 3e-4 or less gains up to +0.5, in proportion to the steps that fit the 60 s budget
+  (about 170 for the small model, 60 for the larger one, on a 2-core machine).
+
+A passing job adds the DESIGN section 5 validation (0.2) and efficiency (0.05) credits; a job the
+probe rejects ends with reward 0 (no retries are simulated). Each outer step samples
+`groups_per_batch` groups of `group_size` episodes on training families, synchronously (no
+staleness). It prints, per setting, the mean reward of the last episodes at equal episode budgets,
+over several seeds. It does not show that the real loop reaches these numbers.
+
+    python -m bench.outer_landscape [--episodes 200] [--seeds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from metarl.outer_update import build_datum, group_advantages, local_outer_step
+from metarl.policy import job_language as jl
+from metarl.policy.local_policy import LocalPolicy, PolicyConfig
+from metarl.probe import probe_job_text
+from schemas.base import load_toml_model
+from schemas.task_spec import TaskSpec
+
+TASK_DIR = Path(__file__).resolve().parent.parent / "tasks_specs"
+BUDGET_STEPS = {jl.MODELS[0]: 170, jl.MODELS[1]: 60}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One outer-learner setting to compare."""
+
+    name: str
+    learning_rate: float = 1e-2
+    group_size: int = 4
+    groups_per_batch: int = 2
+    temperature: float = 1.3
+    normalize_std: bool = False
+    default_bias: float = PolicyConfig.default_bias
+    updates_per_batch: int = 1
+
+
+def synthetic_credit(choice: jl.JobChoice) -> float:
+    """The landscape's job credit of a decoded job, before noise."""
+    lr = choice.hyperparameters["training.learning_rate"] or 1e-3
+    steps = choice.hyperparameters["training.max_steps"] or 40
+    if lr >= 1e-2:
+        return -0.8
+    if lr >= 3e-3:
+        return -0.4
+    if lr >= 1e-3:
+        return -0.25
+    return 0.5 * min(1.0, min(steps, BUDGET_STEPS[choice.model]) / 200)
+
+
+def run_setting(setting: Setting, tasks: dict[str, TaskSpec], episodes: int, seed: int, noise: float) -> list[float]:
+    """Rewards of every episode, in order, for one seed."""
+    rng = random.Random(seed)
+    policy = LocalPolicy(PolicyConfig(init_seed=seed, default_bias=setting.default_bias))
+    families = sorted(tasks)
+    rewards: list[float] = []
+    while len(rewards) < episodes:
+        groups = []
+        for _ in range(setting.groups_per_batch):
+            family = rng.choice(families)
+            context = jl.context_tokens(family)
+            samples = policy.sample_batch([context] * setting.group_size, [rng.getrandbits(62) for _ in range(setting.group_size)], setting.temperature)
+            group = []
+            for sample in samples:
+                verdict = probe_job_text(sample.render(seed=0), tasks[family])
+                reward = 0.0
+                if verdict.passed:
+                    reward = 0.25 + synthetic_credit(jl.decode_job(sample.job_tokens)) + rng.gauss(0.0, noise)
+                group.append((sample, reward))
+            groups.append(group)
+        rewards.extend(r for group in groups for _, r in group)
+        advantages = group_advantages([[r for _, r in group] for group in groups], normalize_std=setting.normalize_std)
+        datums = [
+            build_datum(sample.prompt_tokens, sample.job_tokens, sample.logprobs, adv)
+            for group, group_adv in zip(groups, advantages)
+            for (sample, _), adv in zip(group, group_adv)
+        ]
+        for _ in range(setting.updates_per_batch):
+            local_outer_step(policy, None, datums, ratio_cap=2.0, lr=setting.learning_rate, temperature=setting.temperature)
+    return rewards[:episodes]
+
+
+SETTINGS = (
+    Setting("lr 1e-2, T 1.3, bias 3 (shipped before)"),
+    Setting("lr 2e-2, T 1.3, bias 3", learning_rate=2e-2),
+    Setting("lr 2e-2, T 1.0, bias 2", learning_rate=2e-2, temperature=1.0, default_bias=2.0),
+    Setting("lr 1.5e-2, T 1.0, bias 1", learning_rate=1.5e-2, temperature=1.0, default_bias=1.0),
+    Setting("lr 2e-2, T 1.0, bias 1", learning_rate=2e-2, temperature=1.0, default_bias=1.0),
+    Setting("lr 3e-2, T 1.0, bias 1", learning_rate=3e-2, temperature=1.0, default_bias=1.0),
+    Setting("lr 2e-2, T 1.0, bias 0", learning_rate=2e-2, temperature=1.0, default_bias=0.0),
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=200, help="episodes per seed (default 200, about an hour of real jobs)")
+    parser.add_argument("--seeds", type=int, default=4, help="seeds per setting")
+    parser.add_argument("--noise", type=float, default=0.3, help="std of the credit noise")
+    parser.add_argument("--tail", type=int, default=40, help="episodes averaged at the end")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    tasks = {}
+    for path in sorted(TASK_DIR.glob("*.toml")):
+        task = load_toml_model(TaskSpec, path)
+        if not task.held_out:
+            tasks[task.family] = task
+    print(f"# synthetic landscape, {args.episodes} episodes per seed, {args.seeds} seeds, noise {args.noise}")
+    print(f"{'setting':40} {'first 40':>9} {'mid':>7} {'last ' + str(args.tail):>9} {'min last':>9} {'s':>5}")
+    for setting in SETTINGS:
+        started = time.perf_counter()
+        runs = [run_setting(setting, tasks, args.episodes, seed, args.noise) for seed in range(args.seeds)]
+        first = statistics.fmean(statistics.fmean(r[:40]) for r in runs)
+        middle = statistics.fmean(statistics.fmean(r[len(r) // 2 - 20 : len(r) // 2 + 20]) for r in runs)
+        tails = [statistics.fmean(r[-args.tail :]) for r in runs]
+        print(f"{setting.name:40} {first:9.3f} {middle:7.3f} {statistics.fmean(tails):9.3f} {min(tails):9.3f} {time.perf_counter() - started:5.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
