@@ -82,6 +82,7 @@ LEFT JOIN probe_attempts prev ON prev.episode_id = e.id AND prev.attempt = e.pro
 WHERE e.id = %(episode_id)s
 """
 RUN_SPECS_SQL = "SELECT config, task_specs FROM runs WHERE id = %(run_id)s"
+RUN_CONFIG_SQL = "SELECT config FROM runs WHERE id = %(run_id)s"
 """Sent as they are (no ORM compilation): every stage message runs the first."""
 
 
@@ -105,6 +106,16 @@ def config_and_task(session: Session, row: StageRow) -> tuple[RunConfig, TaskSpe
         _remember(_parsed_configs, config_key, config)
         _remember(_parsed_tasks, task_key, task)
     return config, task
+
+
+def run_config_by_key(session: Session, run_id: str, run_created_at: dt.datetime) -> RunConfig:
+    """The run's config, parsed once per process per run (read only when not cached)."""
+    key = (run_id, run_created_at)
+    config = _parsed_configs.get(key)
+    if config is None:
+        config = RunConfig.model_validate(run_sql(session, RUN_CONFIG_SQL, {"run_id": run_id}).one()[0])
+        _remember(_parsed_configs, key, config)
+    return config
 
 
 def stage_context(row: StageRow, config: RunConfig, task: TaskSpec) -> EpisodeContext:

@@ -13,14 +13,15 @@ from sqlalchemy.orm import Session
 
 from metarl.backends.base import LaunchResult, PollResult
 from metarl.db import json_param, run_sql
+from metarl.ledger import RUN_SPEND_SQL
 from schemas.records import InnerJobStatus
 
 INNER_JOB_SQL = """
 SELECT id, name, backend, external_id, status, backend_state, checkpoint_uri, error, train_seconds FROM inner_jobs WHERE episode_id = %(episode_id)s
 """
 LOCK_RUN_SQL = "SELECT pg_advisory_xact_lock(%(key)s)"
-SPENT_AND_ACTIVE_SQL = """
-SELECT (SELECT coalesce(sum(amount_usd), 0) FROM cost_ledger WHERE run_id = %(run_id)s),
+SPENT_AND_ACTIVE_SQL = f"""
+SELECT ({RUN_SPEND_SQL}),
        (SELECT count(*) FROM inner_jobs WHERE backend = %(backend)s AND status = ANY(%(active)s))
 """
 CREATE_SQL = """

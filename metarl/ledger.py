@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from metarl.db import run_sql
-
-from schemas.records import CostEntry
 
 
 RECORD_COST_SQL = """
@@ -51,6 +48,10 @@ def record_cost(
     return run_sql(session, RECORD_COST_SQL, params).first() is not None
 
 
+RUN_SPEND_SQL = "SELECT coalesce(sum(amount_usd), 0) FROM cost_ledger WHERE run_id = %(run_id)s"
+"""The run's spend so far; larger statements embed it as a subquery to save a round trip."""
+
+
 def run_total_usd(session: Session, run_id: str) -> float:
-    total = session.execute(select(func.coalesce(func.sum(CostEntry.amount_usd), 0)).where(CostEntry.run_id == run_id)).scalar_one()
-    return float(total)
+    """Dollars recorded for the run so far (simulated entries included)."""
+    return float(run_sql(session, RUN_SPEND_SQL, {"run_id": run_id}).scalar_one())

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from metarl.ledger import run_total_usd
-from schemas.records import Episode, EpisodeGroup, GroupStatus, OuterStep, ProbeAttempt, Reward
+from metarl.db import run_sql
+from metarl.ledger import RUN_SPEND_SQL
+from schemas.records import Episode, EpisodeGroup, GroupStatus, Reward
 
 LARGE_MODELS = ("Qwen/Qwen3-1.7B",)
 
@@ -55,45 +55,53 @@ def summarise(facts: list[EpisodeFacts]) -> dict[str, float | None]:
     }
 
 
-def outer_step_metrics(session: Session, outer_step_id: int, run_id: str) -> dict[str, float | None]:
-    step = session.get(OuterStep, outer_step_id)
-    rows = session.execute(
-        select(Episode.id, Episode.policy_version, Reward)
-        .join(EpisodeGroup, EpisodeGroup.id == Episode.group_id)
-        .join(Reward, Reward.episode_id == Episode.id)
-        .where(EpisodeGroup.outer_step_id == outer_step_id)
-    ).all()
-    attempts_of: dict[int, list[Row[Any]]] = {}
-    if rows:
-        # only the columns the facts use: the attempts' policy tokens and logprobs are not parsed again here
-        for attempt in session.execute(
-            select(ProbeAttempt.episode_id, ProbeAttempt.passed, ProbeAttempt.model_name, ProbeAttempt.explicit_hyperparameters)
-            .where(ProbeAttempt.episode_id.in_([row[0] for row in rows]))
-            .order_by(ProbeAttempt.episode_id, ProbeAttempt.attempt)
-        ):
-            attempts_of.setdefault(attempt.episode_id, []).append(attempt)
-    facts = []
-    for episode_id, version, reward in rows:
-        attempts = attempts_of.get(episode_id, [])
-        parsed = [a for a in attempts if a.model_name is not None]
-        last = parsed[-1] if parsed else None
-        facts.append(
-            EpisodeFacts(
-                reward=reward.total,
-                job=reward.job,
-                validation=reward.validation,
-                efficiency=reward.efficiency,
-                speed=reward.speed,
-                raw_improvement=reward.raw_improvement,
-                staleness=step.policy_version_before - version,
-                first_try_passed=bool(attempts and attempts[0].passed),
-                large_model=(last.model_name in LARGE_MODELS) if last else None,
-                explicit_share=(last.explicit_hyperparameters / 7.0) if last and last.explicit_hyperparameters is not None else None,
-            )
+STEP_FACTS_SQL = """
+SELECT e.policy_version, rw.total, rw.job, rw.validation, rw.efficiency, rw.speed, rw.raw_improvement,
+       first_try.passed, last_job.model_name, last_job.explicit_hyperparameters
+FROM episode_groups g
+JOIN episodes e ON e.group_id = g.id
+JOIN rewards rw ON rw.episode_id = e.id
+LEFT JOIN LATERAL (
+    SELECT pa.passed FROM probe_attempts pa WHERE pa.episode_id = e.id ORDER BY pa.attempt LIMIT 1
+) first_try ON true
+LEFT JOIN LATERAL (
+    SELECT pa.model_name, pa.explicit_hyperparameters FROM probe_attempts pa
+    WHERE pa.episode_id = e.id AND pa.model_name IS NOT NULL ORDER BY pa.attempt DESC LIMIT 1
+) last_job ON true
+WHERE g.outer_step_id = %(outer_step_id)s
+"""
+RUN_TOTALS_SQL = f"""
+SELECT ({RUN_SPEND_SQL}),
+       (SELECT avg(rw.total) FROM episode_groups g
+        JOIN episodes e ON e.group_id = g.id JOIN rewards rw ON rw.episode_id = e.id
+        WHERE g.run_id = %(run_id)s AND g.held_out AND g.status = %(evaluated)s AND e.policy_version = %(version)s)
+"""
+"""Sent as they are (no ORM compilation): one outer step runs each once."""
+
+
+def outer_step_metrics(session: Session, outer_step_id: int, run_id: str, version_before: int) -> dict[str, float | None]:
+    """The step's batch summary, the held-out reward of its base version (if evaluated yet) and the run's cost so far."""
+    facts = [
+        EpisodeFacts(
+            reward=total,
+            job=job,
+            validation=validation,
+            efficiency=efficiency,
+            speed=speed,
+            raw_improvement=raw,
+            staleness=version_before - version,
+            first_try_passed=bool(first_passed),
+            large_model=(model_name in LARGE_MODELS) if model_name is not None else None,
+            explicit_share=(explicit / 7.0) if model_name is not None and explicit is not None else None,
         )
+        for version, total, job, validation, efficiency, speed, raw, first_passed, model_name, explicit in run_sql(
+            session, STEP_FACTS_SQL, {"outer_step_id": outer_step_id}
+        )
+    ]
     summary = summarise(facts)
-    summary["held_out_reward_mean"] = held_out_reward_by_version(session, run_id, step.policy_version_before).get(step.policy_version_before)
-    summary["cost_usd_total"] = run_total_usd(session, run_id)
+    cost, held_out = run_sql(session, RUN_TOTALS_SQL, {"run_id": run_id, "evaluated": GroupStatus.evaluated.value, "version": version_before}).one()
+    summary["held_out_reward_mean"] = float(held_out) if held_out is not None else None
+    summary["cost_usd_total"] = float(cost)
     return summary
 
 

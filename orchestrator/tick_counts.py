@@ -7,10 +7,11 @@ from dataclasses import dataclass, replace
 from sqlalchemy.orm import Session
 
 from metarl.db import run_sql
+from metarl.ledger import RUN_SPEND_SQL
 from orchestrator.transitions import ACTIVE_STAGES
 from schemas.records import GroupStatus, OuterStatus
 
-TICK_COUNTS_SQL = """
+TICK_COUNTS_SQL = f"""
 SELECT o.steps, o.busy, o.done, o.dropped_counted, g.trainable, g.waiting, g.dropped, e.active, c.spent
 FROM (SELECT count(*) AS steps,
              count(*) FILTER (WHERE status = ANY(%(busy)s)) AS busy,
@@ -22,7 +23,7 @@ FROM (SELECT count(*) AS steps,
              count(*) FILTER (WHERE status = %(dropped)s) AS dropped
       FROM episode_groups WHERE run_id = %(run_id)s) g,
      (SELECT count(*) AS active FROM episodes WHERE run_id = %(run_id)s AND stage = ANY(%(active)s)) e,
-     (SELECT coalesce(sum(amount_usd), 0) AS spent FROM cost_ledger WHERE run_id = %(run_id)s) c
+     (SELECT ({RUN_SPEND_SQL}) AS spent) c
 """
 """Sent as written (no ORM compilation): every tick runs it once instead of about ten small counts."""
 

@@ -20,19 +20,19 @@ from typing import Any
 
 from celery import Task
 from celery.signals import task_failure
-from sqlalchemy import case, or_, select, update
+from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from metarl.backends import registry
 from metarl.backends.base import OuterBatchEpisode, OuterResult, PolicySample
 from metarl.claims import utcnow
-from metarl.db import session_scope
-from metarl.episodes import record_costs, run_config_of
+from metarl.db import json_param, run_sql, session_scope
+from metarl.episodes import record_costs, run_config_by_key
 from metarl.tick_wakeup import request_tick
 from metarl.errors import PermanentBackendError, TransientBackendError
 from orchestrator.step_metrics import outer_step_metrics
-from schemas.records import Episode, EpisodeGroup, OuterStatus, OuterStep, PolicyVersion, ProbeAttempt, Reward, Run, RunStatus
+from schemas.records import OuterStatus, OuterStep, Run, RunStatus
 from workers.app import app
 from workers.common import database_url, worker_name
 from workers.heartbeat import LeaseKeeper, heartbeat_interval
@@ -109,6 +109,19 @@ def claim_outer_step(outer_step_id: int, lease_s: float) -> OuterClaim | None:
         return take_outer_step(session, outer_step_id, lease_s)
 
 
+TAKE_STEP_SQL = """
+UPDATE outer_steps
+SET status = 'running', worker = %(worker)s, token = %(token)s, heartbeat_at = %(now)s,
+    takeovers = takeovers + CASE WHEN status = 'running' THEN 1 ELSE 0 END
+WHERE id = %(id)s AND (status = 'pending' OR (status = 'running' AND heartbeat_at < %(stale_before)s))
+RETURNING takeovers
+"""
+RENEW_STEP_SQL = """
+UPDATE outer_steps SET heartbeat_at = %(now)s WHERE id = %(id)s AND token = %(token)s AND status = 'running' RETURNING id
+"""
+"""Sent as they are (no ORM compilation), like the stage claims."""
+
+
 def take_outer_step(session: Session, outer_step_id: int, lease_s: float) -> OuterClaim | None:
     """In the caller's transaction: CAS the step from pending (or running with a dead heartbeat) to running under a new token.
 
@@ -116,36 +129,14 @@ def take_outer_step(session: Session, outer_step_id: int, lease_s: float) -> Out
     """
     token = str(uuid.uuid4())
     now = utcnow()
-    takeovers = session.execute(
-        update(OuterStep)
-        .where(
-            OuterStep.id == outer_step_id,
-            or_(
-                OuterStep.status == OuterStatus.pending,
-                (OuterStep.status == OuterStatus.running) & (OuterStep.heartbeat_at < now - dt.timedelta(seconds=lease_s)),
-            ),
-        )
-        .values(
-            status=OuterStatus.running,
-            worker=worker_name(),
-            token=token,
-            heartbeat_at=now,
-            takeovers=OuterStep.takeovers + case((OuterStep.status == OuterStatus.running, 1), else_=0),
-        )
-        .returning(OuterStep.takeovers)
-    ).scalar_one_or_none()
-    return OuterClaim(outer_step_id, token, takeovers) if takeovers is not None else None
+    params = {"worker": worker_name(), "token": token, "now": now, "id": outer_step_id, "stale_before": now - dt.timedelta(seconds=lease_s)}
+    taken = run_sql(session, TAKE_STEP_SQL, params).first()
+    return OuterClaim(outer_step_id, token, taken[0]) if taken is not None else None
 
 
 def renew_outer_claim(session: Session, claim: OuterClaim) -> bool:
     """Heartbeat the step; False when it is no longer ours (taken over, or finished by someone else)."""
-    renewed = session.execute(
-        update(OuterStep)
-        .where(OuterStep.id == claim.outer_step_id, OuterStep.token == claim.token, OuterStep.status == OuterStatus.running)
-        .values(heartbeat_at=utcnow())
-        .returning(OuterStep.id)
-    ).scalar_one_or_none()
-    return renewed is not None
+    return run_sql(session, RENEW_STEP_SQL, {"now": utcnow(), "id": claim.outer_step_id, "token": claim.token}).first() is not None
 
 
 def keep_alive(claim: OuterClaim, lease_s: float) -> LeaseKeeper:
@@ -188,6 +179,57 @@ def record_attempt_error(outer_step_id: int, message: str) -> None:
 
 
 @dataclass(frozen=True)
+class OuterStepRow:
+    """What the outer task reads of its step before claiming it: one row, one round trip."""
+
+    run_id: str
+    run_created_at: dt.datetime
+    run_status: RunStatus
+    step: int
+    version_before: int
+    error: str | None
+    base_state_uri: str | None
+
+
+STEP_ROW_SQL = """
+SELECT s.run_id, r.created_at, r.status, s.step, s.policy_version_before, s.error, pv.state_uri
+FROM outer_steps s
+JOIN runs r ON r.id = s.run_id
+LEFT JOIN policy_versions pv ON pv.run_id = s.run_id AND pv.version = s.policy_version_before
+WHERE s.id = %(id)s
+"""
+BATCH_SQL = """
+SELECT e.id, e.group_id, e.policy_version, rw.total, pa.policy_tokens, pa.behaviour_logprobs, pa.prompt_length
+FROM episode_groups g
+JOIN episodes e ON e.group_id = g.id
+JOIN rewards rw ON rw.episode_id = e.id
+LEFT JOIN probe_attempts pa ON pa.episode_id = e.id AND pa.policy_tokens IS NOT NULL
+WHERE g.outer_step_id = %(id)s
+ORDER BY e.id, pa.attempt
+"""
+FINISH_STEP_SQL = """
+UPDATE outer_steps SET status = 'done', policy_version_after = %(after)s, finished_at = %(now)s, metrics = %(metrics)s, error = NULL
+WHERE id = %(id)s AND token = %(token)s AND status = 'running'
+RETURNING id
+"""
+INSERT_VERSION_SQL = """
+INSERT INTO policy_versions (run_id, version, backend, state_uri, outer_step_id, created_at)
+VALUES (%(run_id)s, %(version)s, %(backend)s, %(state_uri)s, %(id)s, now())
+"""
+ADVANCE_RUN_SQL = "UPDATE runs SET policy_version = %(after)s WHERE id = %(run_id)s AND policy_version = %(before)s"
+"""The outer task's statements, sent as they are (no ORM compilation)."""
+
+
+def outer_step_row(session: Session, outer_step_id: int) -> OuterStepRow | None:
+    """The step, its run's status and the base policy's saved state, or None when there is no such step."""
+    row = run_sql(session, STEP_ROW_SQL, {"id": outer_step_id}).first()
+    if row is None:
+        return None
+    run_id, created_at, status, step, before, error, state_uri = row
+    return OuterStepRow(run_id, created_at, RunStatus(status), step, before, error, state_uri)
+
+
+@dataclass(frozen=True)
 class OuterWork:
     """Everything one update needs, read from the records of its step."""
 
@@ -198,51 +240,37 @@ class OuterWork:
     batch: list[OuterBatchEpisode]
 
 
-def load_outer_work(session: Session, outer_step_id: int) -> OuterWork:
+def load_outer_work(session: Session, outer_step_id: int, row: OuterStepRow | None = None) -> OuterWork:
     """The step's batch: every rewarded episode of the groups batched into it, with its policy samples."""
-    step = session.get(OuterStep, outer_step_id)
-    if step is None:
+    row = row or outer_step_row(session, outer_step_id)
+    if row is None:
         raise LookupError(f"no outer step {outer_step_id}")
-    rows = session.execute(
-        select(Episode.id, Episode.group_id, Episode.policy_version, Reward.total)
-        .join(EpisodeGroup, EpisodeGroup.id == Episode.group_id)
-        .join(Reward, Reward.episode_id == Episode.id)
-        .where(EpisodeGroup.outer_step_id == outer_step_id)
-        .order_by(Episode.id)
-    ).all()
+    episodes: dict[int, tuple[int, int, float]] = {}
     samples: dict[int, list[PolicySample]] = {}
-    for attempt in session.execute(
-        select(ProbeAttempt).where(ProbeAttempt.episode_id.in_([r[0] for r in rows])).order_by(ProbeAttempt.attempt)
-    ).scalars():
-        if attempt.policy_tokens is None:
-            continue
-        samples.setdefault(attempt.episode_id, []).append(
-            PolicySample(tokens=attempt.policy_tokens, logprobs=attempt.behaviour_logprobs, prompt_length=attempt.prompt_length)
-        )
-    batch = [OuterBatchEpisode(episode_id=r[0], group_id=r[1], policy_version=r[2], reward=r[3], samples=samples.get(r[0], [])) for r in rows]
-    base_state_uri = session.execute(
-        select(PolicyVersion.state_uri).where(PolicyVersion.run_id == step.run_id, PolicyVersion.version == step.policy_version_before)
-    ).scalar_one_or_none()
-    return OuterWork(run_id=step.run_id, step=step.step, version_before=step.policy_version_before, base_state_uri=base_state_uri, batch=batch)
+    for episode_id, group_id, version, reward, tokens, logprobs, prompt_length in run_sql(session, BATCH_SQL, {"id": outer_step_id}):
+        episodes.setdefault(episode_id, (group_id, version, reward))
+        if tokens is not None:
+            samples.setdefault(episode_id, []).append(PolicySample(tokens=tokens, logprobs=logprobs, prompt_length=prompt_length))
+    batch = [
+        OuterBatchEpisode(episode_id=episode_id, group_id=group_id, policy_version=version, reward=reward, samples=samples.get(episode_id, []))
+        for episode_id, (group_id, version, reward) in episodes.items()
+    ]
+    return OuterWork(run_id=row.run_id, step=row.step, version_before=row.version_before, base_state_uri=row.base_state_uri, batch=batch)
 
 
 def publish_version(claim: OuterClaim, work: OuterWork, result: OuterResult, backend: Any) -> bool:
     """Close the step and record the new policy version in one transaction; False if the claim was lost."""
     after = work.version_before + 1
     with session_scope(database_url()) as session:
-        metrics = outer_step_metrics(session, claim.outer_step_id, work.run_id)
+        metrics = outer_step_metrics(session, claim.outer_step_id, work.run_id, work.version_before)
         metrics.update({f"backend_{key}": value for key, value in result.metrics.items()})
-        finished = session.execute(
-            update(OuterStep)
-            .where(OuterStep.id == claim.outer_step_id, OuterStep.token == claim.token, OuterStep.status == OuterStatus.running)
-            .values(status=OuterStatus.done, policy_version_after=after, finished_at=utcnow(), metrics=metrics, error=None)
-            .returning(OuterStep.id)
-        ).scalar_one_or_none()
-        if finished is None:
+        params = {"after": after, "now": utcnow(), "metrics": json_param(metrics), "id": claim.outer_step_id, "token": claim.token}
+        if run_sql(session, FINISH_STEP_SQL, params).first() is None:
             session.rollback()
             return False
-        session.add(PolicyVersion(run_id=work.run_id, version=after, backend=backend.name, state_uri=result.state_uri, outer_step_id=claim.outer_step_id))
-        session.execute(update(Run).where(Run.id == work.run_id, Run.policy_version == work.version_before).values(policy_version=after))
+        version = {"run_id": work.run_id, "version": after, "backend": backend.name, "state_uri": result.state_uri, "id": claim.outer_step_id}
+        run_sql(session, INSERT_VERSION_SQL, version)
+        run_sql(session, ADVANCE_RUN_SQL, {"after": after, "run_id": work.run_id, "before": work.version_before})
         record_costs(session, work.run_id, None, result.costs, backend.simulated)
         request_tick(session, work.run_id)
     return True
@@ -274,19 +302,18 @@ def note_outer_failure(sender: Any = None, exception: BaseException | None = Non
 def outer_update(self: Task, outer_step_id: int) -> str:
     """Run one importance-sampling update on the step's batch and publish the next policy version."""
     with session_scope(database_url()) as session:
-        step = session.get(OuterStep, outer_step_id)
-        if step is None:
+        row = outer_step_row(session, outer_step_id)
+        if row is None:
             return "missing"
-        run = session.get(Run, step.run_id)
-        if run is None or run.status in CLOSED_RUN_STATUSES:
+        if row.run_status in CLOSED_RUN_STATUSES:
             return "skipped"
-        config = run_config_of(run)
+        config = run_config_by_key(session, row.run_id, row.run_created_at)
         lease_s, cap = config.retries.lease_s, config.retries.max_stage_attempts
-        last_error = step.error
         claim = take_outer_step(session, outer_step_id, lease_s)
         if claim is None:
             return "skipped"
-        work = load_outer_work(session, outer_step_id)
+        work = load_outer_work(session, outer_step_id, row)
+        last_error = row.error
     if crash_looping(claim.takeovers, cap):
         fail_outer_step(claim, crash_loop_message(work.step, claim.takeovers, cap, last_error))
         return "failed"
