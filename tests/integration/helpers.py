@@ -23,6 +23,7 @@ def sim_config(
     lease_s: float = 3.0,
     redispatch_after_s: float = 3.0,
     in_flight: int = 8,
+    held_out_group_size: int | None = None,
     extra: str = "",
 ) -> Path:
     """Write a fast simulator run config and return its path."""
@@ -61,6 +62,7 @@ tick_s = 0.2
 [outer]
 group_size = 2
 groups_per_batch = 2
+{f"held_out_group_size = {held_out_group_size}" if held_out_group_size else ""}
 
 [artifacts]
 root = "{tmp_path / 'artifacts'}"

@@ -12,7 +12,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from metarl.db import session_scope
 from schemas.records import ClaimStatus, Episode, EpisodeGroup, GroupStatus, OuterStep, Reward, Run, Stage, StageClaim
@@ -78,7 +78,7 @@ def index_from(stdout: str) -> Path:
 
 
 def test_report_of_a_finished_sim_run(tmp_path: Path, service_env: dict[str, str], pools: object, pg_url: str) -> None:
-    config = sim_config(tmp_path, name="report", max_outer_steps=3)
+    config = sim_config(tmp_path, name="report", max_outer_steps=3, held_out_group_size=3)
     done = metarl_cli(["run", str(config), "--no-workers", "--quiet"], service_env, timeout=240)
     assert done.returncode == 0, done.stderr + done.stdout
     run_id = run_id_from(done.stdout)
@@ -102,6 +102,11 @@ def test_report_of_a_finished_sim_run(tmp_path: Path, service_env: dict[str, str
     with session_scope(pg_url) as session:
         steps = session.execute(select(OuterStep).where(OuterStep.run_id == run_id).order_by(OuterStep.step)).scalars().all()
         held_out = held_out_by_version(session, run_id)
+        held_out_sizes = session.execute(
+            select(EpisodeGroup.size, func.count(Episode.id)).join(Episode, Episode.group_id == EpisodeGroup.id)
+            .where(EpisodeGroup.run_id == run_id, EpisodeGroup.held_out.is_(True)).group_by(EpisodeGroup.id)
+        ).all()
+        assert held_out_sizes and all(tuple(row) == (3, 3) for row in held_out_sizes), held_out_sizes  # outer.held_out_group_size, not group_size 2
         expected = {step.step: dict(step.metrics) for step in steps}
         for step in steps:
             if step.policy_version_before in held_out:

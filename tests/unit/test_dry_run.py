@@ -67,6 +67,14 @@ def test_episode_counts_of_the_runpod_example() -> None:
     assert (counts.train_episodes, counts.held_out_tasks, counts.held_out_evals, counts.held_out_episodes, counts.total) == (320, 1, 21, 84, 404)
 
 
+def test_held_out_groups_can_be_larger_than_training_groups() -> None:
+    config = edited_config("runpod", {"outer": {"held_out_group_size": 10}})
+    _, specs = example("runpod")
+    counts = episode_counts(config, specs)
+    assert (counts.held_out_group_size, counts.held_out_episodes, counts.total) == (10, 21 * 10, 320 + 210)
+    assert "21 eval(s) x 1 task(s) x 10 episode(s) = 210" in render_text(build_plan(config, specs, EXAMPLES / "runpod.toml", {}))
+
+
 def test_no_held_out_task_means_no_held_out_episodes() -> None:
     config, specs = example("sim")
     trainable = {task_id: spec for task_id, spec in specs.items() if not spec.held_out}

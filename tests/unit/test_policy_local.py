@@ -125,3 +125,24 @@ def test_untrained_policy_gives_a_mix_of_valid_and_invalid_mostly_default_jobs()
     assert 0.25 < larger < 0.6, larger
     assert 0.1 < explicit < 0.35, explicit
     assert len(fields) >= 3, fields  # several kinds of mistakes for the probe to report
+
+
+def test_a_weaker_default_prior_sets_more_settings_explicitly(tmp_path):
+    from metarl.backends.local_agent import LocalOuter
+    from schemas.run_config import RunConfig
+
+    def explicit_share(policy: LocalPolicy) -> float:
+        choices = [jl.decode_job(sample.job_tokens) for sample in policy.sample_batch([CTX] * 300, list(range(300)))]
+        return sum(c.explicit for c in choices) / (7 * len(choices))
+
+    data = load_toml_model(RunConfig, REPO / "examples" / "local.toml").model_dump(mode="json", exclude_none=True)
+    data["artifacts"]["root"] = str(tmp_path)
+    shares = {}
+    for bias in (3.0, 1.0):
+        data["backends"]["agent"]["prior_default_bias"] = bias
+        config = RunConfig.model_validate(data)
+        path = LocalOuter(config.backends.outer, config.backends.agent).initial_state(f"run-{bias}", config)
+        policy = LocalPolicy.from_state(path)
+        assert policy.config.default_bias == bias
+        shares[bias] = explicit_share(policy)
+    assert shares[3.0] < 0.35 < 0.5 < shares[1.0], shares
