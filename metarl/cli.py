@@ -16,6 +16,7 @@ from typing import Any
 EXIT_CONFIG_ERROR = 2
 EXIT_NOT_FOUND = 3
 EXIT_BUSY = 4
+EXIT_FAILED_RUN = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = sub.add_parser("resume", help="continue a run after a crash or a stop")
     resume.add_argument("run_id")
+    resume.add_argument(
+        "--retry-failed", action="store_true", help="a failed run: retry its failed outer step from the same saved policy version (fix the cause first)"
+    )
     _service_flags(resume)
 
     stop = sub.add_parser("stop", help="ask a run to stop gracefully (in-flight episodes finish)")
@@ -117,13 +121,30 @@ def dry_run(args: argparse.Namespace, config: Any, specs: dict[str, Any]) -> int
 def cmd_resume(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         services = stack.enter_context(Services(None, None, spawn_workers=not args.no_workers))
-        from schemas.records import Run
+        from schemas.records import Run, RunStatus
         from metarl.db import session_scope
+        from orchestrator.failed_runs import NotRetryable, reopen_failed_run
 
         with session_scope(services.database_url) as session:
-            if session.get(Run, args.run_id) is None:
+            run = session.get(Run, args.run_id)
+            if run is None:
                 print(f"error: no run with id {args.run_id}; `metarl status` lists runs", file=sys.stderr)
                 return EXIT_NOT_FOUND
+            if run.status == RunStatus.failed and not args.retry_failed:
+                print(
+                    f"error: run {args.run_id} failed: {run.status_message}\n"
+                    f"fix the cause, then `metarl resume {args.run_id} --retry-failed` retries its failed outer step "
+                    f"from policy version {run.policy_version}",
+                    file=sys.stderr,
+                )
+                return EXIT_FAILED_RUN
+            if args.retry_failed:
+                try:
+                    reopened = reopen_failed_run(session, args.run_id)
+                except NotRetryable as err:
+                    print(f"error: {err}", file=sys.stderr)
+                    return EXIT_FAILED_RUN
+                print(f"retrying outer step {reopened.step} from policy version {reopened.policy_version} (it failed with: {reopened.previous_error})", flush=True)
         return drive(services, args.run_id, quiet=args.quiet)
 
 

@@ -285,7 +285,7 @@ def torch_equal(a, b) -> bool:  # type: ignore[no-untyped-def]
 # -- the crash-loop cap ----------------------------------------------------------------------------
 
 
-def test_outer_step_that_keeps_killing_its_worker_fails_the_run(tmp_path, service_env, stage_pools, started, pg_url):
+def test_outer_step_that_keeps_killing_its_worker_fails_the_run_and_a_retry_finishes_it(tmp_path, service_env, stage_pools, started, pg_url):
     config = sim_config(tmp_path, name="outerloop", max_outer_steps=2, lease_s=1.0, redispatch_after_s=1.0, failure_rate=0.0, extra="max_stage_attempts = 1\n")
     outer = start_outer_worker(stage_pools.env, tmp_path / "logs", "exit", concurrency=1)
     started.append(outer)
@@ -306,6 +306,22 @@ def test_outer_step_that_keeps_killing_its_worker_fails_the_run(tmp_path, servic
         # nothing re-sends it any more: a failed step is no orphan
         assert orphaned_outer_steps(session, run_id, utcnow(), 1.0, 1.0, startup=True) == []
     assert outer.poll() is None, "the outer worker's main process died with its pool process"
+
+    # the cause fixed (a worker whose update works), the failed run is retried from where it failed
+    kill_group(outer)
+    started.append(start_outer_worker(stage_pools.env, tmp_path / "logs", "delay:0", concurrency=1))
+    refused = metarl_cli(["resume", run_id, "--no-workers", "--quiet"], service_env, timeout=60)
+    assert refused.returncode == 1 and f"metarl resume {run_id} --retry-failed" in refused.stderr, refused.stderr
+    retried = metarl_cli(["resume", run_id, "--retry-failed", "--no-workers", "--quiet"], service_env, timeout=120)
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    assert "retrying outer step 1 from policy version 0 (it failed with: outer step 1 was abandoned 2 times" in retried.stdout
+    with session_scope(pg_url) as session:
+        run = session.get(Run, run_id)
+        steps = session.execute(select(OuterStep).where(OuterStep.run_id == run_id).order_by(OuterStep.step)).scalars().all()
+        assert run.status == RunStatus.finished and run.policy_version == 2, run.status_message
+        assert [(s.step, s.status, s.takeovers) for s in steps] == [(1, OuterStatus.done, 0), (2, OuterStatus.done, 0)]
+    again = metarl_cli(["resume", run_id, "--retry-failed", "--no-workers", "--quiet"], service_env, timeout=60)
+    assert again.returncode == 1 and "is finished, not failed" in again.stderr, again.stderr
 
 
 if __name__ == "__main__":

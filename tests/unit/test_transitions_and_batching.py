@@ -98,3 +98,11 @@ def test_tick_counts_follow_drops_batches_and_new_groups():
     opened = batched.after_opening(1, 4, trainable=True).after_opening(1, 4, trainable=False)
     assert (opened.trainable_groups, opened.waiting_groups, opened.active_episodes) == (11, 1, 14)
     assert counts == tick_counts()  # each step returns a copy
+
+
+def test_a_retried_run_names_its_step_and_the_error_it_failed_with_in_bounded_text() -> None:
+    from orchestrator.failed_runs import MAX_MESSAGE_CHARS, retry_message
+
+    assert retry_message(3, "PermanentBackendError: bad key") == "resumed: outer step 3 retried after: PermanentBackendError: bad key"
+    long = retry_message(3, "x" * 5000)
+    assert len(long) == MAX_MESSAGE_CHARS and long.endswith("...") and long.startswith("resumed: outer step 3 retried after: x")
