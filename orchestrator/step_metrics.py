@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from metarl.db import run_sql
-from metarl.ledger import RUN_SPEND_SQL
+from metarl.ledger import run_total_usd
 from schemas.records import Episode, EpisodeGroup, GroupStatus, Reward
 
 LARGE_MODELS = ("Qwen/Qwen3-1.7B",)
@@ -70,13 +70,7 @@ LEFT JOIN LATERAL (
 ) last_job ON true
 WHERE g.outer_step_id = %(outer_step_id)s
 """
-RUN_TOTALS_SQL = f"""
-SELECT ({RUN_SPEND_SQL}),
-       (SELECT avg(rw.total) FROM episode_groups g
-        JOIN episodes e ON e.group_id = g.id JOIN rewards rw ON rw.episode_id = e.id
-        WHERE g.run_id = %(run_id)s AND g.held_out AND g.status = %(evaluated)s AND e.policy_version = %(version)s)
-"""
-"""Sent as they are (no ORM compilation): one outer step runs each once."""
+"""Sent as written (no ORM compilation): one row per batched episode, with its first and last parsed attempt."""
 
 
 def outer_step_metrics(session: Session, outer_step_id: int, run_id: str, version_before: int) -> dict[str, float | None]:
@@ -99,9 +93,8 @@ def outer_step_metrics(session: Session, outer_step_id: int, run_id: str, versio
         )
     ]
     summary = summarise(facts)
-    cost, held_out = run_sql(session, RUN_TOTALS_SQL, {"run_id": run_id, "evaluated": GroupStatus.evaluated.value, "version": version_before}).one()
-    summary["held_out_reward_mean"] = float(held_out) if held_out is not None else None
-    summary["cost_usd_total"] = float(cost)
+    summary["held_out_reward_mean"] = held_out_reward_by_version(session, run_id, version_before).get(version_before)
+    summary["cost_usd_total"] = run_total_usd(session, run_id)
     return summary
 
 
