@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+MAX_ERROR_CHARS = 2000
+"""Longest error text stored on a claim, an outer step or a run."""
+
+
+def bounded_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """`text` cut to `limit` characters, ending in "..." when cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_error(exc: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
+    """`Type: message`, one line, bounded: what the records keep about the exception that ended an attempt."""
+    return bounded_text(" ".join(f"{type(exc).__name__}: {exc}".split()), limit)
+
 
 class MetarlError(Exception):
     """Base of all metarl errors."""

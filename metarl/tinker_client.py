@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from metarl.errors import PermanentBackendError, TransientBackendError
+from metarl.errors import PermanentBackendError, TransientBackendError, bounded_text
 from schemas.base import printable
 from schemas.run_config import TINKER_API_KEY_ENV
 
@@ -54,8 +54,7 @@ def redact(text: str) -> str:
     key = os.environ.get(TINKER_API_KEY_ENV, "").strip()
     if len(key) >= 4:
         text = text.replace(key, "***")
-    text = printable(text)
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+    return bounded_text(printable(text), MAX_ERROR_CHARS)
 
 
 @contextmanager

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from metarl.errors import MAX_ERROR_CHARS, bounded_text
 from schemas.records import OuterStatus, OuterStep, Run, RunStatus
 
-MAX_MESSAGE_CHARS = 2000
+MAX_MESSAGE_CHARS = MAX_ERROR_CHARS
 
 
 class NotRetryable(Exception):
@@ -33,8 +34,7 @@ class ReopenedStep:
 
 def retry_message(step: int, previous_error: str) -> str:
     """The run's status message after a retry (bounded; names the step and the error it failed with)."""
-    text = f"resumed: outer step {step} retried after: {previous_error}"
-    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
+    return bounded_text(f"resumed: outer step {step} retried after: {previous_error}", MAX_MESSAGE_CHARS)
 
 
 def reopen_failed_run(session: Session, run_id: str) -> ReopenedStep:

@@ -30,7 +30,7 @@ from metarl.claims import utcnow
 from metarl.db import json_param, run_sql, session_scope
 from metarl.episodes import record_costs, run_config_by_key
 from metarl.tick_wakeup import request_tick
-from metarl.errors import PermanentBackendError, TransientBackendError
+from metarl.errors import PermanentBackendError, TransientBackendError, describe_error
 from orchestrator.step_metrics import outer_step_metrics
 from schemas.records import OuterStatus, OuterStep, Run, RunStatus
 from workers.app import app
@@ -40,7 +40,6 @@ from workers.heartbeat import LeaseKeeper, heartbeat_interval
 log = logging.getLogger("metarl.outer")
 
 TRANSIENT_BACKOFF_S = (1.0, 4.0, 15.0, 60.0)
-MAX_ERROR_CHARS = 2000
 CLOSED_RUN_STATUSES = (RunStatus.failed, RunStatus.finished, RunStatus.stopped)
 
 
@@ -60,11 +59,6 @@ def crash_loop_message(step: int, takeovers: int, max_stage_attempts: int, last_
     )
     return f"{message}; last error: {last_error}" if last_error else message
 
-
-def describe_error(exc: BaseException) -> str:
-    """`Type: message`, one line, bounded (what a step records about the exception that ended an attempt)."""
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def transient_delay(failures: int, backoff: Sequence[float] = TRANSIENT_BACKOFF_S) -> float:

@@ -33,7 +33,7 @@ from metarl.episodes import (
     stage_row,
     store_reward,
 )
-from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
+from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
 from metarl.inner_jobs import InnerJobRow, create_inner_job, inner_job_of, record_launch, record_poll, spent_and_active
 from metarl.probe import probe_job_text
 from metarl.stage_records import store_evaluation, store_submission, store_verdict
@@ -61,7 +61,6 @@ RETRY_BACKOFF_S = (1.0, 4.0, 15.0, 60.0)
 STORAGE_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 """A full disk or quota: the stage waits for space (retried, claim kept) instead of failing its episode."""
 MAX_STORAGE_WAIT_S = 10.0
-MAX_ERROR_CHARS = 2000
 STAGE_TASK_NAMES = {
     "metarl.stage.agent": Stage.agent,
     "metarl.stage.probe": Stage.probe,
@@ -125,11 +124,6 @@ def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token
         return None
     return job
 
-
-def describe_error(exc: BaseException) -> str:
-    """`Type: message`, one line, bounded: what a claim records about the exception that ended an attempt."""
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 @task_failure.connect

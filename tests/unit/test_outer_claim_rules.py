@@ -5,13 +5,11 @@ from __future__ import annotations
 import pytest
 
 from metarl.backends.base import OuterResult
-from metarl.errors import PermanentBackendError, TransientBackendError
+from metarl.errors import MAX_ERROR_CHARS, PermanentBackendError, TransientBackendError, describe_error
 from workers.heartbeat import heartbeat_interval
 from workers.outer import (
-    MAX_ERROR_CHARS,
     crash_loop_message,
     crash_looping,
-    describe_error,
     transient_delay,
     update_with_retries,
 )
