@@ -427,7 +427,7 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
     """N episodes through the real orchestrator and real worker pools on the zero-duration sim backends."""
     from sqlalchemy import event, func, select
 
-    from metarl.db import get_engine, session_scope
+    from metarl.db import get_engine, observing_statements, session_scope
     from metarl.pools import WorkerPools
     from metarl.runconfig import load_run
     from orchestrator.loop import Orchestrator, TickReport, create_run
@@ -467,7 +467,8 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
         pgids = {process.pid for process in pools.processes.values()}
         cpu_before, driver_before = group_cpu_s(pgids), time.process_time()
         started = time.perf_counter()
-        status = orchestrator.loop(threading.Event())
+        with observing_statements(count):
+            status = orchestrator.loop(threading.Event())
         wall = time.perf_counter() - started
         driver_cpu = time.process_time() - driver_before
         sql = statements[0]
@@ -564,7 +565,7 @@ def profile_stages(settings: BenchSettings, database_url: str, broker_url: str, 
     from celery.exceptions import Retry
     from sqlalchemy import event, select
 
-    from metarl.db import get_engine, session_scope
+    from metarl.db import get_engine, observing_statements, session_scope
     from metarl.runconfig import load_run
     from orchestrator.loop import Orchestrator, create_run
     from schemas.records import Episode, OuterStep, Stage, StageClaim
@@ -594,6 +595,8 @@ def profile_stages(settings: BenchSettings, database_url: str, broker_url: str, 
         counts["checkouts"] += 1
 
     event.listen(engine, "before_cursor_execute", on_statement)
+    observing = contextlib.ExitStack()
+    observing.enter_context(observing_statements(on_statement))
     event.listen(engine, "commit", on_commit)
     event.listen(engine.pool, "checkout", on_checkout)
     profiles: dict[str, StageProfile] = {}
@@ -638,6 +641,7 @@ def profile_stages(settings: BenchSettings, database_url: str, broker_url: str, 
     finally:
         orchestrator.stop()
         event.remove(engine, "before_cursor_execute", on_statement)
+        observing.close()
         event.remove(engine, "commit", on_commit)
         event.remove(engine.pool, "checkout", on_checkout)
     return profiles

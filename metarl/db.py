@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import re
 import select
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import CursorResult, Engine, create_engine, event, exc, text
+import psycopg
+from sqlalchemy import Connection, Engine, create_engine, event, exc, text
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
@@ -95,12 +96,77 @@ def session_scope(url: str) -> Iterator[Session]:
         session.close()
 
 
-def run_sql(session: Session, statement: str, params: Mapping[str, Any]) -> CursorResult[Any]:
+class SqlRows:
+    """The rows of one statement sent by :func:`run_sql`, fetched at once (plain tuples)."""
+
+    __slots__ = ("rows", "rowcount")
+
+    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int):
+        self.rows = rows
+        self.rowcount = rowcount
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self.rows)
+
+    def first(self) -> tuple[Any, ...] | None:
+        return self.rows[0] if self.rows else None
+
+    def one(self) -> tuple[Any, ...]:
+        if len(self.rows) != 1:
+            raise exc.NoResultFound("no row returned") if not self.rows else exc.MultipleResultsFound(f"{len(self.rows)} rows returned")
+        return self.rows[0]
+
+    def scalar_one(self) -> Any:
+        return self.one()[0]
+
+
+StatementObserver = Callable[[str], None]
+_statement_observers: list[StatementObserver] = []
+
+
+@contextlib.contextmanager
+def observing_statements(observer: StatementObserver) -> Iterator[None]:
+    """Call `observer(statement)` for every statement :func:`run_sql` sends meanwhile (the bench counts with it).
+
+    :func:`run_sql` does not go through SQLAlchemy's execution, so its statements fire no engine events.
+    """
+    _statement_observers.append(observer)
+    try:
+        yield
+    finally:
+        _statement_observers.remove(observer)
+
+
+def run_sql(session: Session, statement: str, params: Mapping[str, Any]) -> SqlRows:
     """Run one statement as written (psycopg ``%(name)s`` parameters) in the session's transaction.
 
-    No ORM compilation: the statements every stage message runs use this.
+    The statements every stage message runs use this. It sends them on the session's psycopg
+    connection directly: SQLAlchemy's statement execution and result objects cost about 2.5x the
+    client CPU of the driver itself per statement (`bench.pipeline_overhead`). Errors still come out
+    as SQLAlchemy's exceptions (`OperationalError`, `IntegrityError`, ...), and a connection the
+    server dropped is invalidated, as with ``session.execute``.
     """
-    return session.connection().exec_driver_sql(statement, dict(params))
+    connection = session.connection()
+    dbapi_connection = connection.connection.dbapi_connection
+    try:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(statement, params)
+            rows = cursor.fetchall() if cursor.description is not None else []
+            rowcount = cursor.rowcount
+    except psycopg.Error as err:
+        raise database_error(connection, err, statement, params) from err
+    for observe in _statement_observers:
+        observe(statement)
+    return SqlRows(rows, rowcount)
+
+
+def database_error(connection: Connection, err: psycopg.Error, statement: str, params: Mapping[str, Any]) -> BaseException:
+    """SQLAlchemy's exception for a driver error of :func:`run_sql`; a dropped connection is invalidated (not pooled again)."""
+    dialect = connection.dialect
+    disconnected = dialect.is_disconnect(err, connection.connection.dbapi_connection, None)
+    if disconnected:
+        connection.invalidate(err)
+    return exc.DBAPIError.instance(statement, dict(params), err, psycopg.Error, connection_invalidated=disconnected, dialect=dialect)
 
 
 def json_param(value: Any) -> Any:

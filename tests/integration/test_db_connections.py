@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import event, exc, text
 
-from metarl.db import dispose_engines, get_engine, normalise_url, server_closed, session_scope
+from metarl.db import dispose_engines, get_engine, normalise_url, observing_statements, run_sql, server_closed, session_scope
 
 
 def backend_pid(url: str) -> int:
@@ -14,12 +16,20 @@ def backend_pid(url: str) -> int:
         return int(session.execute(text("SELECT pg_backend_pid()")).scalar_one())
 
 
+def terminate_backend(admin: psycopg.Connection, pid: int) -> None:
+    """Terminate a server backend and wait (at most 5 s) until it is gone: termination is asynchronous."""
+    assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+    deadline = time.monotonic() + 5.0
+    while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_a_connection_the_server_closed_is_replaced_at_checkout(pg_url: str) -> None:
     dispose_engines()
     first = backend_pid(pg_url)
     assert backend_pid(pg_url) == first  # the pool hands back the same healthy connection
     with psycopg.connect(normalise_url(pg_url).replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as admin:
-        assert admin.execute("SELECT pg_terminate_backend(%s)", (first,)).fetchone()[0]
+        terminate_backend(admin, first)
     replaced = backend_pid(pg_url)  # would raise OperationalError if the dead connection were used
     assert replaced != first
     dispose_engines()
@@ -39,3 +49,34 @@ def test_healthy_checkouts_send_nothing_before_the_transaction(pg_url: str, monk
     with engine.connect() as connection:
         assert server_closed(connection.connection.dbapi_connection) is False
     dispose_engines()
+
+
+def test_run_sql_raises_sqlalchemy_errors_and_drops_a_dead_connection(pg_url: str) -> None:
+    dispose_engines()
+    with session_scope(pg_url) as session:
+        assert run_sql(session, "SELECT %(a)s::int + 1, 'x'", {"a": 41}).one() == (42, "x")
+        assert run_sql(session, "SELECT 1 WHERE false", {}).first() is None
+    with pytest.raises(exc.IntegrityError):
+        with session_scope(pg_url) as session:
+            run_sql(session, "CREATE TEMP TABLE unique_ids (id int PRIMARY KEY)", {})
+            run_sql(session, "INSERT INTO unique_ids VALUES (1), (1)", {})
+    first = backend_pid(pg_url)
+    with pytest.raises(exc.OperationalError) as raised:
+        with session_scope(pg_url) as session:
+            with psycopg.connect(normalise_url(pg_url).replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as admin:
+                assert run_sql(session, "SELECT pg_backend_pid()", {}).scalar_one() == first
+                terminate_backend(admin, first)
+            run_sql(session, "SELECT 1", {})
+    assert raised.value.connection_invalidated
+    assert backend_pid(pg_url) != first  # the dead connection was not pooled again
+    dispose_engines()
+
+
+def test_statement_observers_see_run_sql_statements(pg_url: str) -> None:
+    seen: list[str] = []
+    with observing_statements(seen.append):
+        with session_scope(pg_url) as session:
+            run_sql(session, "SELECT 7", {})
+    with session_scope(pg_url) as session:
+        run_sql(session, "SELECT 8", {})
+    assert seen == ["SELECT 7"]
