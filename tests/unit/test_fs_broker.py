@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
-from kombu import Connection
+from kombu import Connection, Exchange, Queue
 from kombu.transport import TRANSPORT_ALIASES
 
 import workers.app  # noqa: F401  (registers the transport for filesystem:// URLs)
@@ -101,3 +102,34 @@ def test_concurrent_publishing_and_consuming_delivers_every_message_whole(tmp_pa
     assert not consumer.is_alive() and not errors, errors
     assert sorted(item["episode"] for item in received) == list(range(MESSAGES))
     assert not any(path.name.endswith(PART_SUFFIX) for path in tmp_path.iterdir())
+
+
+def bind_fanout(folder: str, queue_name: str) -> None:
+    """Bind one queue to the shared fanout exchange, as a starting worker binds its control queue."""
+    with connection(Path(folder)) as conn:
+        Queue(queue_name, Exchange("control.fanout", type="fanout"))(conn.default_channel).declare()
+
+
+def test_a_fanout_table_file_not_yet_written_reads_as_no_bindings(tmp_path: Path) -> None:
+    """kombu's first binder creates the table file empty and writes it after; a binder or publisher reading it meanwhile must not fail."""
+    (tmp_path / "control").mkdir()
+    (tmp_path / "control" / "control.fanout.exchange").write_bytes(b"")
+    with connection(tmp_path) as conn:
+        assert conn.default_channel.get_table("control.fanout") == []
+    bind_fanout(str(tmp_path), "worker-a")
+    with connection(tmp_path) as conn:
+        assert [entry.queue for entry in conn.default_channel.get_table("control.fanout")] == ["worker-a"]
+
+
+def test_workers_binding_the_same_fanout_at_once_all_end_up_bound(tmp_path: Path) -> None:
+    (tmp_path / "control").mkdir()
+    names = [f"worker-{index}" for index in range(8)]
+    context = multiprocessing.get_context("fork")
+    processes = [context.Process(target=bind_fanout, args=(str(tmp_path), name)) for name in names]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=30)
+    assert [process.exitcode for process in processes] == [0] * len(names)
+    with connection(tmp_path) as conn:
+        assert sorted(entry.queue for entry in conn.default_channel.get_table("control.fanout")) == names
