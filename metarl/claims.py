@@ -59,8 +59,8 @@ UPDATE stage_claims SET heartbeat_at = %(now)s WHERE id = %(id)s AND token = %(t
 """
 FINISH_SQL = """
 UPDATE stage_claims
-SET status = %(status)s, finished_at = %(now)s, heartbeat_at = %(now)s, error = %(error)s, duration_s = extract(epoch FROM %(now)s - claimed_at)
-WHERE id = %(id)s AND token = %(token)s AND status = 'running'
+SET status = %(status)s, finished_at = %(now)s, heartbeat_at = %(now)s, error = %(claim_error)s, duration_s = extract(epoch FROM %(now)s - claimed_at)
+WHERE id = %(claim_id)s AND token = %(token)s AND status = 'running'
 RETURNING id
 """
 """The claim statements, sent as they are (no ORM compilation): they run several times per stage."""
@@ -116,8 +116,12 @@ def heartbeat(session: Session, claim: Claim) -> bool:
 
 def finish_claim(session: Session, claim: Claim, status: ClaimStatus, error: str | None = None) -> bool:
     """Close the claim in the caller's transaction (one statement); False if this worker no longer owns it."""
-    params = {"status": status.value, "now": utcnow(), "error": error, "id": claim.claim_id, "token": claim.token}
-    return _first(session, FINISH_SQL, params) is not None
+    return _first(session, FINISH_SQL, finish_params(claim, status, error)) is not None
+
+
+def finish_params(claim: Claim, status: ClaimStatus, error: str | None) -> dict[str, object]:
+    """The parameters of FINISH_SQL (also the first part of `metarl.episodes.FINISH_AND_MOVE_SQL`)."""
+    return {"status": status.value, "now": utcnow(), "claim_error": error, "claim_id": claim.claim_id, "token": claim.token}
 
 
 def count_transient_failure(session: Session, claim: Claim) -> int:

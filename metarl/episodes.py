@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from metarl.backends.base import CostItem, EpisodeContext
-from metarl.claims import utcnow
+from metarl.claims import FINISH_SQL, Claim, finish_params, utcnow
 from metarl.db import json_param, run_sql
 from metarl.ledger import record_cost
 from metarl.tick_wakeup import request_tick
 from metarl.reward import RewardBreakdown, RewardInputs, compute_reward
 from orchestrator.transitions import TERMINAL_STAGES, Transition
 from schemas.base import FieldProblem
-from schemas.records import GroupStatus, Run, RunStatus, Stage
+from schemas.records import ClaimStatus, GroupStatus, Run, RunStatus, Stage
 from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
@@ -81,18 +82,67 @@ LEFT JOIN probe_attempts cur ON cur.episode_id = e.id AND cur.attempt = e.probe_
 LEFT JOIN probe_attempts prev ON prev.episode_id = e.id AND prev.attempt = e.probe_attempt - 1
 WHERE e.id = %(episode_id)s
 """
+STAGE_ROW_AND_CLAIM_SQL = f"""
+WITH stage_row AS ({STAGE_ROW_SQL}),
+claimable AS (
+    SELECT run_id FROM stage_row WHERE stage = %(stage)s AND probe_attempt = %(probe_attempt)s AND status <> ALL(%(ended)s)
+),
+inserted AS (
+    INSERT INTO stage_claims (run_id, episode_id, stage, probe_attempt, token, status, worker, takeovers, transient_failures, claimed_at, heartbeat_at)
+    SELECT run_id, %(episode_id)s, %(stage)s, %(probe_attempt)s, %(new_token)s, 'running', %(worker)s, 0, 0, now(), now()
+    FROM claimable WHERE %(token)s::text IS NULL
+    ON CONFLICT ON CONSTRAINT uq_stage_claims_key DO NOTHING
+    RETURNING id, takeovers
+),
+continued AS (
+    UPDATE stage_claims SET token = %(new_token)s, worker = %(worker)s, heartbeat_at = %(now)s
+    WHERE episode_id = %(episode_id)s AND stage = %(stage)s AND probe_attempt = %(probe_attempt)s AND status = 'running'
+      AND token = %(token)s AND EXISTS (SELECT 1 FROM claimable)
+    RETURNING id, takeovers
+)
+SELECT stage_row.*, claim.id, claim.takeovers
+FROM stage_row LEFT JOIN (SELECT * FROM inserted UNION ALL SELECT * FROM continued) claim ON true
+"""
+"""The stage row, and in the same statement the claim when it is the plain case: a first claim (no token), or
+the continuation of this worker's own claim (the token of its last message). Anything else (a duplicate
+message, a takeover) gets no claim here and goes through `metarl.claims.claim_stage`."""
+ENDED_RUN_STATUSES = (RunStatus.stopped, RunStatus.failed, RunStatus.finished)
 RUN_SPECS_SQL = "SELECT config, task_specs FROM runs WHERE id = %(run_id)s"
 RUN_CONFIG_SQL = "SELECT config FROM runs WHERE id = %(run_id)s"
-"""Sent as they are (no ORM compilation): every stage message runs the first."""
+"""Sent as they are (no ORM compilation): read when a process meets a run for the first time."""
 
 
-def stage_row(session: Session, episode_id: int) -> StageRow | None:
-    """The episode, its run's status and the current attempt's inputs, or None when there is no such episode."""
-    row = run_sql(session, STAGE_ROW_SQL, {"episode_id": episode_id}).first()
-    if row is None:
-        return None
-    (eid, run_id, created_at, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors) = row
+def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
+    """A StageRow from the columns of STAGE_ROW_SQL."""
+    (eid, run_id, created_at, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors) = columns
     return StageRow(eid, run_id, created_at, RunStatus(run_status), Stage(stage), attempt, task_id, version, state_uri, workspace_uri, job_toml, errors)
+
+
+def stage_row_and_claim(
+    session: Session, *, episode_id: int, stage: Stage, probe_attempt: int, worker: str, token: str | None
+) -> tuple[StageRow | None, Claim | None]:
+    """The episode's stage row (None: no such episode) and, when it is at this stage of a live run, a new or continued claim.
+
+    The claim is None when the episode is elsewhere, its run ended, or the plain claim did not apply
+    (see STAGE_ROW_AND_CLAIM_SQL): the caller then skips, or claims with `metarl.claims.claim_stage`.
+    """
+    new_token = str(uuid.uuid4())
+    params = {
+        "episode_id": episode_id,
+        "stage": stage.value,
+        "probe_attempt": probe_attempt,
+        "ended": [status.value for status in ENDED_RUN_STATUSES],
+        "new_token": new_token,
+        "worker": worker,
+        "token": token,
+        "now": utcnow(),
+    }
+    found = run_sql(session, STAGE_ROW_AND_CLAIM_SQL, params).first()
+    if found is None:
+        return None, None
+    row = stage_row_of(found[:12])
+    claim_id, takeovers = found[12], found[13]
+    return row, (Claim(claim_id, new_token, episode_id, stage, probe_attempt, takeovers=takeovers) if claim_id is not None else None)
 
 
 def config_and_task(session: Session, row: StageRow) -> tuple[RunConfig, TaskSpec]:
@@ -135,50 +185,65 @@ def stage_context(row: StageRow, config: RunConfig, task: TaskSpec) -> EpisodeCo
     )
 
 
-MOVE_EPISODE_SQL = """
-UPDATE episodes
-SET stage = %(to_stage)s, probe_attempt = %(to_attempt)s, updated_at = %(now)s, dispatched_at = %(now)s, error = %(error)s,
-    finished_at = CASE WHEN %(terminal)s THEN %(now)s ELSE finished_at END
-WHERE id = %(episode_id)s AND stage = %(from_stage)s AND probe_attempt = %(from_attempt)s
-RETURNING group_id
+FINISH_AND_MOVE_SQL = f"""
+WITH finished AS ({FINISH_SQL}),
+moved AS (
+    UPDATE episodes
+    SET stage = %(to_stage)s, probe_attempt = %(to_attempt)s, updated_at = %(now)s, dispatched_at = %(now)s, error = %(episode_error)s,
+        finished_at = CASE WHEN %(terminal)s THEN %(now)s ELSE finished_at END
+    WHERE id = %(episode_id)s AND stage = %(from_stage)s AND probe_attempt = %(from_attempt)s AND EXISTS (SELECT 1 FROM finished)
+    RETURNING group_id
+),
+locked AS (SELECT g.id FROM episode_groups g JOIN moved ON g.id = moved.group_id WHERE %(terminal)s FOR UPDATE OF g)
+SELECT EXISTS (SELECT 1 FROM finished), (SELECT group_id FROM moved), (SELECT count(*) FROM locked)
 """
-LOCK_GROUP_SQL = "SELECT status FROM episode_groups WHERE id = %(group_id)s FOR UPDATE"
+"""One statement: close the claim (compare-and-set on its token), move the episode (compare-and-set on its
+stage and attempt), and, when the move ends the episode, lock its group row so that CLOSE_GROUP_SQL, sent
+next, counts with a snapshot taken after any other ending episode of the group committed."""
 CLOSE_GROUP_SQL = """
 UPDATE episode_groups g SET status = CASE WHEN g.held_out THEN %(evaluated)s ELSE %(complete)s END
 WHERE g.id = %(group_id)s AND g.status = %(open)s
   AND (SELECT count(*) FROM episodes e WHERE e.group_id = g.id AND e.stage = ANY(%(terminal)s)) >= g.size
 RETURNING g.run_id
 """
-"""Sent as they are (no ORM compilation): every stage moves its episode."""
 
 
-def move_episode(session: Session, episode_id: int, from_stage: Stage, from_attempt: int, to: Transition, error: str | None = None) -> None:
-    """Compare-and-set the episode from (stage, attempt) to the transition's target; raise if it moved already."""
+def finish_and_move(
+    session: Session, claim: Claim, status: ClaimStatus, to: Transition, *, episode_error: str | None = None, claim_error: str | None = None
+) -> bool:
+    """Close the claim and move its episode from the claimed stage and attempt to `to`, in the caller's transaction.
+
+    False when the claim was taken over (nothing written). Raises StaleTransition when the episode
+    moved on (the caller's transaction must be rolled back). An ending move completes the group
+    when it was the group's last episode.
+    """
     terminal = to.stage in TERMINAL_STAGES
     params = {
+        **finish_params(claim, status, claim_error),
         "to_stage": to.stage.value,
         "to_attempt": to.probe_attempt,
-        "now": utcnow(),
-        "error": error,
+        "episode_error": episode_error,
         "terminal": terminal,
-        "episode_id": episode_id,
-        "from_stage": from_stage.value,
-        "from_attempt": from_attempt,
+        "episode_id": claim.episode_id,
+        "from_stage": claim.stage.value,
+        "from_attempt": claim.probe_attempt,
     }
-    moved = run_sql(session, MOVE_EPISODE_SQL, params).first()
-    if moved is None:
-        raise StaleTransition(f"episode {episode_id} is no longer at {from_stage.value}/{from_attempt}")
+    finished, group_id, _locked = run_sql(session, FINISH_AND_MOVE_SQL, params).one()
+    if not finished:
+        return False
+    if group_id is None:
+        raise StaleTransition(f"episode {claim.episode_id} is no longer at {claim.stage.value}/{claim.probe_attempt}")
     if terminal:
-        close_group_if_finished(session, moved[0])
+        close_group_if_finished(session, group_id)
+    return True
 
 
 def close_group_if_finished(session: Session, group_id: int) -> None:
     """Mark the group complete (evaluated, if held out) once all its episodes ended, and ask for a tick.
 
-    The group row is locked first, so of two episodes of a group ending at once the second one's
-    count (a new statement, so a new snapshot) sees the first one's move.
+    The caller locked the group row (FINISH_AND_MOVE_SQL), so of two episodes of a group ending at
+    once the second one's count (a new statement, so a new snapshot) sees the first one's move.
     """
-    run_sql(session, LOCK_GROUP_SQL, {"group_id": group_id})
     closed = run_sql(
         session,
         CLOSE_GROUP_SQL,

@@ -22,15 +22,16 @@ from metarl import claims
 from metarl.backends import registry
 from metarl.baselines import baseline_lookup, cached_baseline, store_baseline
 from metarl.backends.base import EpisodeContext
-from metarl.claims import Claim, ClaimRefused, finish_claim
+from metarl.claims import Claim, ClaimRefused
 from metarl.db import session_scope
 from metarl.episodes import (
+    ENDED_RUN_STATUSES,
     StaleTransition,
     config_and_task,
-    move_episode,
+    finish_and_move,
     record_costs,
     stage_context,
-    stage_row,
+    stage_row_and_claim,
     store_reward,
 )
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
@@ -45,7 +46,6 @@ from schemas.records import (
     Episode,
     InnerJob,
     InnerJobStatus,
-    RunStatus,
     Stage,
     StageClaim,
 )
@@ -89,31 +89,33 @@ def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token
 
     One transaction: the episode row with the attempt's inputs, the claim, and what `load` reads.
     """
+    worker = worker_name()
     with session_scope(database_url()) as session:
-        row = stage_row(session, episode_id)
+        row, claim = stage_row_and_claim(session, episode_id=episode_id, stage=stage, probe_attempt=probe_attempt, worker=worker, token=token)
         if row is None:
             log.info("skip %s episode=%s attempt=%s: no such episode", stage.value, episode_id, probe_attempt)
             return None
         if row.stage != stage or row.probe_attempt != probe_attempt:
             log.info("skip %s episode=%s attempt=%s: episode is elsewhere", stage.value, episode_id, probe_attempt)
             return None
-        if row.run_status in (RunStatus.stopped, RunStatus.failed, RunStatus.finished):
+        if row.run_status in ENDED_RUN_STATUSES:
             return None
         config, task = config_and_task(session, row)
-        try:
-            claim = claims.claim_stage(
-                session,
-                run_id=row.run_id,
-                episode_id=episode_id,
-                stage=stage,
-                probe_attempt=probe_attempt,
-                worker=worker_name(),
-                lease_s=config.retries.lease_s,
-                token=token,
-            )
-        except ClaimRefused as refused:
-            log.info("skip %s: %s", stage.value, refused.reason)
-            return None
+        if claim is None:  # a duplicate message or a takeover: the claim rules decide
+            try:
+                claim = claims.claim_stage(
+                    session,
+                    run_id=row.run_id,
+                    episode_id=episode_id,
+                    stage=stage,
+                    probe_attempt=probe_attempt,
+                    worker=worker,
+                    lease_s=config.retries.lease_s,
+                    token=token,
+                )
+            except ClaimRefused as refused:
+                log.info("skip %s: %s", stage.value, refused.reason)
+                return None
         ctx = stage_context(row, config, task)
         last_error = session.execute(select(StageClaim.error).where(StageClaim.id == claim.claim_id)).scalar_one() if claim.takeovers else None
         loaded = load(session, config, ctx, row.job_toml) if load is not None and claim.takeovers <= config.retries.max_stage_attempts else None
@@ -151,10 +153,9 @@ def note_stage_failure(sender: Any = None, exception: BaseException | None = Non
 def fail_episode(job: StageJob, stage: Stage, message: str) -> None:
     """Record a permanent failure of the episode (after retry caps or a permanent error)."""
     with session_scope(database_url()) as session:
-        if not finish_claim(session, job.claim, ClaimStatus.failed, error=message):
-            return
         try:
-            move_episode(session, job.ctx.episode_id, stage, job.ctx.probe_attempt, Transition(Stage.failed, job.ctx.probe_attempt), error=message)
+            if not finish_and_move(session, job.claim, ClaimStatus.failed, Transition(Stage.failed, job.ctx.probe_attempt), episode_error=message, claim_error=message):
+                return
         except StaleTransition:
             session.rollback()
     log.warning("episode %s failed at %s: %s", job.ctx.episode_id, stage.value, message)
@@ -230,7 +231,7 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         return "abandoned"
     to = after_agent(probe_attempt)
     with session_scope(database_url()) as session:
-        if not finish_claim(session, job.claim, ClaimStatus.done):
+        if not finish_and_move(session, job.claim, ClaimStatus.done, to):
             return "taken over"
         sample = submission.sample
         store_submission(
@@ -246,7 +247,6 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             prompt_length=sample.prompt_length if sample else None,
         )
         record_costs(session, job.ctx.run_id, episode_id, submission.costs, backend.simulated)
-        move_episode(session, episode_id, Stage.agent, probe_attempt, to)
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
     return "submitted"
 
@@ -269,7 +269,7 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     seconds = time.perf_counter() - started
     to = after_probe(verdict.passed, probe_attempt, job.config.retries.max_probe_attempts)
     with session_scope(database_url()) as session:
-        if not finish_claim(session, job.claim, ClaimStatus.done):
+        if not finish_and_move(session, job.claim, ClaimStatus.done, to):
             return "taken over"
         store_verdict(
             session,
@@ -281,7 +281,6 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             model_name=verdict.job.model.name if verdict.job else None,
             explicit_hyperparameters=verdict.job.explicit_hyperparameters() if verdict.job else None,
         )
-        move_episode(session, episode_id, Stage.probe, probe_attempt, to)
         if to.ends_unvalidated:
             store_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
@@ -437,14 +436,12 @@ def close_train_stage(session: Session, job: StageJob, episode_id: int, probe_at
 
     A succeeded job goes to eval; a failed job ends the episode with no job credit.
     """
-    if not finish_claim(session, job.claim, ClaimStatus.done):
-        return None
     if status == InnerJobStatus.succeeded:
         to = after_train(probe_attempt)
-        move_episode(session, episode_id, Stage.train, probe_attempt, to)
-        return to
+        return to if finish_and_move(session, job.claim, ClaimStatus.done, to) else None
     to = Transition(Stage.done, probe_attempt)
-    move_episode(session, episode_id, Stage.train, probe_attempt, to, error=f"inner job failed: {error or ''}")
+    if not finish_and_move(session, job.claim, ClaimStatus.done, to, episode_error=f"inner job failed: {error or ''}"):
+        return None
     store_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
     return to
 
@@ -485,7 +482,7 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
         return "abandoned"
     to = after_eval(probe_attempt)
     with session_scope(url) as session:
-        if not finish_claim(session, job.claim, ClaimStatus.done):
+        if not finish_and_move(session, job.claim, ClaimStatus.done, to):
             return "taken over"
         store_evaluation(
             session,
@@ -500,6 +497,5 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
             eval_seconds=time.perf_counter() - started,
         )
         record_costs(session, job.ctx.run_id, episode_id, trained.costs, backend.simulated)
-        move_episode(session, episode_id, Stage.eval, probe_attempt, to)
         store_reward(session, episode_id=episode_id, config=job.config, task=task, base_score=base_score, trained_score=trained.score, train_seconds=train_seconds)
     return "scored"

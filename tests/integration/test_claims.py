@@ -6,9 +6,13 @@ import uuid
 
 import pytest
 
+from sqlalchemy import func, select
+
 from metarl.claims import ClaimRefused, claim_stage, finish_claim, heartbeat
 from metarl.db import session_scope
-from schemas.records import ClaimStatus, Episode, EpisodeGroup, Run, Stage
+from metarl.episodes import StaleTransition, finish_and_move, stage_row_and_claim
+from orchestrator.transitions import Transition
+from schemas.records import ClaimStatus, Episode, EpisodeGroup, GroupStatus, Run, RunStatus, Stage, StageClaim
 
 pytestmark = pytest.mark.integration
 
@@ -54,3 +58,62 @@ def test_takeovers_are_counted(pg_url):
     claim(pg_url, run_id, episode_id, "w0", lease_s=60)
     counts = [claim(pg_url, run_id, episode_id, f"w{i}", lease_s=0).takeovers for i in range(1, 5)]
     assert counts == [1, 2, 3, 4]
+
+
+def row_and_claim(url: str, episode_id: int, worker: str, *, stage: Stage = Stage.agent, attempt: int = 1, token: str | None = None):
+    with session_scope(url) as session:
+        return stage_row_and_claim(session, episode_id=episode_id, stage=stage, probe_attempt=attempt, worker=worker, token=token)
+
+
+def test_the_stage_row_statement_claims_only_the_plain_cases(pg_url):
+    run_id, episode_id = make_episode(pg_url)
+    assert row_and_claim(pg_url, episode_id + 10_000, "a") == (None, None)
+    row, elsewhere = row_and_claim(pg_url, episode_id, "a", stage=Stage.probe)
+    assert row is not None and row.stage == Stage.agent and elsewhere is None
+    assert row_and_claim(pg_url, episode_id, "a", attempt=2)[1] is None
+    row, first = row_and_claim(pg_url, episode_id, "a")
+    assert row.run_id == run_id and first is not None and first.takeovers == 0
+    assert row_and_claim(pg_url, episode_id, "b")[1] is None  # a duplicate: left to the claim rules, which refuse it
+    with pytest.raises(ClaimRefused, match="held by a"):
+        claim(pg_url, run_id, episode_id, "b", lease_s=60)
+    assert row_and_claim(pg_url, episode_id, "b", token="not-the-token")[1] is None
+    _, continued = row_and_claim(pg_url, episode_id, "a", token=first.token)
+    assert continued is not None and continued.claim_id == first.claim_id and continued.token != first.token and continued.takeovers == 0
+    assert row_and_claim(pg_url, episode_id, "a", token=first.token)[1] is None  # the old token was replaced
+    with session_scope(pg_url) as session:
+        assert finish_claim(session, continued, ClaimStatus.done)
+    assert row_and_claim(pg_url, episode_id, "a", token=continued.token)[1] is None  # done is final
+
+
+def test_no_claim_is_made_for_an_ended_run(pg_url):
+    run_id, episode_id = make_episode(pg_url)
+    with session_scope(pg_url) as session:
+        session.get(Run, run_id).status = RunStatus.stopped
+    row, made = row_and_claim(pg_url, episode_id, "a")
+    assert row.run_status == RunStatus.stopped and made is None
+    with session_scope(pg_url) as session:
+        assert session.execute(select(func.count()).select_from(StageClaim).where(StageClaim.episode_id == episode_id)).scalar_one() == 0
+
+
+def test_finish_and_move_is_one_compare_and_set_of_claim_and_episode(pg_url):
+    run_id, episode_id = make_episode(pg_url)
+    _, stale_holder = row_and_claim(pg_url, episode_id, "a")
+    stolen = claim(pg_url, run_id, episode_id, "b", lease_s=0)
+    with session_scope(pg_url) as session:
+        assert not finish_and_move(session, stale_holder, ClaimStatus.done, Transition(Stage.probe, 1))
+    with session_scope(pg_url) as session:
+        assert session.get(Episode, episode_id).stage == Stage.agent  # the taken-over holder moved nothing
+        session.get(Episode, episode_id).stage = Stage.probe  # someone else moved it meanwhile
+    with pytest.raises(StaleTransition):
+        with session_scope(pg_url) as session:
+            finish_and_move(session, stolen, ClaimStatus.done, Transition(Stage.probe, 1))
+    with session_scope(pg_url) as session:
+        assert session.get(StageClaim, stolen.claim_id).status == ClaimStatus.running  # rolled back with the move
+        session.get(Episode, episode_id).stage = Stage.agent
+    with session_scope(pg_url) as session:
+        assert finish_and_move(session, stolen, ClaimStatus.failed, Transition(Stage.failed, 1), episode_error="gave up", claim_error="boom")
+    with session_scope(pg_url) as session:
+        episode = session.get(Episode, episode_id)
+        assert (episode.stage, episode.error, episode.finished_at is not None) == (Stage.failed, "gave up", True)
+        assert session.get(StageClaim, stolen.claim_id).error == "boom"
+        assert session.get(EpisodeGroup, episode.group_id).status == GroupStatus.complete  # its group of one is complete
