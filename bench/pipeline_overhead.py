@@ -205,6 +205,11 @@ def overhead_ratio(ours_wall_s: float, plain_wall_s: float) -> float:
     return ours_wall_s / plain_wall_s
 
 
+def pair_ratios(plain: list[PhaseResult], ours: list[PhaseResult]) -> list[float]:
+    """The ratio of each alternating plain/ours pair: their spread shows how much the machine drifted during the bench."""
+    return [overhead_ratio(mine.wall_s, theirs.wall_s) for theirs, mine in zip(plain, ours)]
+
+
 def verdict(ratio: float, target: float = TARGET_RATIO) -> str:
     """`meets` or `misses` the target ratio."""
     return "meets" if ratio <= target else "misses"
@@ -685,6 +690,7 @@ def render(settings: BenchSettings, plain: list[PhaseResult], ours: list[PhaseRe
     lines += [
         "",
         f"ratio ours/plain (median wall time): {ratio:.2f}x  target <= {TARGET_RATIO}x: {verdict(ratio).upper()}",
+        "ratio of each pair: " + ", ".join(f"{pair:.2f}x" for pair in pair_ratios(plain, ours)),
         "",
         "where the time goes (best pass of each):",
         f"{'stage':<8}{'plain ms/task':>15}{'ours ms/task':>14}",

@@ -14,6 +14,7 @@ from bench.pipeline_overhead import (
     expected_tasks,
     merge_stats,
     overhead_ratio,
+    pair_ratios,
     parse_worker_log,
     per_stage_ms,
     plain_worker_command,
@@ -117,3 +118,6 @@ def test_round_trips_and_report() -> None:
     )
     text = render(settings, [plain], [ours], {"agent": profile})
     assert "5.00x" in text and "MISSES" in text and "agent" in text
+    slower_plain = plain.model_copy(update={"wall_s": 4.0})
+    assert pair_ratios([plain, slower_plain], [ours, ours]) == [5.0, 2.5]
+    assert "ratio of each pair: 5.00x, 2.50x" in render(settings, [plain, slower_plain], [ours, ours])
