@@ -40,9 +40,12 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-CLAIM_INSERT_SQL = """
-INSERT INTO stage_claims (run_id, episode_id, stage, probe_attempt, token, status, worker, takeovers, transient_failures, claimed_at, heartbeat_at)
-VALUES (%(run_id)s, %(episode_id)s, %(stage)s, %(probe_attempt)s, %(token)s, 'running', %(worker)s, 0, 0, now(), now())
+NEW_CLAIM_COLUMNS = "run_id, episode_id, stage, probe_attempt, token, status, worker, takeovers, transient_failures, claimed_at, heartbeat_at"
+NEW_CLAIM_VALUES = "%(episode_id)s, %(stage)s, %(probe_attempt)s, %(new_token)s, 'running', %(worker)s, 0, 0, now(), now()"
+"""A new running claim's columns and, after its run id, their values: here and in `metarl.episodes.STAGE_ROW_AND_CLAIM_SQL`."""
+CLAIM_INSERT_SQL = f"""
+INSERT INTO stage_claims ({NEW_CLAIM_COLUMNS})
+VALUES (%(run_id)s, {NEW_CLAIM_VALUES})
 ON CONFLICT ON CONSTRAINT uq_stage_claims_key DO NOTHING
 RETURNING id
 """
@@ -80,7 +83,7 @@ def claim_stage(
     """
     new_token = str(uuid.uuid4())
     key = {"episode_id": episode_id, "stage": stage.value, "probe_attempt": probe_attempt}
-    inserted = _first(session, CLAIM_INSERT_SQL, {**key, "run_id": run_id, "token": new_token, "worker": worker})
+    inserted = _first(session, CLAIM_INSERT_SQL, {**key, "run_id": run_id, "new_token": new_token, "worker": worker})
     if inserted is not None:
         return Claim(inserted[0], new_token, episode_id, stage, probe_attempt)
     existing = _first(session, CLAIM_EXISTING_SQL, key)

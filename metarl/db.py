@@ -99,11 +99,10 @@ def session_scope(url: str) -> Iterator[Session]:
 class SqlRows:
     """The rows of one statement sent by :func:`run_sql`, fetched at once (plain tuples)."""
 
-    __slots__ = ("rows", "rowcount")
+    __slots__ = ("rows",)
 
-    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int):
+    def __init__(self, rows: list[tuple[Any, ...]]):
         self.rows = rows
-        self.rowcount = rowcount
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         return iter(self.rows)
@@ -152,12 +151,11 @@ def run_sql(session: Session, statement: str, params: Mapping[str, Any]) -> SqlR
         with dbapi_connection.cursor() as cursor:
             cursor.execute(statement, params)
             rows = cursor.fetchall() if cursor.description is not None else []
-            rowcount = cursor.rowcount
     except psycopg.Error as err:
         raise database_error(connection, err, statement, params) from err
     for observe in _statement_observers:
         observe(statement)
-    return SqlRows(rows, rowcount)
+    return SqlRows(rows)
 
 
 def database_error(connection: Connection, err: psycopg.Error, statement: str, params: Mapping[str, Any]) -> BaseException:

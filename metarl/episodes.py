@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from metarl.backends.base import CostItem, EpisodeContext
-from metarl.claims import FINISH_SQL, Claim, finish_params, utcnow
+from metarl.claims import FINISH_SQL, NEW_CLAIM_COLUMNS, NEW_CLAIM_VALUES, Claim, finish_params, utcnow
 from metarl.db import json_param, run_sql
 from metarl.ledger import record_cost
 from metarl.tick_wakeup import request_tick
@@ -88,8 +88,8 @@ claimable AS (
     SELECT run_id FROM stage_row WHERE stage = %(stage)s AND probe_attempt = %(probe_attempt)s AND status <> ALL(%(ended)s)
 ),
 inserted AS (
-    INSERT INTO stage_claims (run_id, episode_id, stage, probe_attempt, token, status, worker, takeovers, transient_failures, claimed_at, heartbeat_at)
-    SELECT run_id, %(episode_id)s, %(stage)s, %(probe_attempt)s, %(new_token)s, 'running', %(worker)s, 0, 0, now(), now()
+    INSERT INTO stage_claims ({NEW_CLAIM_COLUMNS})
+    SELECT run_id, {NEW_CLAIM_VALUES}
     FROM claimable WHERE %(token)s::text IS NULL
     ON CONFLICT ON CONSTRAINT uq_stage_claims_key DO NOTHING
     RETURNING id, takeovers
@@ -140,8 +140,8 @@ def stage_row_and_claim(
     found = run_sql(session, STAGE_ROW_AND_CLAIM_SQL, params).first()
     if found is None:
         return None, None
-    row = stage_row_of(found[:12])
-    claim_id, takeovers = found[12], found[13]
+    row = stage_row_of(found[:-2])
+    claim_id, takeovers = found[-2:]
     return row, (Claim(claim_id, new_token, episode_id, stage, probe_attempt, takeovers=takeovers) if claim_id is not None else None)
 
 
