@@ -1,6 +1,6 @@
 """Pipeline overhead: our bookkeeping against a plain Celery chain of the same no-op tasks.
 
-    python -m bench.pipeline_overhead [--episodes 200] [--repeats 2] [--tick-s 0.5]
+    python -m bench.pipeline_overhead [--episodes 200] [--repeats 2] [--tick-s 0.5] [--no-floor]
 
 Needs Redis and PostgreSQL on 127.0.0.1 (METARL_BENCH_PG_ADMIN_URL and METARL_BENCH_REDIS_URL
 override). It creates a scratch database (dropped afterwards), reserves a Redis database number with
@@ -15,6 +15,9 @@ the tests' lock scheme, and then, in the same process and on the same broker:
   run `bench._sim_plain_chain`: per episode the chain agent -> probe -> train submit -> train poll
   (sent with the same countdown) -> eval of no-op tasks, plus one no-op outer task per batch. Same
   number of task messages, same queues, same concurrency; no database.
+* **floor** (skip with --no-floor): the plain chain whose every task also claims its step and
+  moves its episode in PostgreSQL with two autocommit statements (`bench._sim_floor_chain`): the
+  least any design that records every stage durably pays on this machine.
 
 The ratio is ours' wall time over the plain chain's for the same N (target: at most 1.5). The
 table also gives where the time goes: mean worker time per task (from the workers' logs), CPU
@@ -323,33 +326,37 @@ def reserved_redis(base_url: str) -> Iterator[str]:
         registry.close()
 
 
-def plain_worker_command(pool: str) -> list[str]:
-    """Our pools' worker command line with the plain chain's app and node name."""
+CHAIN_MODULES = {"plain": "bench._sim_plain_chain", "floor": "bench._sim_floor_chain"}
+"""The Celery chains the bench runs beside ours: no-op tasks, and the same with the least durable bookkeeping."""
+
+
+def chain_worker_command(pool: str, chain: str = "plain") -> list[str]:
+    """Our pools' worker command line with a chain's app and node name (`plain-agent@host`, ...)."""
     from metarl.pools import worker_command
 
     command = worker_command(pool)
-    command[command.index("-A") + 1] = "bench._sim_plain_chain:app"
-    command[command.index("-n") + 1] = f"plain-{pool}@%h"
+    command[command.index("-A") + 1] = f"{CHAIN_MODULES[chain]}:app"
+    command[command.index("-n") + 1] = f"{chain}-{pool}@%h"
     return command
 
 
-def start_plain_pools(database_url: str, broker_url: str, log_dir: Path):  # type: ignore[no-untyped-def]
-    """WorkerPools whose processes run the plain chain's app (same flags, one process per queue)."""
+def start_chain_pools(database_url: str, broker_url: str, log_dir: Path, chain: str):  # type: ignore[no-untyped-def]
+    """WorkerPools whose processes run a chain's app (same flags, one process per queue)."""
     from metarl.pools import WorkerPools
 
-    class PlainPools(WorkerPools):
-        """One plain-chain worker per queue, started and stopped like ours."""
+    class ChainPools(WorkerPools):
+        """One chain worker per queue, started and stopped like ours."""
 
         def start_pool(self, pool: str) -> subprocess.Popen[bytes]:
             log_file = open(self.log_dir / f"worker-{pool}.log", "ab")
             process = subprocess.Popen(
-                plain_worker_command(pool), env=self.env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO
+                chain_worker_command(pool, chain), env=self.env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO
             )
             log_file.close()
             self.processes[pool] = process
             return process
 
-    pools = PlainPools(database_url, broker_url, log_dir)
+    pools = ChainPools(database_url, broker_url, log_dir)
     pools.start()
     return pools
 
@@ -510,53 +517,71 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
     )
 
 
-def run_plain(settings: BenchSettings, database_url: str, broker_url: str, work: Path) -> PhaseResult:
-    """N plain chains of no-op tasks on the same broker, same queues, same worker processes."""
-    import redis
-    from celery import chain
+def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work: Path, chain: str = "plain") -> PhaseResult:
+    """N Celery chains of the plain or floor tasks on the same broker, same queues, same worker processes."""
+    import importlib
 
-    from bench._sim_plain_chain import DONE_KEY, OUTER_KEY, TASK_PREFIX
+    import psycopg
+    import redis
+    from celery import chain as celery_chain
+
+    from bench._sim_floor_chain import finished_floor_episodes, prepare
+    from bench._sim_plain_chain import DONE_KEY, OUTER_KEY
+    from metarl.db import normalise_url
+    from metarl.tick_wakeup import libpq_conninfo
     from workers.app import QUEUES, make_app
 
-    log_dir = work / "logs-plain"
-    pools = start_plain_pools(database_url, broker_url, log_dir)
+    prefix = importlib.import_module(CHAIN_MODULES[chain]).TASK_PREFIX
+    log_dir = work / f"logs-{chain}"
+    if chain == "floor":
+        with psycopg.connect(libpq_conninfo(normalise_url(database_url)), autocommit=True) as connection:
+            prepare(connection, settings.episodes)
+    pools = start_chain_pools(database_url, broker_url, log_dir, chain)
     client = redis.Redis.from_url(broker_url)
     try:
-        wait_for_workers(broker_url, {f"plain-{q}" for q in QUEUES})
+        wait_for_workers(broker_url, {f"{chain}-{q}" for q in QUEUES})
         client.delete(DONE_KEY, OUTER_KEY)
         app = make_app(broker_url)
         pgids = {process.pid for process in pools.processes.values()}
+        pg_before = pids_cpu(postgres_backends(database_url)) if chain == "floor" else {}
         cpu_before, driver_before = group_cpu_s(pgids), time.process_time()
         started = time.perf_counter()
         for episode in range(settings.episodes):
-            chain(
-                app.signature(f"{TASK_PREFIX}.agent", args=(episode,), queue="agent", immutable=True),
-                app.signature(f"{TASK_PREFIX}.probe", args=(episode,), queue="probe", immutable=True),
-                app.signature(f"{TASK_PREFIX}.train", args=(episode, False), queue="train", immutable=True),
-                app.signature(f"{TASK_PREFIX}.train", args=(episode, True), queue="train", immutable=True, countdown=settings.poll_interval_s),
-                app.signature(f"{TASK_PREFIX}.eval", args=(episode, settings.episodes_per_batch), queue="eval", immutable=True),
+            celery_chain(
+                app.signature(f"{prefix}.agent", args=(episode,), queue="agent", immutable=True),
+                app.signature(f"{prefix}.probe", args=(episode,), queue="probe", immutable=True),
+                app.signature(f"{prefix}.train", args=(episode, False), queue="train", immutable=True),
+                app.signature(f"{prefix}.train", args=(episode, True), queue="train", immutable=True, countdown=settings.poll_interval_s),
+                app.signature(f"{prefix}.eval", args=(episode, settings.episodes_per_batch), queue="eval", immutable=True),
             ).apply_async()
         deadline = time.monotonic() + 600
         while int(client.get(OUTER_KEY) or 0) < settings.outer_steps:
             if time.monotonic() > deadline:
-                raise SystemExit("error: the plain chain did not finish within 600 s")
+                raise SystemExit(f"error: the {chain} chain did not finish within 600 s")
             time.sleep(0.005)
         wall = time.perf_counter() - started
         driver_cpu = time.process_time() - driver_before
         worker_cpu = group_cpu_s(pgids) - cpu_before
+        pg_cpu = sum(cpu - pg_before.get(pid, 0.0) for pid, cpu in pids_cpu(postgres_backends(database_url)).items()) if chain == "floor" else None
         episodes, steps = int(client.get(DONE_KEY) or 0), int(client.get(OUTER_KEY) or 0)
     finally:
         client.close()
         pools.stop()
+    if chain == "floor":
+        with psycopg.connect(libpq_conninfo(normalise_url(database_url)), autocommit=True) as connection:
+            moved = finished_floor_episodes(connection)
+        if moved != settings.episodes:
+            raise SystemExit(f"error: the floor chain moved {moved} of {settings.episodes} episodes through every step; see {log_dir}")
     stats = read_logs(log_dir)
     return PhaseResult(
-        name="plain",
+        name=chain,
         episodes=episodes,
         outer_steps=steps,
         wall_s=wall,
         tasks=sum(s.received for s in stats.values()),
         worker_cpu_s=worker_cpu,
         driver_cpu_s=driver_cpu,
+        postgres_cpu_s=max(0.0, pg_cpu) if pg_cpu is not None else None,
         task_stats=stats,
     )
 
@@ -666,7 +691,14 @@ def per_stage_ms(result: PhaseResult) -> dict[str, float]:
     return out
 
 
-def render(settings: BenchSettings, plain: list[PhaseResult], ours: list[PhaseResult], profiles: dict[str, StageProfile] | None = None) -> str:
+def cpu_ms_per_episode(result: PhaseResult) -> float:
+    """CPU milliseconds per finished episode: workers, driver or orchestrator, and PostgreSQL where measured (Redis not counted)."""
+    return 1000 * (result.worker_cpu_s + result.driver_cpu_s + (result.postgres_cpu_s or 0.0)) / max(1, result.episodes)
+
+
+def render(
+    settings: BenchSettings, plain: list[PhaseResult], ours: list[PhaseResult], profiles: dict[str, StageProfile] | None = None, floor: list[PhaseResult] | None = None
+) -> str:
     """The printed report: machine, settings, throughput table, ratio, and where the time goes."""
     best_plain = min(plain, key=lambda r: r.wall_s)
     best_ours = min(ours, key=lambda r: r.wall_s)
@@ -681,7 +713,7 @@ def render(settings: BenchSettings, plain: list[PhaseResult], ours: list[PhaseRe
         "",
         f"{'pass':<8}{'wall s':>9}{'episodes/s':>12}{'tasks/s':>10}{'tasks':>8}{'worker CPU s':>14}{'driver CPU s':>14}{'PG CPU s':>10}",
     ]
-    for result in [r for pair in zip(plain, ours) for r in pair]:
+    for result in [r for passes in zip(plain, floor or [None] * len(plain), ours) for r in passes if r is not None]:
         pg = f"{result.postgres_cpu_s:.1f}" if result.postgres_cpu_s is not None else "-"
         lines.append(
             f"{result.name:<8}{result.wall_s:>9.2f}{result.episodes_per_s:>12.1f}{result.tasks_per_s:>10.1f}{result.tasks:>8}"
@@ -691,6 +723,15 @@ def render(settings: BenchSettings, plain: list[PhaseResult], ours: list[PhaseRe
         "",
         f"ratio ours/plain (median wall time): {ratio:.2f}x  target <= {TARGET_RATIO}x: {verdict(ratio).upper()}",
         "ratio of each pair: " + ", ".join(f"{pair:.2f}x" for pair in pair_ratios(plain, ours)),
+    ]
+    if floor:
+        floor_ratio = overhead_ratio(statistics.median(r.wall_s for r in floor), statistics.median(r.wall_s for r in plain))
+        lines += [
+            f"ratio floor/plain (median wall time): {floor_ratio:.2f}x; of each pair: " + ", ".join(f"{pair:.2f}x" for pair in pair_ratios(plain, floor)),
+            "  floor = the plain chain plus the least durable bookkeeping of an exactly-once stage (a claim and a compare-and-set",
+            "  move, two autocommit statements per task; bench/_sim_floor_chain.py): what any design recording every stage costs here",
+        ]
+    lines += [
         "",
         "where the time goes (best pass of each):",
         f"{'stage':<8}{'plain ms/task':>15}{'ours ms/task':>14}",
@@ -704,9 +745,9 @@ def render(settings: BenchSettings, plain: list[PhaseResult], ours: list[PhaseRe
         f"({(best_ours.tick_sql or 0) / episodes:.1f} per episode), {best_ours.driver_cpu_s:.1f} CPU s",
         f"database: {best_ours.db_commits} transactions committed ({(best_ours.db_commits or 0) / episodes:.1f} per episode), "
         f"PostgreSQL backends {best_ours.postgres_cpu_s or 0.0:.1f} CPU s",
-        f"CPU per episode: ours {1000 * (best_ours.worker_cpu_s + best_ours.driver_cpu_s + (best_ours.postgres_cpu_s or 0.0)) / episodes:.1f} ms "
-        f"(workers + orchestrator + PostgreSQL), plain {1000 * (best_plain.worker_cpu_s + best_plain.driver_cpu_s) / max(1, best_plain.episodes):.1f} ms "
-        "(workers + driver; Redis not counted in either)",
+        f"CPU per episode: ours {cpu_ms_per_episode(best_ours):.1f} ms (workers + orchestrator + PostgreSQL), "
+        + (f"floor {cpu_ms_per_episode(min(floor, key=lambda r: r.wall_s)):.1f} ms (workers + driver + PostgreSQL), " if floor else "")
+        + f"plain {cpu_ms_per_episode(best_plain):.1f} ms (workers + driver; Redis not counted in any)",
     ]
     if profiles:
         lines += [
@@ -731,6 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=None, help="episodes in flight (default: all)")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--groups-per-batch", type=int, default=2)
+    parser.add_argument("--no-floor", action="store_true", help="skip the floor chain's pass (see bench/_sim_floor_chain.py)")
     args = parser.parse_args(argv)
     settings = BenchSettings(
         episodes=args.episodes, repeats=args.repeats, tick_s=args.tick_s, window=args.window, group_size=args.group_size, groups_per_batch=args.groups_per_batch
@@ -743,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING)
     plain: list[PhaseResult] = []
+    floor: list[PhaseResult] = []
     ours: list[PhaseResult] = []
     with scratch_database(os.environ.get(PG_ADMIN_ENV, DEFAULT_PG_ADMIN)) as database_url, reserved_redis(
         os.environ.get(REDIS_ENV, DEFAULT_REDIS)
@@ -754,12 +797,15 @@ def main(argv: list[str] | None = None) -> int:
         for index in range(settings.repeats):
             work = Path(folder) / f"pass-{index}"
             work.mkdir()
-            plain.append(run_plain(settings, database_url, broker_url, work))
+            plain.append(run_chain(settings, database_url, broker_url, work, "plain"))
             print(f"[{index + 1}/{settings.repeats}] plain {plain[-1].wall_s:.2f}s", file=sys.stderr, flush=True)
+            if not args.no_floor:
+                floor.append(run_chain(settings, database_url, broker_url, work, "floor"))
+                print(f"[{index + 1}/{settings.repeats}] floor {floor[-1].wall_s:.2f}s", file=sys.stderr, flush=True)
             ours.append(run_ours(settings, database_url, broker_url, work))
             print(f"[{index + 1}/{settings.repeats}] ours {ours[-1].wall_s:.2f}s", file=sys.stderr, flush=True)
         profiles = profile_stages(settings, database_url, broker_url, Path(folder))
-    print(render(settings, plain, ours, profiles))
+    print(render(settings, plain, ours, profiles, floor))
     return 0
 
 

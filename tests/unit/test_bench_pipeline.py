@@ -8,6 +8,7 @@ import pytest
 
 from bench.pipeline_overhead import (
     BenchSettings,
+    CHAIN_MODULES,
     PhaseResult,
     StageProfile,
     TaskStat,
@@ -17,7 +18,8 @@ from bench.pipeline_overhead import (
     pair_ratios,
     parse_worker_log,
     per_stage_ms,
-    plain_worker_command,
+    chain_worker_command,
+    cpu_ms_per_episode,
     render,
     run_config_toml,
     stage_of,
@@ -100,12 +102,22 @@ def test_run_config_is_the_zero_duration_simulator(tmp_path: Path) -> None:
     assert not any(spec.held_out for spec in specs.values())
 
 
-def test_plain_workers_start_like_ours_with_another_app() -> None:
+@pytest.mark.parametrize("chain", sorted(CHAIN_MODULES))
+def test_chain_workers_start_like_ours_with_another_app(chain: str) -> None:
     from metarl.pools import worker_command
 
-    ours, plain = worker_command("train"), plain_worker_command("train")
-    assert plain[plain.index("-A") + 1] == "bench._sim_plain_chain:app" and plain[plain.index("-n") + 1] == "plain-train@%h"
-    assert [a for a in plain if a not in ("bench._sim_plain_chain:app", "plain-train@%h")] == [a for a in ours if a not in ("workers.app", "train@%h")]
+    ours, theirs = worker_command("train"), chain_worker_command("train", chain)
+    app, node = f"{CHAIN_MODULES[chain]}:app", f"{chain}-train@%h"
+    assert theirs[theirs.index("-A") + 1] == app and theirs[theirs.index("-n") + 1] == node
+    assert [a for a in theirs if a not in (app, node)] == [a for a in ours if a not in ("workers.app", "train@%h")]
+
+
+def test_floor_chain_moves_each_episode_through_every_step_once() -> None:
+    from bench._sim_floor_chain import STEPS, next_step
+
+    assert [next_step(step) for step in STEPS[:-1]] == list(STEPS[1:])
+    with pytest.raises(IndexError):
+        next_step(STEPS[-1])
 
 
 def test_round_trips_and_report() -> None:
@@ -121,3 +133,7 @@ def test_round_trips_and_report() -> None:
     slower_plain = plain.model_copy(update={"wall_s": 4.0})
     assert pair_ratios([plain, slower_plain], [ours, ours]) == [5.0, 2.5]
     assert "ratio of each pair: 5.00x, 2.50x" in render(settings, [plain, slower_plain], [ours, ours])
+    floor = plain.model_copy(update={"name": "floor", "wall_s": 2.5, "postgres_cpu_s": 0.4})
+    with_floor = render(settings, [plain], [ours], floor=[floor])
+    assert "ratio floor/plain (median wall time): 1.25x" in with_floor and "\nfloor " in with_floor
+    assert cpu_ms_per_episode(floor) == pytest.approx(1000 * (2.0 + 0.2 + 0.4) / 40)
