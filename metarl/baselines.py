@@ -13,7 +13,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from metarl.backends.base import EvalBackend, Score
-from metarl.db import run_sql, session_scope
+from metarl.db import SqlTarget, run_sql, session_scope
 from schemas.records import BaselineScore
 from schemas.task_spec import TaskSpec
 
@@ -25,7 +25,7 @@ WHERE task_id = %(task_id)s AND model_name = %(model_name)s AND eval_version = %
 """Sent as written: every eval message reads it."""
 
 
-def cached_baseline(session: Session, task: TaskSpec, model_name: str, backend_name: str) -> float | None:
+def cached_baseline(session: SqlTarget, task: TaskSpec, model_name: str, backend_name: str) -> float | None:
     """The stored base score of ``model_name`` on ``task`` for this eval version and backend, if any."""
     params = {"task_id": task.id, "model_name": model_name, "eval_version": task.hidden_eval.version, "backend": backend_name}
     row = run_sql(session, CACHED_BASELINE_SQL, params).first()

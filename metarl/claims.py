@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from metarl.db import run_sql
+from metarl.db import SqlTarget, run_sql
 
 from schemas.records import ClaimStatus, Stage, StageClaim
 
@@ -69,12 +69,12 @@ RETURNING id
 """The claim statements, sent as they are (no ORM compilation): they run several times per stage."""
 
 
-def _first(session: Session, sql: str, params: dict[str, object]) -> Any:
+def _first(session: SqlTarget, sql: str, params: dict[str, object]) -> Any:
     return run_sql(session, sql, params).first()
 
 
 def claim_stage(
-    session: Session, *, run_id: str, episode_id: int, stage: Stage, probe_attempt: int, worker: str, lease_s: float, token: str | None = None
+    session: SqlTarget, *, run_id: str, episode_id: int, stage: Stage, probe_attempt: int, worker: str, lease_s: float, token: str | None = None
 ) -> Claim:
     """Claim one stage of one episode, or take over a claim whose holder stopped heartbeating.
 
@@ -112,12 +112,12 @@ def claim_stage(
     return Claim(claim_id, new_token, episode_id, stage, probe_attempt, takeovers=taken[0])
 
 
-def heartbeat(session: Session, claim: Claim) -> bool:
+def heartbeat(session: SqlTarget, claim: Claim) -> bool:
     """Renew the claim; False means it was taken over (the caller must stop and record nothing)."""
     return _first(session, HEARTBEAT_SQL, {"now": utcnow(), "id": claim.claim_id, "token": claim.token}) is not None
 
 
-def finish_claim(session: Session, claim: Claim, status: ClaimStatus, error: str | None = None) -> bool:
+def finish_claim(session: SqlTarget, claim: Claim, status: ClaimStatus, error: str | None = None) -> bool:
     """Close the claim in the caller's transaction (one statement); False if this worker no longer owns it."""
     return _first(session, FINISH_SQL, finish_params(claim, status, error)) is not None
 

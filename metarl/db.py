@@ -136,32 +136,97 @@ def observing_statements(observer: StatementObserver) -> Iterator[None]:
         _statement_observers.remove(observer)
 
 
-def run_sql(session: Session, statement: str, params: Mapping[str, Any]) -> SqlRows:
+class SqlTransaction:
+    """One pooled psycopg connection for the statements of :func:`run_sql`, without an ORM session.
+
+    Made by :func:`sql_transaction`. Stage messages record their work through it: a SQLAlchemy
+    ``Session`` costs more client CPU per transaction than the statements it carries.
+    """
+
+    __slots__ = ("dbapi_connection", "dialect", "pooled")
+
+    def __init__(self, pooled: Any, dialect: Any):
+        self.pooled = pooled
+        self.dialect = dialect
+        self.dbapi_connection: psycopg.Connection = pooled.dbapi_connection
+
+    def invalidate(self, err: BaseException) -> None:
+        """Drop the connection instead of pooling it again (the server closed it)."""
+        self.pooled.invalidate(err)
+
+    def rollback(self) -> None:
+        """Undo the transaction's statements so far (nothing in autocommit)."""
+        try:
+            self.dbapi_connection.rollback()
+        except psycopg.Error as err:
+            raise database_error(self, err, "ROLLBACK", {}) from err
+
+
+SqlTarget = Session | SqlTransaction
+"""What :func:`run_sql` sends on: an ORM session's transaction, or a :class:`SqlTransaction`."""
+
+
+@contextlib.contextmanager
+def sql_transaction(url: str, *, autocommit: bool = False) -> Iterator[SqlTransaction]:
+    """A pooled connection whose statements commit together on success and roll back on any error.
+
+    With `autocommit`, each statement commits on its own: for a unit of work that is one statement
+    (no BEGIN and COMMIT round trips). Errors come out as SQLAlchemy's exceptions, as from a session.
+    """
+    engine = get_engine(url)
+    pooled = engine.raw_connection()
+    target = SqlTransaction(pooled, engine.dialect)
+    connection = target.dbapi_connection
+    try:
+        if autocommit:
+            connection.autocommit = True
+        yield target
+        if not autocommit:
+            try:
+                connection.commit()
+            except psycopg.Error as err:
+                raise database_error(target, err, "COMMIT", {}) from err
+    except BaseException:
+        if not connection.closed and not autocommit:
+            with contextlib.suppress(psycopg.Error):
+                connection.rollback()
+        raise
+    finally:
+        if autocommit and not connection.closed:
+            try:
+                connection.autocommit = False
+            except psycopg.Error as err:  # a connection in a bad state is not pooled again
+                pooled.invalidate(err)
+        pooled.close()
+
+
+def run_sql(session: SqlTarget, statement: str, params: Mapping[str, Any]) -> SqlRows:
     """Run one statement as written (psycopg ``%(name)s`` parameters) in the session's transaction.
 
-    The statements every stage message runs use this. It sends them on the session's psycopg
-    connection directly, without SQLAlchemy's statement execution and result objects: that cut the
-    client CPU of the replayed stage functions by about 40% (`bench.pipeline_overhead`). Errors
-    still come out as SQLAlchemy's exceptions (`OperationalError`, `IntegrityError`, ...), and a
-    connection the server dropped is invalidated, as with ``session.execute``.
+    The statements every stage message runs use this. It sends them on the psycopg connection
+    directly, without SQLAlchemy's statement execution and result objects: that cut the client CPU
+    of the replayed stage functions by about 40% (`bench.pipeline_overhead`). Errors still come out
+    as SQLAlchemy's exceptions (`OperationalError`, `IntegrityError`, ...), and a connection the
+    server dropped is invalidated, as with ``session.execute``.
     """
-    connection = session.connection()
-    dbapi_connection = connection.connection.dbapi_connection
+    target: Connection | SqlTransaction = session if isinstance(session, SqlTransaction) else session.connection()
+    dbapi_connection = target.dbapi_connection if isinstance(target, SqlTransaction) else target.connection.dbapi_connection
     try:
         with dbapi_connection.cursor() as cursor:
             cursor.execute(statement, params)
             rows = cursor.fetchall() if cursor.description is not None else []
     except psycopg.Error as err:
-        raise database_error(connection, err, statement, params) from err
+        raise database_error(target, err, statement, params) from err
     for observe in _statement_observers:
         observe(statement)
     return SqlRows(rows)
 
 
-def database_error(connection: Connection, err: psycopg.Error, statement: str, params: Mapping[str, Any]) -> BaseException:
+def database_error(connection: Connection | SqlTransaction, err: psycopg.Error, statement: str, params: Mapping[str, Any]) -> BaseException:
     """SQLAlchemy's exception for a driver error of :func:`run_sql`; a dropped connection is invalidated (not pooled again)."""
     dialect = connection.dialect
-    disconnected = dialect.is_disconnect(err, connection.connection.dbapi_connection, None)
+    dbapi_connection = connection.dbapi_connection if isinstance(connection, SqlTransaction) else connection.connection.dbapi_connection
+    disconnected = dialect.is_disconnect(err, dbapi_connection, None)
     if disconnected:
         connection.invalidate(err)
     return exc.DBAPIError.instance(statement, dict(params), err, psycopg.Error, connection_invalidated=disconnected, dialect=dialect)

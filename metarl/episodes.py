@@ -8,11 +8,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.orm import Session
 
 from metarl.backends.base import CostItem, EpisodeContext
 from metarl.claims import FINISH_SQL, NEW_CLAIM_COLUMNS, NEW_CLAIM_VALUES, Claim, finish_params, utcnow
-from metarl.db import json_param, run_sql
+from metarl.db import SqlTarget, json_param, run_sql
 from metarl.ledger import record_cost
 from metarl.tick_wakeup import request_tick
 from metarl.reward import RewardBreakdown, RewardInputs, compute_reward
@@ -119,7 +118,7 @@ def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
 
 
 def stage_row_and_claim(
-    session: Session, *, episode_id: int, stage: Stage, probe_attempt: int, worker: str, token: str | None
+    session: SqlTarget, *, episode_id: int, stage: Stage, probe_attempt: int, worker: str, token: str | None
 ) -> tuple[StageRow | None, Claim | None]:
     """The episode's stage row (None: no such episode) and, when it is at this stage of a live run, a new or continued claim.
 
@@ -145,7 +144,7 @@ def stage_row_and_claim(
     return row, (Claim(claim_id, new_token, episode_id, stage, probe_attempt, takeovers=takeovers) if claim_id is not None else None)
 
 
-def config_and_task(session: Session, row: StageRow) -> tuple[RunConfig, TaskSpec]:
+def config_and_task(session: SqlTarget, row: StageRow) -> tuple[RunConfig, TaskSpec]:
     """The run's config and the episode's task spec, parsed once per process per run (read only when not cached)."""
     config_key, task_key = (row.run_id, row.run_created_at), (row.run_id, row.run_created_at, row.task_id)
     config, task = _parsed_configs.get(config_key), _parsed_tasks.get(task_key)
@@ -158,7 +157,7 @@ def config_and_task(session: Session, row: StageRow) -> tuple[RunConfig, TaskSpe
     return config, task
 
 
-def run_config_by_key(session: Session, run_id: str, run_created_at: dt.datetime) -> RunConfig:
+def run_config_by_key(session: SqlTarget, run_id: str, run_created_at: dt.datetime) -> RunConfig:
     """The run's config, parsed once per process per run (read only when not cached)."""
     key = (run_id, run_created_at)
     config = _parsed_configs.get(key)
@@ -209,7 +208,7 @@ RETURNING g.run_id
 
 
 def finish_and_move(
-    session: Session, claim: Claim, status: ClaimStatus, to: Transition, *, episode_error: str | None = None, claim_error: str | None = None
+    session: SqlTarget, claim: Claim, status: ClaimStatus, to: Transition, *, episode_error: str | None = None, claim_error: str | None = None
 ) -> bool:
     """Close the claim and move its episode from the claimed stage and attempt to `to`, in the caller's transaction.
 
@@ -238,7 +237,7 @@ def finish_and_move(
     return True
 
 
-def close_group_if_finished(session: Session, group_id: int) -> None:
+def close_group_if_finished(session: SqlTarget, group_id: int) -> None:
     """Mark the group complete (evaluated, if held out) once all its episodes ended, and ask for a tick.
 
     The caller locked the group row (FINISH_AND_MOVE_SQL), so of two episodes of a group ending at
@@ -259,7 +258,7 @@ def close_group_if_finished(session: Session, group_id: int) -> None:
         request_tick(session, closed[0])
 
 
-def record_costs(session: Session, run_id: str, episode_id: int | None, costs: list[CostItem], simulated: bool) -> None:
+def record_costs(session: SqlTarget, run_id: str, episode_id: int | None, costs: list[CostItem], simulated: bool) -> None:
     for item in costs:
         record_cost(
             session,
@@ -281,7 +280,7 @@ INSERT INTO rewards (episode_id, total, job, validation, efficiency, speed, raw_
 VALUES (%(episode_id)s, %(total)s, %(job)s, %(validation)s, %(efficiency)s, %(speed)s, %(raw_improvement)s, %(weights)s, now())
 ON CONFLICT ON CONSTRAINT uq_rewards_episode_id DO NOTHING
 """
-def passed_attempt_and_tokens(session: Session, episode_id: int) -> tuple[int | None, int]:
+def passed_attempt_and_tokens(session: SqlTarget, episode_id: int) -> tuple[int | None, int]:
     """The attempt that passed the probe (None if none did) and the agent tokens spent up to it (or in all attempts)."""
     tokens = 0
     for attempt, passed, attempt_tokens in run_sql(session, ATTEMPTS_SQL, {"episode_id": episode_id}):
@@ -292,7 +291,7 @@ def passed_attempt_and_tokens(session: Session, episode_id: int) -> tuple[int | 
 
 
 def store_reward(
-    session: Session,
+    session: SqlTarget,
     *,
     episode_id: int,
     config: RunConfig,

@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.orm import Session
 
 from metarl.backends.base import LaunchResult, PollResult
-from metarl.db import json_param, run_sql
+from metarl.db import SqlTarget, json_param, run_sql
 from metarl.ledger import RUN_SPEND_SQL
 from schemas.records import InnerJobStatus
 
@@ -59,7 +58,7 @@ class InnerJobRow:
     train_seconds: float | None
 
 
-def inner_job_of(session: Session, episode_id: int) -> InnerJobRow | None:
+def inner_job_of(session: SqlTarget, episode_id: int) -> InnerJobRow | None:
     """The episode's inner job, or None before it was created."""
     row = run_sql(session, INNER_JOB_SQL, {"episode_id": episode_id}).first()
     if row is None:
@@ -68,14 +67,14 @@ def inner_job_of(session: Session, episode_id: int) -> InnerJobRow | None:
     return InnerJobRow(job_id, name, backend, external_id, InnerJobStatus(status), dict(state or {}), checkpoint, error, seconds)
 
 
-def spent_and_active(session: Session, run_key: int, run_id: str, backend: str) -> tuple[float, int]:
+def spent_and_active(session: SqlTarget, run_key: int, run_id: str, backend: str) -> tuple[float, int]:
     """Under the run's advisory lock (held to the end of the transaction): the run's spend so far and the backend's active jobs."""
     run_sql(session, LOCK_RUN_SQL, {"key": run_key})
     spent, active = run_sql(session, SPENT_AND_ACTIVE_SQL, {"run_id": run_id, "backend": backend, "active": [s.value for s in ACTIVE_STATUSES]}).one()
     return float(spent), int(active)
 
 
-def create_inner_job(session: Session, *, run_id: str, episode_id: int, name: str, backend: str, simulated: bool, model_name: str) -> InnerJobRow:
+def create_inner_job(session: SqlTarget, *, run_id: str, episode_id: int, name: str, backend: str, simulated: bool, model_name: str) -> InnerJobRow:
     """Insert the episode's inner job in state `launching` (no external id yet)."""
     params = {
         "run_id": run_id,
@@ -91,13 +90,13 @@ def create_inner_job(session: Session, *, run_id: str, episode_id: int, name: st
     return InnerJobRow(job_id, name, backend, None, InnerJobStatus.launching, {}, None, None, None)
 
 
-def record_launch(session: Session, episode_id: int, launched: LaunchResult) -> None:
+def record_launch(session: SqlTarget, episode_id: int, launched: LaunchResult) -> None:
     """Store the external id and state of a launched job (once: a second launch record changes nothing)."""
     params = {"external_id": launched.external_id, "state": json_param(launched.state), "running": InnerJobStatus.running.value, "episode_id": episode_id}
     run_sql(session, LAUNCHED_SQL, params)
 
 
-def record_poll(session: Session, episode_id: int, polled: PollResult, ended: InnerJobStatus | None) -> None:
+def record_poll(session: SqlTarget, episode_id: int, polled: PollResult, ended: InnerJobStatus | None) -> None:
     """Store a poll's backend state, and when the job ended its outcome."""
     if ended is None:
         run_sql(session, POLLED_SQL, {"state": json_param(polled.state), "episode_id": episode_id})

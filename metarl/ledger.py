@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from sqlalchemy.orm import Session
 
-from metarl.db import run_sql
+from metarl.db import SqlTarget, run_sql
 
 
 RECORD_COST_SQL = """
@@ -19,7 +18,7 @@ RETURNING id
 
 
 def record_cost(
-    session: Session,
+    session: SqlTarget,
     *,
     run_id: str,
     episode_id: int | None,
@@ -52,6 +51,6 @@ RUN_SPEND_SQL = "SELECT coalesce(sum(amount_usd), 0) FROM cost_ledger WHERE run_
 """The run's spend so far; larger statements embed it as a subquery to save a round trip."""
 
 
-def run_total_usd(session: Session, run_id: str) -> float:
+def run_total_usd(session: SqlTarget, run_id: str) -> float:
     """Dollars recorded for the run so far (simulated entries included)."""
     return float(run_sql(session, RUN_SPEND_SQL, {"run_id": run_id}).scalar_one())

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy.orm import Session
 
-from metarl.db import json_param, run_sql
+from metarl.db import SqlTarget, json_param, run_sql
 
 SUBMISSION_SQL = """
 INSERT INTO probe_attempts (episode_id, attempt, job_toml, workspace_uri, agent_tokens, agent_backend, policy_tokens, behaviour_logprobs,
@@ -33,7 +32,7 @@ ON CONFLICT ON CONSTRAINT uq_evaluations_episode_id DO NOTHING
 
 
 def store_submission(
-    session: Session,
+    session: SqlTarget,
     *,
     episode_id: int,
     attempt: int,
@@ -61,7 +60,7 @@ def store_submission(
 
 
 def store_verdict(
-    session: Session,
+    session: SqlTarget,
     *,
     episode_id: int,
     attempt: int,
@@ -85,7 +84,7 @@ def store_verdict(
 
 
 def store_evaluation(
-    session: Session,
+    session: SqlTarget,
     *,
     episode_id: int,
     backend: str,

@@ -17,9 +17,8 @@ import time
 
 import psycopg
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session
 
-from metarl.db import normalise_url, run_sql
+from metarl.db import SqlTarget, normalise_url, run_sql
 
 log = logging.getLogger("metarl.orchestrator")
 
@@ -32,7 +31,7 @@ DRAIN_S = 0.001
 """How long to look for notifications already queued (psycopg reads a timeout of 0 as none)."""
 
 
-def request_tick(session: Session, run_id: str) -> None:
+def request_tick(session: SqlTarget, run_id: str) -> None:
     """Ask the run's orchestrator for a tick once the caller's transaction commits."""
     run_sql(session, NOTIFY_SQL, {"run_id": run_id})
 

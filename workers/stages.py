@@ -14,16 +14,15 @@ from typing import Any, Literal
 
 from celery import Task
 from celery.signals import task_failure
-from sqlalchemy import select, update
+from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
 
 from metarl import claims
 from metarl.backends import registry
 from metarl.baselines import baseline_lookup, cached_baseline, store_baseline
 from metarl.backends.base import EpisodeContext
 from metarl.claims import Claim, ClaimRefused
-from metarl.db import session_scope
+from metarl.db import SqlTarget, run_sql, session_scope, sql_transaction
 from metarl.episodes import (
     ENDED_RUN_STATUSES,
     StaleTransition,
@@ -61,6 +60,7 @@ RETRY_BACKOFF_S = (1.0, 4.0, 15.0, 60.0)
 STORAGE_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 """A full disk or quota: the stage waits for space (retried, claim kept) instead of failing its episode."""
 MAX_STORAGE_WAIT_S = 10.0
+CLAIM_ERROR_SQL = "SELECT error FROM stage_claims WHERE id = %(id)s"
 STAGE_TASK_NAMES = {
     "metarl.stage.agent": Stage.agent,
     "metarl.stage.probe": Stage.probe,
@@ -80,17 +80,19 @@ class StageJob:
     loaded: Any = None
 
 
-StageLoader = Callable[[Session, RunConfig, EpisodeContext, str | None], Any]
+StageLoader = Callable[[SqlTarget, RunConfig, EpisodeContext, str | None], Any]
 """Reads what a stage needs in the claim's transaction: (session, config, context, the attempt's job.toml text)."""
 
 
 def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token: str | None, load: StageLoader | None = None) -> StageJob | None:
     """Claim the stage, or return None when the message is stale, done, or held by a live worker.
 
-    One transaction: the episode row with the attempt's inputs, the claim, and what `load` reads.
+    One transaction: the episode row with the attempt's inputs, the claim, and what `load` reads. A
+    stage without a loader claims in autocommit: its plain claim is one statement, and each of the
+    claim rules' statements (a duplicate, a takeover) is a compare-and-set of its own.
     """
     worker = worker_name()
-    with session_scope(database_url()) as session:
+    with sql_transaction(database_url(), autocommit=load is None) as session:
         row, claim = stage_row_and_claim(session, episode_id=episode_id, stage=stage, probe_attempt=probe_attempt, worker=worker, token=token)
         if row is None:
             log.info("skip %s episode=%s attempt=%s: no such episode", stage.value, episode_id, probe_attempt)
@@ -117,7 +119,7 @@ def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token
                 log.info("skip %s: %s", stage.value, refused.reason)
                 return None
         ctx = stage_context(row, config, task)
-        last_error = session.execute(select(StageClaim.error).where(StageClaim.id == claim.claim_id)).scalar_one() if claim.takeovers else None
+        last_error = run_sql(session, CLAIM_ERROR_SQL, {"id": claim.claim_id}).scalar_one() if claim.takeovers else None
         loaded = load(session, config, ctx, row.job_toml) if load is not None and claim.takeovers <= config.retries.max_stage_attempts else None
     job = StageJob(claim=claim, config=config, ctx=ctx, job_toml=row.job_toml, loaded=loaded)
     if claim.takeovers > config.retries.max_stage_attempts:
@@ -152,7 +154,7 @@ def note_stage_failure(sender: Any = None, exception: BaseException | None = Non
 
 def fail_episode(job: StageJob, stage: Stage, message: str) -> None:
     """Record a permanent failure of the episode (after retry caps or a permanent error)."""
-    with session_scope(database_url()) as session:
+    with sql_transaction(database_url()) as session:
         try:
             if not finish_and_move(session, job.claim, ClaimStatus.failed, Transition(Stage.failed, job.ctx.probe_attempt), episode_error=message, claim_error=message):
                 return
@@ -230,7 +232,7 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     if submission is None or beat.lost.is_set():
         return "abandoned"
     to = after_agent(probe_attempt)
-    with session_scope(database_url()) as session:
+    with sql_transaction(database_url()) as session:
         if not finish_and_move(session, job.claim, ClaimStatus.done, to):
             return "taken over"
         sample = submission.sample
@@ -268,7 +270,7 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         verdict = probe_job_text(job_toml, job.ctx.task, checks)
     seconds = time.perf_counter() - started
     to = after_probe(verdict.passed, probe_attempt, job.config.retries.max_probe_attempts)
-    with session_scope(database_url()) as session:
+    with sql_transaction(database_url()) as session:
         if not finish_and_move(session, job.claim, ClaimStatus.done, to):
             return "taken over"
         store_verdict(
@@ -319,7 +321,7 @@ class TrainInputs:
     blocked: Literal["budget", "capacity"] | None = None
 
 
-def train_inputs(session: Session, config: RunConfig, ctx: EpisodeContext, job_toml: str | None) -> TrainInputs:
+def train_inputs(session: SqlTarget, config: RunConfig, ctx: EpisodeContext, job_toml: str | None) -> TrainInputs:
     """The train stage's loader: the passing job and its inner job, created here on the first submit when budget and capacity allow.
 
     The capacity count and the insert run under the run's advisory lock, so two submits never both take the last slot.
@@ -346,7 +348,7 @@ def train_inputs(session: Session, config: RunConfig, ctx: EpisodeContext, job_t
     return TrainInputs(spec, created)
 
 
-def eval_inputs(session: Session, config: RunConfig, ctx: EpisodeContext, job_toml: str | None) -> tuple[JobSpec, InnerJobRow, float | None]:
+def eval_inputs(session: SqlTarget, config: RunConfig, ctx: EpisodeContext, job_toml: str | None) -> tuple[JobSpec, InnerJobRow, float | None]:
     """The eval stage's loader: the passing job, its finished inner job, and the cached base score (None if not yet measured)."""
     spec = passing_job(ctx, job_toml)
     inner = inner_job_of(session, ctx.episode_id)
@@ -392,7 +394,7 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             return poll_again(max(5.0, backend.poll_interval_s()))
         if launched is None:
             return "failed"
-        with session_scope(url) as session:
+        with sql_transaction(url) as session:
             record_launch(session, episode_id, launched)
             claims.heartbeat(session, job.claim)
         return poll_again(backend.poll_interval_s())
@@ -403,12 +405,12 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         return "failed"
     ended = None if polled.status == "running" else (InnerJobStatus.succeeded if polled.status == "succeeded" else InnerJobStatus.failed)
 
-    def record_poll_and_costs(session: Session) -> None:
+    def record_poll_and_costs(session: SqlTarget) -> None:
         record_costs(session, job.ctx.run_id, episode_id, polled.costs, backend.simulated)
         record_poll(session, episode_id, polled, ended)
 
     try:
-        with session_scope(url) as session:
+        with sql_transaction(url) as session:
             record_poll_and_costs(session)
             if ended is None:
                 claims.heartbeat(session, job.claim)
@@ -416,7 +418,7 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             else:
                 to = close_train_stage(session, job, episode_id, probe_attempt, ended, polled.error)
     except StaleTransition:
-        with session_scope(url) as session:
+        with sql_transaction(url) as session:
             record_poll_and_costs(session)
         raise
     if ended is None:
@@ -431,7 +433,7 @@ def hash_run(run_id: str) -> int:
     return int(run_id.replace("-", "")[:15], 16)
 
 
-def close_train_stage(session: Session, job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus, error: str | None) -> Transition | None:
+def close_train_stage(session: SqlTarget, job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus, error: str | None) -> Transition | None:
     """In the caller's transaction: close the train claim and move the episode (None if the claim was taken over).
 
     A succeeded job goes to eval; a failed job ends the episode with no job credit.
@@ -448,7 +450,7 @@ def close_train_stage(session: Session, job: StageJob, episode_id: int, probe_at
 
 def finish_train(job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus) -> str:
     """Close the train stage of a job that had already ended when this attempt started."""
-    with session_scope(database_url()) as session:
+    with sql_transaction(database_url()) as session:
         inner = inner_job_of(session, episode_id)
         to = close_train_stage(session, job, episode_id, probe_attempt, status, inner.error if inner else None)
     if to is None:
@@ -481,7 +483,7 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
     if trained is None or beat.lost.is_set():
         return "abandoned"
     to = after_eval(probe_attempt)
-    with session_scope(url) as session:
+    with sql_transaction(url) as session:
         if not finish_and_move(session, job.claim, ClaimStatus.done, to):
             return "taken over"
         store_evaluation(

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from sqlalchemy import event, exc, text
 
-from metarl.db import dispose_engines, get_engine, normalise_url, observing_statements, run_sql, server_closed, session_scope
+from metarl.db import dispose_engines, get_engine, normalise_url, observing_statements, run_sql, server_closed, session_scope, sql_transaction
 
 
 def backend_pid(url: str) -> int:
@@ -80,3 +80,60 @@ def test_statement_observers_see_run_sql_statements(pg_url: str) -> None:
     with session_scope(pg_url) as session:
         run_sql(session, "SELECT 8", {})
     assert seen == ["SELECT 7"]
+
+
+def test_sql_transaction_commits_together_or_not_at_all(pg_url: str) -> None:
+    dispose_engines()
+    with sql_transaction(pg_url) as sql:
+        run_sql(sql, "CREATE TABLE notes (id int PRIMARY KEY)", {})
+        run_sql(sql, "INSERT INTO notes VALUES (1)", {})
+    with pytest.raises(exc.IntegrityError):
+        with sql_transaction(pg_url) as sql:
+            run_sql(sql, "INSERT INTO notes VALUES (2)", {})
+            run_sql(sql, "INSERT INTO notes VALUES (1)", {})
+    with pytest.raises(RuntimeError):
+        with sql_transaction(pg_url) as sql:
+            run_sql(sql, "INSERT INTO notes VALUES (3)", {})
+            raise RuntimeError("the caller failed after a statement")
+    with sql_transaction(pg_url) as sql:
+        run_sql(sql, "INSERT INTO notes VALUES (4)", {})
+        sql.rollback()
+    with session_scope(pg_url) as session:
+        assert [row[0] for row in run_sql(session, "SELECT id FROM notes ORDER BY id", {})] == [1]
+    dispose_engines()
+
+
+def test_autocommit_commits_each_statement_and_the_pooled_connection_is_transactional_again(pg_url: str) -> None:
+    dispose_engines()
+    with sql_transaction(pg_url) as sql:
+        run_sql(sql, "CREATE TABLE notes (id int PRIMARY KEY)", {})
+    with pytest.raises(exc.IntegrityError):
+        with sql_transaction(pg_url, autocommit=True) as sql:
+            pid = run_sql(sql, "SELECT pg_backend_pid()", {}).scalar_one()
+            run_sql(sql, "INSERT INTO notes VALUES (1)", {})
+            run_sql(sql, "INSERT INTO notes VALUES (1)", {})
+    with pytest.raises(RuntimeError):
+        with sql_transaction(pg_url) as sql:  # the same pooled connection, in a transaction again
+            assert run_sql(sql, "SELECT pg_backend_pid()", {}).scalar_one() == pid
+            assert sql.dbapi_connection.autocommit is False
+            run_sql(sql, "INSERT INTO notes VALUES (2)", {})
+            raise RuntimeError("roll back")
+    with session_scope(pg_url) as session:
+        assert [row[0] for row in run_sql(session, "SELECT id FROM notes ORDER BY id", {})] == [1]
+    dispose_engines()
+
+
+def test_sql_transaction_drops_a_connection_the_server_closed(pg_url: str) -> None:
+    dispose_engines()
+    with sql_transaction(pg_url, autocommit=True) as sql:
+        first = run_sql(sql, "SELECT pg_backend_pid()", {}).scalar_one()
+    with psycopg.connect(normalise_url(pg_url).replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as admin:
+        with pytest.raises(exc.OperationalError) as raised:
+            with sql_transaction(pg_url) as sql:
+                assert run_sql(sql, "SELECT pg_backend_pid()", {}).scalar_one() == first
+                terminate_backend(admin, first)
+                run_sql(sql, "SELECT 1", {})
+    assert raised.value.connection_invalidated
+    with sql_transaction(pg_url, autocommit=True) as sql:
+        assert run_sql(sql, "SELECT pg_backend_pid()", {}).scalar_one() != first
+    dispose_engines()
