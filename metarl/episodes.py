@@ -12,6 +12,7 @@ from typing import Any
 from metarl.backends.base import CostItem, EpisodeContext
 from metarl.claims import FINISH_SQL, NEW_CLAIM_COLUMNS, NEW_CLAIM_VALUES, Claim, finish_params, utcnow
 from metarl.db import SqlTarget, json_param, run_sql
+from metarl.inner_jobs import INNER_JOB_COLUMNS, InnerJobRow, inner_job_row
 from metarl.ledger import record_cost
 from metarl.tick_wakeup import request_tick
 from metarl.reward import RewardBreakdown, RewardInputs, compute_reward
@@ -69,16 +70,19 @@ class StageRow:
     workspace_uri: str | None
     job_toml: str | None
     previous_errors: list[dict[str, Any]] | None
+    inner_job: InnerJobRow | None = None
 
 
-STAGE_ROW_SQL = """
+STAGE_ROW_SQL = f"""
 SELECT e.id, e.run_id, r.created_at, r.status, e.stage, e.probe_attempt, e.task_id, e.policy_version,
-       pv.state_uri, cur.workspace_uri, cur.job_toml, prev.errors
+       pv.state_uri, cur.workspace_uri, cur.job_toml, prev.errors,
+       {', '.join(f'ij.{column} AS inner_{column}' for column in INNER_JOB_COLUMNS)}
 FROM episodes e
 JOIN runs r ON r.id = e.run_id
 LEFT JOIN policy_versions pv ON pv.run_id = e.run_id AND pv.version = e.policy_version
 LEFT JOIN probe_attempts cur ON cur.episode_id = e.id AND cur.attempt = e.probe_attempt
 LEFT JOIN probe_attempts prev ON prev.episode_id = e.id AND prev.attempt = e.probe_attempt - 1
+LEFT JOIN inner_jobs ij ON ij.episode_id = e.id
 WHERE e.id = %(episode_id)s
 """
 STAGE_ROW_AND_CLAIM_SQL = f"""
@@ -113,8 +117,9 @@ RUN_CONFIG_SQL = "SELECT config FROM runs WHERE id = %(run_id)s"
 
 def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
     """A StageRow from the columns of STAGE_ROW_SQL."""
-    (eid, run_id, created_at, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors) = columns
-    return StageRow(eid, run_id, created_at, RunStatus(run_status), Stage(stage), attempt, task_id, version, state_uri, workspace_uri, job_toml, errors)
+    (eid, run_id, created_at, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors) = columns[:12]
+    inner_job = inner_job_row(columns[12:])
+    return StageRow(eid, run_id, created_at, RunStatus(run_status), Stage(stage), attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, inner_job)
 
 
 def stage_row_and_claim(

@@ -15,9 +15,9 @@ from metarl.db import SqlTarget, json_param, run_sql
 from metarl.ledger import RUN_SPEND_SQL
 from schemas.records import InnerJobStatus
 
-INNER_JOB_SQL = """
-SELECT id, name, backend, external_id, status, backend_state, checkpoint_uri, error, train_seconds FROM inner_jobs WHERE episode_id = %(episode_id)s
-"""
+INNER_JOB_COLUMNS = ("id", "name", "backend", "external_id", "status", "backend_state", "checkpoint_uri", "error", "train_seconds")
+"""The columns an InnerJobRow is made of, in its fields' order (also read with the stage row: `metarl.episodes.STAGE_ROW_SQL`)."""
+INNER_JOB_SQL = f"SELECT {', '.join(INNER_JOB_COLUMNS)} FROM inner_jobs WHERE episode_id = %(episode_id)s"
 LOCK_RUN_SQL = "SELECT pg_advisory_xact_lock(%(key)s)"
 SPENT_AND_ACTIVE_SQL = f"""
 SELECT ({RUN_SPEND_SQL}),
@@ -60,10 +60,14 @@ class InnerJobRow:
 
 def inner_job_of(session: SqlTarget, episode_id: int) -> InnerJobRow | None:
     """The episode's inner job, or None before it was created."""
-    row = run_sql(session, INNER_JOB_SQL, {"episode_id": episode_id}).first()
-    if row is None:
+    return inner_job_row(run_sql(session, INNER_JOB_SQL, {"episode_id": episode_id}).first())
+
+
+def inner_job_row(columns: tuple[Any, ...] | None) -> InnerJobRow | None:
+    """An InnerJobRow from the INNER_JOB_COLUMNS of a row (None when there is no row, or its id is NULL: an outer join found none)."""
+    if columns is None or columns[0] is None:
         return None
-    job_id, name, backend, external_id, status, state, checkpoint, error, seconds = row
+    job_id, name, backend, external_id, status, state, checkpoint, error, seconds = columns
     return InnerJobRow(job_id, name, backend, external_id, InnerJobStatus(status), dict(state or {}), checkpoint, error, seconds)
 
 

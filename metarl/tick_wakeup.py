@@ -29,6 +29,8 @@ WAIT_SLICE_S = 0.25
 RECONNECT_AFTER_S = 5.0
 DRAIN_S = 0.001
 """How long to look for notifications already queued (psycopg reads a timeout of 0 as none)."""
+MIN_WAKEUP_GAP_S = 0.1
+"""Least time between two early ticks: requests arriving sooner after one are answered together, by one tick at the end of the gap."""
 
 
 def request_tick(session: SqlTarget, run_id: str) -> None:
@@ -45,11 +47,13 @@ def libpq_conninfo(database_url: str) -> str:
 class TickWaiter:
     """Waits up to a tick interval, returning early when the run's orchestrator is asked for a tick."""
 
-    def __init__(self, database_url: str, run_id: str):
+    def __init__(self, database_url: str, run_id: str, min_gap_s: float = MIN_WAKEUP_GAP_S):
         self.conninfo = libpq_conninfo(database_url)
         self.run_id = run_id
+        self.min_gap_s = min_gap_s
         self.connection: psycopg.Connection | None = None
         self.failed_at: float | None = None
+        self.woken_at = float("-inf")
         self.wakeups = 0
 
     def _listen(self) -> psycopg.Connection | None:
@@ -75,7 +79,11 @@ class TickWaiter:
         self.connection = None
 
     def wait(self, timeout_s: float, stop_event: threading.Event) -> bool:
-        """Block until a tick is requested for this run (True), `timeout_s` passes or `stop_event` is set (False)."""
+        """Block until a tick is requested for this run (True), `timeout_s` passes or `stop_event` is set (False).
+
+        A request within `min_gap_s` of the last early return is held until the gap has passed, and
+        the requests that arrive meanwhile are answered with it.
+        """
         deadline = time.monotonic() + timeout_s
         while not stop_event.is_set():
             left = deadline - time.monotonic()
@@ -88,12 +96,16 @@ class TickWaiter:
             try:
                 woken = self._ours_arrived(connection, min(left, WAIT_SLICE_S))
                 if woken:
+                    held_s = min(self.woken_at + self.min_gap_s, deadline) - time.monotonic()
+                    if held_s > 0 and stop_event.wait(held_s):
+                        return False
                     self._drain(connection)
             except psycopg.Error as err:
                 self._drop(err)
                 continue
             if woken:
                 self.wakeups += 1
+                self.woken_at = time.monotonic()
                 return True
         return False
 

@@ -25,6 +25,7 @@ from metarl.claims import Claim, ClaimRefused
 from metarl.db import SqlTarget, run_sql, session_scope, sql_transaction
 from metarl.episodes import (
     ENDED_RUN_STATUSES,
+    StageRow,
     StaleTransition,
     config_and_task,
     finish_and_move,
@@ -80,19 +81,20 @@ class StageJob:
     loaded: Any = None
 
 
-StageLoader = Callable[[SqlTarget, RunConfig, EpisodeContext, str | None], Any]
-"""Reads what a stage needs in the claim's transaction: (session, config, context, the attempt's job.toml text)."""
+StageLoader = Callable[[SqlTarget, RunConfig, EpisodeContext, StageRow], Any]
+"""Reads what a stage needs after its claim: (the claim's connection, in autocommit; config; context; the stage row read with the claim)."""
 
 
 def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token: str | None, load: StageLoader | None = None) -> StageJob | None:
     """Claim the stage, or return None when the message is stale, done, or held by a live worker.
 
-    One transaction: the episode row with the attempt's inputs, the claim, and what `load` reads. A
-    stage without a loader claims in autocommit: its plain claim is one statement, and each of the
-    claim rules' statements (a duplicate, a takeover) is a compare-and-set of its own.
+    In autocommit: the episode row with the attempt's inputs and its inner job, and the plain claim,
+    are one statement; each of the claim rules' statements (a duplicate message, a takeover) is a
+    compare-and-set of its own. Then `load` reads (or creates, in its own transaction) what the
+    stage needs.
     """
     worker = worker_name()
-    with sql_transaction(database_url(), autocommit=load is None) as session:
+    with sql_transaction(database_url(), autocommit=True) as session:
         row, claim = stage_row_and_claim(session, episode_id=episode_id, stage=stage, probe_attempt=probe_attempt, worker=worker, token=token)
         if row is None:
             log.info("skip %s episode=%s attempt=%s: no such episode", stage.value, episode_id, probe_attempt)
@@ -120,7 +122,7 @@ def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token
                 return None
         ctx = stage_context(row, config, task)
         last_error = run_sql(session, CLAIM_ERROR_SQL, {"id": claim.claim_id}).scalar_one() if claim.takeovers else None
-        loaded = load(session, config, ctx, row.job_toml) if load is not None and claim.takeovers <= config.retries.max_stage_attempts else None
+        loaded = load(session, config, ctx, row) if load is not None and claim.takeovers <= config.retries.max_stage_attempts else None
     job = StageJob(claim=claim, config=config, ctx=ctx, job_toml=row.job_toml, loaded=loaded)
     if claim.takeovers > config.retries.max_stage_attempts:
         message = f"stage {stage.value} was abandoned {claim.takeovers} times (workers died or crashed in it); giving up"
@@ -321,37 +323,38 @@ class TrainInputs:
     blocked: Literal["budget", "capacity"] | None = None
 
 
-def train_inputs(session: SqlTarget, config: RunConfig, ctx: EpisodeContext, job_toml: str | None) -> TrainInputs:
+def train_inputs(_claimed: SqlTarget, config: RunConfig, ctx: EpisodeContext, row: StageRow) -> TrainInputs:
     """The train stage's loader: the passing job and its inner job, created here on the first submit when budget and capacity allow.
 
-    The capacity count and the insert run under the run's advisory lock, so two submits never both take the last slot.
+    The creation is a transaction of its own: the capacity count and the insert run under the run's
+    advisory lock, so two submits never both take the last slot.
     """
-    spec = passing_job(ctx, job_toml)
-    inner = inner_job_of(session, ctx.episode_id)
-    if inner is not None:
-        return TrainInputs(spec, inner)
+    spec = passing_job(ctx, row.job_toml)
+    if row.inner_job is not None:
+        return TrainInputs(spec, row.inner_job)
     backend = registry.train_backend(config)
-    spent, active = spent_and_active(session, hash_run(ctx.run_id), ctx.run_id, backend.name)
-    if spent >= config.budget.max_run_usd:
-        return TrainInputs(spec, None, "budget")
-    if active >= backend.capacity():
-        return TrainInputs(spec, None, "capacity")
-    created = create_inner_job(
-        session,
-        run_id=ctx.run_id,
-        episode_id=ctx.episode_id,
-        name=inner_job_name(ctx.run_id, ctx.episode_id),
-        backend=backend.name,
-        simulated=backend.simulated,
-        model_name=spec.model.name,
-    )
+    with sql_transaction(database_url()) as session:
+        spent, active = spent_and_active(session, hash_run(ctx.run_id), ctx.run_id, backend.name)
+        if spent >= config.budget.max_run_usd:
+            return TrainInputs(spec, None, "budget")
+        if active >= backend.capacity():
+            return TrainInputs(spec, None, "capacity")
+        created = create_inner_job(
+            session,
+            run_id=ctx.run_id,
+            episode_id=ctx.episode_id,
+            name=inner_job_name(ctx.run_id, ctx.episode_id),
+            backend=backend.name,
+            simulated=backend.simulated,
+            model_name=spec.model.name,
+        )
     return TrainInputs(spec, created)
 
 
-def eval_inputs(session: SqlTarget, config: RunConfig, ctx: EpisodeContext, job_toml: str | None) -> tuple[JobSpec, InnerJobRow, float | None]:
+def eval_inputs(session: SqlTarget, config: RunConfig, ctx: EpisodeContext, row: StageRow) -> tuple[JobSpec, InnerJobRow, float | None]:
     """The eval stage's loader: the passing job, its finished inner job, and the cached base score (None if not yet measured)."""
-    spec = passing_job(ctx, job_toml)
-    inner = inner_job_of(session, ctx.episode_id)
+    spec = passing_job(ctx, row.job_toml)
+    inner = row.inner_job
     if inner is None:
         raise RuntimeError(f"episode {ctx.episode_id} reached eval without an inner job record")
     return spec, inner, cached_baseline(session, ctx.task, spec.model.name, registry.eval_backend_name(config))
@@ -394,7 +397,7 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             return poll_again(max(5.0, backend.poll_interval_s()))
         if launched is None:
             return "failed"
-        with sql_transaction(url) as session:
+        with sql_transaction(url, autocommit=True) as session:  # the launch is recorded whether or not the claim still holds
             record_launch(session, episode_id, launched)
             claims.heartbeat(session, job.claim)
         return poll_again(backend.poll_interval_s())

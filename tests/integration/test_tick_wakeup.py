@@ -81,6 +81,28 @@ def test_requests_queued_during_a_tick_give_one_early_tick(pg_url: str) -> None:
         waiter.close()
 
 
+def test_requests_sooner_than_the_gap_after_an_early_tick_wait_for_the_gap_and_share_one_tick(pg_url: str) -> None:
+    waiter = TickWaiter(pg_url, RUN, min_gap_s=0.5)
+    try:
+        timed_wait(waiter, 0.1)
+        with session_scope(pg_url) as session:
+            request_tick(session, RUN)
+        assert timed_wait(waiter, 2.0)[0]
+        for delay_s in (0.05, 0.15):  # two more groups complete right after that tick
+            later(delay_s, lambda: request_tick_now(pg_url))
+        woken, waited = timed_wait(waiter, 2.0)
+        assert woken and 0.4 <= waited < 1.5, waited  # held to the end of the gap
+        woken, waited = timed_wait(waiter, 0.8)
+        assert not woken and waited >= 0.7, "both requests should have been answered by the one held tick"
+    finally:
+        waiter.close()
+
+
+def request_tick_now(pg_url: str) -> None:
+    with session_scope(pg_url) as session:
+        request_tick(session, RUN)
+
+
 def test_a_stop_request_ends_the_wait(pg_url: str) -> None:
     waiter = TickWaiter(pg_url, RUN)
     stop = threading.Event()
