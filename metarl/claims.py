@@ -60,12 +60,9 @@ RETURNING takeovers
 HEARTBEAT_SQL = """
 UPDATE stage_claims SET heartbeat_at = %(now)s WHERE id = %(id)s AND token = %(token)s AND status = 'running' RETURNING id
 """
-FINISH_SQL = """
-UPDATE stage_claims
-SET status = %(status)s, finished_at = %(now)s, heartbeat_at = %(now)s, error = %(claim_error)s, duration_s = extract(epoch FROM %(now)s - claimed_at)
-WHERE id = %(claim_id)s AND token = %(token)s AND status = 'running'
-RETURNING id
-"""
+FINISH_SET = "status = %(status)s, finished_at = %(now)s, heartbeat_at = %(now)s, error = %(claim_error)s, duration_s = extract(epoch FROM %(now)s - claimed_at)"
+"""How a claim is closed: here and in `metarl.episodes.FINISH_AND_MOVE_SQL`."""
+FINISH_SQL = f"UPDATE stage_claims SET {FINISH_SET} WHERE id = %(claim_id)s AND token = %(token)s AND status = 'running' RETURNING id"
 """The claim statements, sent as they are (no ORM compilation): they run several times per stage."""
 
 
@@ -123,7 +120,7 @@ def finish_claim(session: SqlTarget, claim: Claim, status: ClaimStatus, error: s
 
 
 def finish_params(claim: Claim, status: ClaimStatus, error: str | None) -> dict[str, object]:
-    """The parameters of FINISH_SQL (also the first part of `metarl.episodes.FINISH_AND_MOVE_SQL`)."""
+    """The parameters of FINISH_SQL and of FINISH_SET in `metarl.episodes.FINISH_AND_MOVE_SQL`."""
     return {"status": status.value, "now": utcnow(), "claim_error": error, "claim_id": claim.claim_id, "token": claim.token}
 
 

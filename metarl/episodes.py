@@ -5,17 +5,19 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 
 from metarl.backends.base import CostItem, EpisodeContext
-from metarl.claims import FINISH_SQL, NEW_CLAIM_COLUMNS, NEW_CLAIM_VALUES, Claim, finish_params, utcnow
-from metarl.db import SqlTarget, json_param, run_sql
+from metarl.claims import FINISH_SET, NEW_CLAIM_COLUMNS, NEW_CLAIM_VALUES, Claim, finish_params, utcnow
+from metarl.db import SqlTarget, SqlTransaction, json_param, run_sql
 from metarl.inner_jobs import INNER_JOB_COLUMNS, InnerJobRow, inner_job_row
 from metarl.ledger import record_cost
 from metarl.tick_wakeup import request_tick
 from metarl.reward import RewardBreakdown, RewardInputs, compute_reward
+from metarl.stage_records import StageRecord
 from orchestrator.transitions import TERMINAL_STAGES, Transition
 from schemas.base import FieldProblem
 from schemas.records import ClaimStatus, GroupStatus, Run, RunStatus, Stage
@@ -190,20 +192,31 @@ def stage_context(row: StageRow, config: RunConfig, task: TaskSpec) -> EpisodeCo
 
 
 FINISH_AND_MOVE_SQL = f"""
-WITH finished AS ({FINISH_SQL}),
+WITH held AS (
+    SELECT c.id FROM stage_claims c JOIN episodes e ON e.id = c.episode_id
+    WHERE c.id = %(claim_id)s AND c.token = %(token)s AND c.status = 'running'
+      AND e.id = %(episode_id)s AND e.stage = %(from_stage)s AND e.probe_attempt = %(from_attempt)s
+    FOR UPDATE OF c, e
+),
+finished AS (UPDATE stage_claims SET {FINISH_SET} WHERE id IN (SELECT id FROM held) RETURNING id),
 moved AS (
     UPDATE episodes
     SET stage = %(to_stage)s, probe_attempt = %(to_attempt)s, updated_at = %(now)s, dispatched_at = %(now)s, error = %(episode_error)s,
         finished_at = CASE WHEN %(terminal)s THEN %(now)s ELSE finished_at END
-    WHERE id = %(episode_id)s AND stage = %(from_stage)s AND probe_attempt = %(from_attempt)s AND EXISTS (SELECT 1 FROM finished)
+    WHERE id = %(episode_id)s AND EXISTS (SELECT 1 FROM held)
     RETURNING group_id
 ),
-locked AS (SELECT g.id FROM episode_groups g JOIN moved ON g.id = moved.group_id WHERE %(terminal)s FOR UPDATE OF g)
-SELECT EXISTS (SELECT 1 FROM finished), (SELECT group_id FROM moved), (SELECT count(*) FROM locked)
+locked AS (SELECT g.id FROM episode_groups g JOIN moved ON g.id = moved.group_id WHERE %(terminal)s FOR UPDATE OF g){{records}}
+SELECT (SELECT count(*) FROM finished), (SELECT group_id FROM moved), (SELECT count(*) FROM locked)
 """
-"""One statement: close the claim (compare-and-set on its token), move the episode (compare-and-set on its
-stage and attempt), and, when the move ends the episode, lock its group row so that CLOSE_GROUP_SQL, sent
-next, counts with a snapshot taken after any other ending episode of the group committed."""
+"""One statement: lock the claim (still this worker's, by its token) and the episode (still at the claimed stage
+and attempt) together, then close the claim, move the episode and write the stage's records
+(`{{records}}`, each conditioned on `held`: see `metarl.stage_records.WHEN_HELD`). Either all of it
+happens or nothing does, so a move that ends nothing else runs on its own in autocommit. A move that
+ends the episode also locks its group row, so that CLOSE_GROUP_SQL, sent next in the same
+transaction, counts with a snapshot taken after any other ending episode of the group committed."""
+CLAIM_STILL_HELD_SQL = "SELECT EXISTS (SELECT 1 FROM stage_claims WHERE id = %(claim_id)s AND token = %(token)s AND status = 'running')"
+"""Why a move wrote nothing, read after it (a new snapshot, so it sees what the move waited for): the claim still held means the episode moved on."""
 CLOSE_GROUP_SQL = """
 UPDATE episode_groups g SET status = CASE WHEN g.held_out THEN %(evaluated)s ELSE %(complete)s END
 WHERE g.id = %(group_id)s AND g.status = %(open)s
@@ -212,17 +225,31 @@ RETURNING g.run_id
 """
 
 
+def finish_and_move_sql(records: Sequence[StageRecord]) -> str:
+    """FINISH_AND_MOVE_SQL with these records' statements in it (the same text for the same records: prepared once)."""
+    return FINISH_AND_MOVE_SQL.format(records="".join(f",\n{name} AS ({sql})" for name, sql, _ in records))
+
+
 def finish_and_move(
-    session: SqlTarget, claim: Claim, status: ClaimStatus, to: Transition, *, episode_error: str | None = None, claim_error: str | None = None
+    session: SqlTarget,
+    claim: Claim,
+    status: ClaimStatus,
+    to: Transition,
+    *,
+    episode_error: str | None = None,
+    claim_error: str | None = None,
+    records: Sequence[StageRecord] = (),
 ) -> bool:
-    """Close the claim and move its episode from the claimed stage and attempt to `to`, in the caller's transaction.
+    """Close the claim, move its episode from the claimed stage and attempt to `to` and write `records`: all or nothing.
 
     False when the claim was taken over (nothing written). Raises StaleTransition when the episode
-    moved on (the caller's transaction must be rolled back). An ending move completes the group
-    when it was the group's last episode.
+    moved on (nothing written either). An ending move completes the group when it was the group's
+    last episode: that is a second statement, so it needs the caller's transaction.
     """
     terminal = to.stage in TERMINAL_STAGES
-    params = {
+    if terminal and isinstance(session, SqlTransaction) and session.dbapi_connection.autocommit:
+        raise ValueError("a move that ends the episode completes its group in a second statement: run it in a transaction, not in autocommit")
+    params: dict[str, Any] = {
         **finish_params(claim, status, claim_error),
         "to_stage": to.stage.value,
         "to_attempt": to.probe_attempt,
@@ -232,11 +259,16 @@ def finish_and_move(
         "from_stage": claim.stage.value,
         "from_attempt": claim.probe_attempt,
     }
-    finished, group_id, _locked = run_sql(session, FINISH_AND_MOVE_SQL, params).one()
+    for name, _, record_params in records:
+        clashes = sorted(key for key, value in record_params.items() if key in params and params[key] != value)
+        if clashes:
+            raise ValueError(f"record {name} gives parameters {clashes} other values than the move")
+        params.update(record_params)
+    finished, group_id, _locked = run_sql(session, finish_and_move_sql(records), params).one()
     if not finished:
+        if run_sql(session, CLAIM_STILL_HELD_SQL, {"claim_id": claim.claim_id, "token": claim.token}).scalar_one():
+            raise StaleTransition(f"episode {claim.episode_id} is no longer at {claim.stage.value}/{claim.probe_attempt}")
         return False
-    if group_id is None:
-        raise StaleTransition(f"episode {claim.episode_id} is no longer at {claim.stage.value}/{claim.probe_attempt}")
     if terminal:
         close_group_if_finished(session, group_id)
     return True

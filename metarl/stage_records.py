@@ -11,19 +11,25 @@ from typing import Any
 
 from metarl.db import SqlTarget, json_param, run_sql
 
-SUBMISSION_SQL = """
+StageRecord = tuple[str, str, dict[str, Any]]
+"""A record a stage writes with its move, inside `metarl.episodes.FINISH_AND_MOVE_SQL`: (its name there, its SQL, its parameters)."""
+WHEN_HELD = "EXISTS (SELECT 1 FROM held)"
+"""The condition a record written with its stage's move carries: the move's locks were taken (`metarl.episodes.FINISH_AND_MOVE_SQL`)."""
+SUBMISSION_SQL = f"""
 INSERT INTO probe_attempts (episode_id, attempt, job_toml, workspace_uri, agent_tokens, agent_backend, policy_tokens, behaviour_logprobs,
                             prompt_length, submitted_at)
-VALUES (%(episode_id)s, %(attempt)s, %(job_toml)s, %(workspace_uri)s, %(agent_tokens)s, %(agent_backend)s, %(policy_tokens)s,
-        %(behaviour_logprobs)s, %(prompt_length)s, now())
+SELECT %(episode_id)s, %(attempt)s, %(job_toml)s, %(workspace_uri)s, %(agent_tokens)s, %(agent_backend)s, %(policy_tokens)s,
+       %(behaviour_logprobs)s, %(prompt_length)s, now()
+WHERE {WHEN_HELD}
 ON CONFLICT ON CONSTRAINT uq_probe_attempts_episode_id DO NOTHING
 """
-VERDICT_SQL = """
+VERDICT_SQL = f"""
 UPDATE probe_attempts
 SET passed = %(passed)s, errors = %(errors)s, probe_seconds = %(probe_seconds)s, probed_at = now(), model_name = %(model_name)s,
     explicit_hyperparameters = %(explicit_hyperparameters)s
-WHERE episode_id = %(episode_id)s AND attempt = %(attempt)s
+WHERE episode_id = %(episode_id)s AND attempt = %(attempt)s AND {WHEN_HELD}
 """
+"""Written with the stage's move, inside its statement."""
 EVALUATION_SQL = """
 INSERT INTO evaluations (episode_id, backend, simulated, base_score, trained_score, ci_low, ci_high, n_items, eval_seconds, created_at)
 VALUES (%(episode_id)s, %(backend)s, %(simulated)s, %(base_score)s, %(trained_score)s, %(ci_low)s, %(ci_high)s, %(n_items)s, %(eval_seconds)s, now())
@@ -31,8 +37,7 @@ ON CONFLICT ON CONSTRAINT uq_evaluations_episode_id DO NOTHING
 """
 
 
-def store_submission(
-    session: SqlTarget,
+def submission_record(
     *,
     episode_id: int,
     attempt: int,
@@ -43,8 +48,8 @@ def store_submission(
     policy_tokens: list[int] | None,
     behaviour_logprobs: list[float] | None,
     prompt_length: int | None,
-) -> None:
-    """Store one agent submission (its sampled tokens and behaviour logprobs too, for the outer update)."""
+) -> StageRecord:
+    """One agent submission (its sampled tokens and behaviour logprobs too, for the outer update), written with the agent stage's move."""
     params: dict[str, Any] = {
         "episode_id": episode_id,
         "attempt": attempt,
@@ -56,11 +61,10 @@ def store_submission(
         "behaviour_logprobs": json_param(behaviour_logprobs) if behaviour_logprobs is not None else None,
         "prompt_length": prompt_length,
     }
-    run_sql(session, SUBMISSION_SQL, params)
+    return "submitted", SUBMISSION_SQL, params
 
 
-def store_verdict(
-    session: SqlTarget,
+def verdict_record(
     *,
     episode_id: int,
     attempt: int,
@@ -69,8 +73,8 @@ def store_verdict(
     probe_seconds: float,
     model_name: str | None,
     explicit_hyperparameters: int | None,
-) -> None:
-    """Record the probe's verdict on a submission."""
+) -> StageRecord:
+    """The probe's verdict on a submission, written with the probe stage's move."""
     params = {
         "passed": passed,
         "errors": json_param(errors),
@@ -80,7 +84,7 @@ def store_verdict(
         "episode_id": episode_id,
         "attempt": attempt,
     }
-    run_sql(session, VERDICT_SQL, params)
+    return "verdict", VERDICT_SQL, params
 
 
 def store_evaluation(

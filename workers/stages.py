@@ -37,7 +37,7 @@ from metarl.episodes import (
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
 from metarl.inner_jobs import InnerJobRow, create_inner_job, inner_job_of, record_launch, record_poll, spent_and_active
 from metarl.probe import probe_job_text
-from metarl.stage_records import store_evaluation, store_submission, store_verdict
+from metarl.stage_records import store_evaluation, submission_record, verdict_record
 from orchestrator.transitions import Transition, after_agent, after_eval, after_probe, after_train
 from schemas.base import parse_toml_text, validate_model
 from schemas.job import JobSpec
@@ -234,22 +234,21 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     if submission is None or beat.lost.is_set():
         return "abandoned"
     to = after_agent(probe_attempt)
-    with sql_transaction(database_url()) as session:
-        if not finish_and_move(session, job.claim, ClaimStatus.done, to):
+    sample = submission.sample
+    submitted = submission_record(
+        episode_id=episode_id,
+        attempt=probe_attempt,
+        job_toml=submission.job_toml,
+        workspace_uri=submission.workspace_uri,
+        agent_tokens=submission.agent_tokens,
+        agent_backend=backend.name,
+        policy_tokens=sample.tokens if sample else None,
+        behaviour_logprobs=sample.logprobs if sample else None,
+        prompt_length=sample.prompt_length if sample else None,
+    )
+    with sql_transaction(database_url(), autocommit=not submission.costs) as session:
+        if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=[submitted]):
             return "taken over"
-        sample = submission.sample
-        store_submission(
-            session,
-            episode_id=episode_id,
-            attempt=probe_attempt,
-            job_toml=submission.job_toml,
-            workspace_uri=submission.workspace_uri,
-            agent_tokens=submission.agent_tokens,
-            agent_backend=backend.name,
-            policy_tokens=sample.tokens if sample else None,
-            behaviour_logprobs=sample.logprobs if sample else None,
-            prompt_length=sample.prompt_length if sample else None,
-        )
         record_costs(session, job.ctx.run_id, episode_id, submission.costs, backend.simulated)
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
     return "submitted"
@@ -272,19 +271,18 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         verdict = probe_job_text(job_toml, job.ctx.task, checks)
     seconds = time.perf_counter() - started
     to = after_probe(verdict.passed, probe_attempt, job.config.retries.max_probe_attempts)
-    with sql_transaction(database_url()) as session:
-        if not finish_and_move(session, job.claim, ClaimStatus.done, to):
+    probed = verdict_record(
+        episode_id=episode_id,
+        attempt=probe_attempt,
+        passed=verdict.passed,
+        errors=[problem.model_dump() for problem in verdict.errors],
+        probe_seconds=seconds,
+        model_name=verdict.job.model.name if verdict.job else None,
+        explicit_hyperparameters=verdict.job.explicit_hyperparameters() if verdict.job else None,
+    )
+    with sql_transaction(database_url(), autocommit=not to.ends_unvalidated) as session:
+        if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=[probed]):
             return "taken over"
-        store_verdict(
-            session,
-            episode_id=episode_id,
-            attempt=probe_attempt,
-            passed=verdict.passed,
-            errors=[problem.model_dump() for problem in verdict.errors],
-            probe_seconds=seconds,
-            model_name=verdict.job.model.name if verdict.job else None,
-            explicit_hyperparameters=verdict.job.explicit_hyperparameters() if verdict.job else None,
-        )
         if to.ends_unvalidated:
             store_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
@@ -413,7 +411,8 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         record_poll(session, episode_id, polled, ended)
 
     try:
-        with sql_transaction(url) as session:
+        # each write stands on its own (a poll's facts are kept even when the move is refused), except an ending move's reward
+        with sql_transaction(url, autocommit=ended != InnerJobStatus.failed) as session:
             record_poll_and_costs(session)
             if ended is None:
                 claims.heartbeat(session, job.claim)

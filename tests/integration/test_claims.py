@@ -9,10 +9,11 @@ import pytest
 from sqlalchemy import func, select
 
 from metarl.claims import ClaimRefused, claim_stage, finish_claim, heartbeat
-from metarl.db import session_scope
+from metarl.db import session_scope, sql_transaction
 from metarl.episodes import StaleTransition, finish_and_move, stage_row_and_claim
 from orchestrator.transitions import Transition
-from schemas.records import ClaimStatus, Episode, EpisodeGroup, GroupStatus, Run, RunStatus, Stage, StageClaim
+from metarl.stage_records import submission_record
+from schemas.records import ClaimStatus, Episode, EpisodeGroup, GroupStatus, ProbeAttempt, Run, RunStatus, Stage, StageClaim
 
 pytestmark = pytest.mark.integration
 
@@ -117,3 +118,83 @@ def test_finish_and_move_is_one_compare_and_set_of_claim_and_episode(pg_url):
         assert (episode.stage, episode.error, episode.finished_at is not None) == (Stage.failed, "gave up", True)
         assert session.get(StageClaim, stolen.claim_id).error == "boom"
         assert session.get(EpisodeGroup, episode.group_id).status == GroupStatus.complete  # its group of one is complete
+
+
+def submitted(episode_id: int, job_toml: str):  # type: ignore[no-untyped-def]
+    return submission_record(
+        episode_id=episode_id, attempt=1, job_toml=job_toml, workspace_uri=None, agent_tokens=7, agent_backend="sim",
+        policy_tokens=[1, 2], behaviour_logprobs=[-0.5, -0.25], prompt_length=1,
+    )
+
+
+def attempts(url: str, episode_id: int) -> list[str]:
+    with session_scope(url) as session:
+        return [a.job_toml for a in session.execute(select(ProbeAttempt).where(ProbeAttempt.episode_id == episode_id)).scalars()]
+
+
+def test_a_move_in_autocommit_writes_its_records_with_it_or_nothing(pg_url):
+    run_id, episode_id = make_episode(pg_url)
+    _, stale_holder = row_and_claim(pg_url, episode_id, "a")
+    stolen = claim(pg_url, run_id, episode_id, "b", lease_s=0)
+    with sql_transaction(pg_url, autocommit=True) as sql:
+        assert not finish_and_move(sql, stale_holder, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(episode_id, "stale")])
+    assert attempts(pg_url, episode_id) == []  # taken over: no record
+    with session_scope(pg_url) as session:
+        session.get(Episode, episode_id).stage = Stage.probe  # someone else moved it meanwhile
+    with pytest.raises(StaleTransition):
+        with sql_transaction(pg_url, autocommit=True) as sql:
+            finish_and_move(sql, stolen, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(episode_id, "late")])
+    with session_scope(pg_url) as session:
+        assert session.get(StageClaim, stolen.claim_id).status == ClaimStatus.running  # nothing was written, in autocommit too
+        session.get(Episode, episode_id).stage = Stage.agent
+    assert attempts(pg_url, episode_id) == []
+    with sql_transaction(pg_url, autocommit=True) as sql:
+        assert finish_and_move(sql, stolen, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(episode_id, "kept")])
+    assert attempts(pg_url, episode_id) == ["kept"]
+    with session_scope(pg_url) as session:
+        assert session.get(Episode, episode_id).stage == Stage.probe and session.get(StageClaim, stolen.claim_id).status == ClaimStatus.done
+
+
+def test_an_ending_move_needs_a_transaction_and_records_must_agree_with_the_move(pg_url):
+    run_id, episode_id = make_episode(pg_url)
+    _, held = row_and_claim(pg_url, episode_id, "a")
+    with pytest.raises(ValueError, match="transaction"):
+        with sql_transaction(pg_url, autocommit=True) as sql:
+            finish_and_move(sql, held, ClaimStatus.failed, Transition(Stage.failed, 1))
+    with pytest.raises(ValueError, match="episode_id"):
+        with sql_transaction(pg_url) as sql:
+            finish_and_move(sql, held, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(episode_id + 1, "other episode")])
+    with sql_transaction(pg_url) as sql:
+        assert finish_and_move(sql, held, ClaimStatus.failed, Transition(Stage.failed, 1), episode_error="gave up")
+    with session_scope(pg_url) as session:
+        assert session.get(EpisodeGroup, session.get(Episode, episode_id).group_id).status == GroupStatus.complete
+
+
+@pytest.mark.parametrize("other_writes, moved", [("heartbeat_at = now()", True), ("token = 'taken-over', takeovers = takeovers + 1", False)])
+def test_a_move_waiting_on_a_concurrent_claim_update_rechecks_the_claim(pg_url, other_writes, moved):
+    import threading
+
+    import psycopg
+
+    from metarl.db import normalise_url
+
+    run_id, episode_id = make_episode(pg_url)
+    _, held = row_and_claim(pg_url, episode_id, "a")
+    outcome: list[object] = []
+    with psycopg.connect(normalise_url(pg_url).replace("postgresql+psycopg://", "postgresql://")) as other:
+        other.execute(f"UPDATE stage_claims SET {other_writes} WHERE id = %s", (held.claim_id,))  # holds the row lock, uncommitted
+
+        def move() -> None:
+            with sql_transaction(pg_url, autocommit=True) as sql:
+                outcome.append(finish_and_move(sql, held, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(episode_id, "x")]))
+
+        mover = threading.Thread(target=move)
+        mover.start()
+        mover.join(0.5)
+        assert mover.is_alive(), "the move should wait for the other transaction's row lock"
+        other.commit()
+        mover.join(10)
+    assert outcome == [moved]
+    assert attempts(pg_url, episode_id) == (["x"] if moved else [])
+    with session_scope(pg_url) as session:
+        assert session.get(Episode, episode_id).stage == (Stage.probe if moved else Stage.agent)
