@@ -457,8 +457,8 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
         run_id = create_run(database_url, config, specs)
         statements = [0]
 
-        def count(*_: object) -> None:
-            statements[0] += 1
+        def count(statement: object = None, *_: object) -> None:
+            statements[0] += statement != "COMMIT"
 
         engine = get_engine(database_url)
         event.listen(engine, "before_cursor_execute", count)
@@ -615,8 +615,8 @@ def profile_stages(settings: BenchSettings, database_url: str, broker_url: str, 
     counts = {"statements": 0, "transactions": 0, "checkouts": 0}
     engine = get_engine(database_url)
 
-    def on_statement(*_: object) -> None:
-        counts["statements"] += 1
+    def on_statement(statement: object = None, *_: object) -> None:
+        counts["transactions" if statement == "COMMIT" else "statements"] += 1
 
     def on_commit(*_: object) -> None:
         counts["transactions"] += 1

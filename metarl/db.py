@@ -125,9 +125,10 @@ _statement_observers: list[StatementObserver] = []
 
 @contextlib.contextmanager
 def observing_statements(observer: StatementObserver) -> Iterator[None]:
-    """Call `observer(statement)` for every statement :func:`run_sql` sends meanwhile (the bench counts with it).
+    """Call `observer(statement)` for every statement :func:`run_sql` sends meanwhile, and `observer("COMMIT")` for
+    every commit of a :func:`sql_transaction` (the bench counts with it).
 
-    :func:`run_sql` does not go through SQLAlchemy's execution, so its statements fire no engine events.
+    Neither goes through SQLAlchemy's execution, so they fire no engine events.
     """
     _statement_observers.append(observer)
     try:
@@ -186,6 +187,8 @@ def sql_transaction(url: str, *, autocommit: bool = False) -> Iterator[SqlTransa
                 connection.commit()
             except psycopg.Error as err:
                 raise database_error(target, err, "COMMIT", {}) from err
+            for observe in _statement_observers:
+                observe("COMMIT")
     except BaseException:
         if not connection.closed and not autocommit:
             with contextlib.suppress(psycopg.Error):

@@ -77,9 +77,13 @@ def test_statement_observers_see_run_sql_statements(pg_url: str) -> None:
     with observing_statements(seen.append):
         with session_scope(pg_url) as session:
             run_sql(session, "SELECT 7", {})
+        with sql_transaction(pg_url) as sql:
+            run_sql(sql, "SELECT 9", {})
+        with sql_transaction(pg_url, autocommit=True) as sql:
+            run_sql(sql, "SELECT 10", {})
     with session_scope(pg_url) as session:
         run_sql(session, "SELECT 8", {})
-    assert seen == ["SELECT 7"]
+    assert seen == ["SELECT 7", "SELECT 9", "COMMIT", "SELECT 10"]
 
 
 def test_sql_transaction_commits_together_or_not_at_all(pg_url: str) -> None:
