@@ -20,7 +20,7 @@ import uuid
 
 import psycopg
 
-from bench._sim_plain_chain import counter_client, DONE_KEY, OUTER_KEY
+from bench._sim_plain_chain import count_episode, count_outer
 from metarl.db import normalise_url
 from metarl.settings import DATABASE_ENV
 from metarl.tick_wakeup import libpq_conninfo
@@ -115,12 +115,10 @@ def train(episode: int, poll: bool) -> None:
 def eval_(episode: int, episodes_per_batch: int) -> None:
     """The eval stage's claim and move; counts the finished episode and sends one outer task per full batch."""
     claim_and_move(episode, "eval")
-    done = counter_client().incr(DONE_KEY)
-    if done % episodes_per_batch == 0:
-        app.send_task(f"{TASK_PREFIX}.outer", args=[done // episodes_per_batch], queue="outer")
+    count_episode(app, TASK_PREFIX, episodes_per_batch)
 
 
 @app.task(name=f"{TASK_PREFIX}.outer", queue="outer")
 def outer(batch: int) -> None:
     """No-op stand-in for the outer update, as in the plain chain."""
-    counter_client().incr(OUTER_KEY)
+    count_outer()

@@ -17,6 +17,7 @@ see the end without a result backend) and every `episodes_per_batch`-th completi
 from __future__ import annotations
 
 import redis
+from celery import Celery
 
 from workers.app import make_app
 
@@ -50,15 +51,25 @@ def train(episode: int, poll: bool) -> None:
     """No-op stand-in for the train stage's submit message (`poll` False) and its poll message (True)."""
 
 
+def count_episode(sender: Celery, prefix: str, episodes_per_batch: int) -> None:
+    """Count one finished episode; each full batch sends one `<prefix>.outer` task (the floor chain counts with this too)."""
+    done = counter_client().incr(DONE_KEY)
+    if done % episodes_per_batch == 0:
+        sender.send_task(f"{prefix}.outer", args=[done // episodes_per_batch], queue="outer")
+
+
+def count_outer() -> None:
+    """Count one outer task, so the driver sees the end."""
+    counter_client().incr(OUTER_KEY)
+
+
 @app.task(name=f"{TASK_PREFIX}.eval", queue="eval")
 def eval_(episode: int, episodes_per_batch: int) -> None:
     """Count the finished episode; each full batch sends one outer task."""
-    done = counter_client().incr(DONE_KEY)
-    if done % episodes_per_batch == 0:
-        app.send_task(f"{TASK_PREFIX}.outer", args=[done // episodes_per_batch], queue="outer")
+    count_episode(app, TASK_PREFIX, episodes_per_batch)
 
 
 @app.task(name=f"{TASK_PREFIX}.outer", queue="outer")
 def outer(batch: int) -> None:
     """No-op stand-in for the outer update (counts itself so the driver sees the end)."""
-    counter_client().incr(OUTER_KEY)
+    count_outer()

@@ -211,7 +211,7 @@ SELECT (SELECT count(*) FROM finished), (SELECT group_id FROM moved), (SELECT co
 """
 """One statement: lock the claim (still this worker's, by its token) and the episode (still at the claimed stage
 and attempt) together, then close the claim, move the episode and write the stage's records
-(`{{records}}`, each conditioned on `held`: see `metarl.stage_records.WHEN_HELD`). Either all of it
+(`{records}`, each conditioned on `held`: see `metarl.stage_records.WHEN_HELD`). Either all of it
 happens or nothing does, so a move that ends nothing else runs on its own in autocommit. A move that
 ends the episode also locks its group row, so that CLOSE_GROUP_SQL, sent next in the same
 transaction, counts with a snapshot taken after any other ending episode of the group committed."""

@@ -410,9 +410,10 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         record_costs(session, job.ctx.run_id, episode_id, polled.costs, backend.simulated)
         record_poll(session, episode_id, polled, ended)
 
+    ends_episode = ended == InnerJobStatus.failed  # its reward is written with the move, in one transaction
     try:
-        # each write stands on its own (a poll's facts are kept even when the move is refused), except an ending move's reward
-        with sql_transaction(url, autocommit=ended != InnerJobStatus.failed) as session:
+        # otherwise each write stands on its own: a poll's facts are kept even when the move is refused
+        with sql_transaction(url, autocommit=not ends_episode) as session:
             record_poll_and_costs(session)
             if ended is None:
                 claims.heartbeat(session, job.claim)
@@ -420,8 +421,9 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             else:
                 to = close_train_stage(session, job, episode_id, probe_attempt, ended, polled.error)
     except StaleTransition:
-        with sql_transaction(url) as session:
-            record_poll_and_costs(session)
+        if ends_episode:  # rolled back with the refused move: keep the poll's facts
+            with sql_transaction(url) as session:
+                record_poll_and_costs(session)
         raise
     if ended is None:
         return poll_again(backend.poll_interval_s())
