@@ -213,9 +213,8 @@ def run_sql(session: SqlTarget, statement: str, params: Mapping[str, Any]) -> Sq
     server dropped is invalidated, as with ``session.execute``.
     """
     target: Connection | SqlTransaction = session if isinstance(session, SqlTransaction) else session.connection()
-    dbapi_connection = target.dbapi_connection if isinstance(target, SqlTransaction) else target.connection.dbapi_connection
     try:
-        with dbapi_connection.cursor() as cursor:
+        with driver_connection(target).cursor() as cursor:
             cursor.execute(statement, params)
             rows = cursor.fetchall() if cursor.description is not None else []
     except psycopg.Error as err:
@@ -225,11 +224,15 @@ def run_sql(session: SqlTarget, statement: str, params: Mapping[str, Any]) -> Sq
     return SqlRows(rows)
 
 
+def driver_connection(connection: Connection | SqlTransaction) -> psycopg.Connection:
+    """The psycopg connection under a SQLAlchemy connection or a :class:`SqlTransaction`."""
+    return connection.dbapi_connection if isinstance(connection, SqlTransaction) else connection.connection.dbapi_connection
+
+
 def database_error(connection: Connection | SqlTransaction, err: psycopg.Error, statement: str, params: Mapping[str, Any]) -> BaseException:
     """SQLAlchemy's exception for a driver error of :func:`run_sql`; a dropped connection is invalidated (not pooled again)."""
     dialect = connection.dialect
-    dbapi_connection = connection.dbapi_connection if isinstance(connection, SqlTransaction) else connection.connection.dbapi_connection
-    disconnected = dialect.is_disconnect(err, dbapi_connection, None)
+    disconnected = dialect.is_disconnect(err, driver_connection(connection), None)
     if disconnected:
         connection.invalidate(err)
     return exc.DBAPIError.instance(statement, dict(params), err, psycopg.Error, connection_invalidated=disconnected, dialect=dialect)

@@ -225,6 +225,11 @@ RETURNING g.run_id
 """
 
 
+def ends_episode(to: Transition) -> bool:
+    """Whether a move to `to` ends the episode: then it completes its group in a second statement, so it needs a transaction."""
+    return to.stage in TERMINAL_STAGES
+
+
 def finish_and_move_sql(records: Sequence[StageRecord]) -> str:
     """FINISH_AND_MOVE_SQL with these records' statements in it (the same text for the same records: prepared once)."""
     return FINISH_AND_MOVE_SQL.format(records="".join(f",\n{name} AS ({sql})" for name, sql, _ in records))
@@ -246,7 +251,7 @@ def finish_and_move(
     moved on (nothing written either). An ending move completes the group when it was the group's
     last episode: that is a second statement, so it needs the caller's transaction.
     """
-    terminal = to.stage in TERMINAL_STAGES
+    terminal = ends_episode(to)
     if terminal and isinstance(session, SqlTransaction) and session.dbapi_connection.autocommit:
         raise ValueError("a move that ends the episode completes its group in a second statement: run it in a transaction, not in autocommit")
     params: dict[str, Any] = {

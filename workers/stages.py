@@ -28,6 +28,7 @@ from metarl.episodes import (
     StageRow,
     StaleTransition,
     config_and_task,
+    ends_episode,
     finish_and_move,
     record_costs,
     stage_context,
@@ -280,7 +281,7 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         model_name=verdict.job.model.name if verdict.job else None,
         explicit_hyperparameters=verdict.job.explicit_hyperparameters() if verdict.job else None,
     )
-    with sql_transaction(database_url(), autocommit=not to.ends_unvalidated) as session:
+    with sql_transaction(database_url(), autocommit=not ends_episode(to)) as session:
         if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=[probed]):
             return "taken over"
         if to.ends_unvalidated:
@@ -410,10 +411,10 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         record_costs(session, job.ctx.run_id, episode_id, polled.costs, backend.simulated)
         record_poll(session, episode_id, polled, ended)
 
-    ends_episode = ended == InnerJobStatus.failed  # its reward is written with the move, in one transaction
+    ending = ended == InnerJobStatus.failed  # a failed job ends the episode (close_train_stage): its reward is written with the move
     try:
         # otherwise each write stands on its own: a poll's facts are kept even when the move is refused
-        with sql_transaction(url, autocommit=not ends_episode) as session:
+        with sql_transaction(url, autocommit=not ending) as session:
             record_poll_and_costs(session)
             if ended is None:
                 claims.heartbeat(session, job.claim)
@@ -421,7 +422,7 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             else:
                 to = close_train_stage(session, job, episode_id, probe_attempt, ended, polled.error)
     except StaleTransition:
-        if ends_episode:  # rolled back with the refused move: keep the poll's facts
+        if ending:  # rolled back with the refused move: keep the poll's facts
             with sql_transaction(url) as session:
                 record_poll_and_costs(session)
         raise
