@@ -41,7 +41,7 @@ log = logging.getLogger("metarl.runpod")
 T = TypeVar("T")
 
 SAFE_TEXT = re.compile(r"^[A-Za-z0-9 ._:/@+=,\-]*$")
-SAFE_ENV_VALUE = re.compile(r"^[A-Za-z0-9._:/@+=,\-]*$")
+SAFE_ENV_VALUE = re.compile(r"[A-Za-z0-9._:/@+=,\-]*")
 ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 POD_ID = re.compile(r"^[A-Za-z0-9]{1,64}$")
 
@@ -200,7 +200,7 @@ def backoff_delay(policy: RetryPolicy, attempt: int) -> float:
 
 def encode_env_value(value: str) -> str:
     """A value the SDK can put in its GraphQL unescaped: plain safe text as is, anything else base64 with a `b64:` prefix."""
-    if SAFE_ENV_VALUE.match(value) and not value.startswith(ENCODED_PREFIX):
+    if SAFE_ENV_VALUE.fullmatch(value) and not value.startswith(ENCODED_PREFIX):
         return value
     return ENCODED_PREFIX + base64.urlsafe_b64encode(value.encode("utf-8")).decode("ascii")
 

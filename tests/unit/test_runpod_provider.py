@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
@@ -107,6 +107,8 @@ def test_backoff_doubles_and_is_capped():
 
 
 @given(st.text(max_size=200))
+@example("\n")
+@example("plain-value\n")  # `$` in a pattern also matches before a final newline
 def test_env_values_survive_the_sdks_unescaped_graphql(value):
     encoded = encode_env_value(value)
     assert '"' not in encoded and "\\" not in encoded and "\n" not in encoded and "{" not in encoded
