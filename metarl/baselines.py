@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from metarl.backends.base import EvalBackend, Score
 from metarl.db import SqlTarget, run_sql, session_scope
+from metarl.reward import passed_attempt_and_tokens_of
 from schemas.records import BaselineScore
 from schemas.task_spec import TaskSpec
 
@@ -23,6 +24,22 @@ SELECT score FROM baseline_scores
 WHERE task_id = %(task_id)s AND model_name = %(model_name)s AND eval_version = %(eval_version)s AND backend = %(backend)s
 """
 """Sent as written: every eval message reads it."""
+
+
+BASELINE_AND_ATTEMPTS_SQL = f"""
+SELECT ({CACHED_BASELINE_SQL}), a.attempt, a.passed, a.agent_tokens FROM probe_attempts a WHERE a.episode_id = %(episode_id)s ORDER BY a.attempt
+"""
+"""The eval stage's one read after its claim: the cached base score (on every row) and the episode's probe attempts."""
+
+
+def cached_baseline_and_attempts(
+    session: SqlTarget, task: TaskSpec, model_name: str, backend_name: str, episode_id: int
+) -> tuple[float | None, tuple[int | None, int]]:
+    """The cached base score (None if not yet measured) and, from the episode's attempts, the one that passed and the agent tokens up to it."""
+    params = {"task_id": task.id, "model_name": model_name, "eval_version": task.hidden_eval.version, "backend": backend_name, "episode_id": episode_id}
+    rows = run_sql(session, BASELINE_AND_ATTEMPTS_SQL, params).rows
+    score = rows[0][0] if rows else None
+    return (float(score) if score is not None else None), passed_attempt_and_tokens_of(row[1:] for row in rows)
 
 
 def cached_baseline(session: SqlTarget, task: TaskSpec, model_name: str, backend_name: str) -> float | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from typing import Any
@@ -12,6 +13,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from metarl.db import SqlTarget, run_sql
+from metarl.stage_records import StageRecord, record_ctes
 
 from schemas.records import ClaimStatus, Stage, StageClaim
 
@@ -109,9 +111,17 @@ def claim_stage(
     return Claim(claim_id, new_token, episode_id, stage, probe_attempt, takeovers=taken[0])
 
 
-def heartbeat(session: SqlTarget, claim: Claim) -> bool:
-    """Renew the claim; False means it was taken over (the caller must stop and record nothing)."""
-    return _first(session, HEARTBEAT_SQL, {"now": utcnow(), "id": claim.claim_id, "token": claim.token}) is not None
+def heartbeat(session: SqlTarget, claim: Claim, records: Sequence[StageRecord] = ()) -> bool:
+    """Renew the claim; False means it was taken over (the caller must stop and record nothing more).
+
+    `records` (facts that stand whether or not the claim holds: a launch, a poll) are written in
+    the same statement.
+    """
+    params: dict[str, object] = {"now": utcnow(), "id": claim.claim_id, "token": claim.token}
+    if not records:
+        return _first(session, HEARTBEAT_SQL, params) is not None
+    ctes, record_params = record_ctes(records)
+    return _first(session, f"WITH {', '.join(ctes)}{HEARTBEAT_SQL}", {**params, **record_params}) is not None
 
 
 def finish_claim(session: SqlTarget, claim: Claim, status: ClaimStatus, error: str | None = None) -> bool:

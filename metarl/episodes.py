@@ -14,10 +14,10 @@ from metarl.backends.base import CostItem, EpisodeContext
 from metarl.claims import FINISH_SET, NEW_CLAIM_COLUMNS, NEW_CLAIM_VALUES, Claim, finish_params, utcnow
 from metarl.db import SqlTarget, SqlTransaction, json_param, run_sql
 from metarl.inner_jobs import INNER_JOB_COLUMNS, InnerJobRow, inner_job_row
-from metarl.ledger import record_cost
-from metarl.tick_wakeup import request_tick
-from metarl.reward import RewardBreakdown, RewardInputs, compute_reward
-from metarl.stage_records import StageRecord
+from metarl.ledger import RECORD_COST_SQL, cost_params
+from metarl.tick_wakeup import CHANNEL as TICK_CHANNEL
+from metarl.reward import RewardInputs, compute_reward, passed_attempt_and_tokens_of
+from metarl.stage_records import WHEN_HELD, StageRecord, record_ctes, write_records
 from orchestrator.transitions import TERMINAL_STAGES, Transition
 from schemas.base import FieldProblem
 from schemas.records import ClaimStatus, GroupStatus, Run, RunStatus, Stage
@@ -217,12 +217,17 @@ ends the episode also locks its group row, so that CLOSE_GROUP_SQL, sent next in
 transaction, counts with a snapshot taken after any other ending episode of the group committed."""
 CLAIM_STILL_HELD_SQL = "SELECT EXISTS (SELECT 1 FROM stage_claims WHERE id = %(claim_id)s AND token = %(token)s AND status = 'running')"
 """Why a move wrote nothing, read after it (a new snapshot, so it sees what the move waited for): the claim still held means the episode moved on."""
-CLOSE_GROUP_SQL = """
-UPDATE episode_groups g SET status = CASE WHEN g.held_out THEN %(evaluated)s ELSE %(complete)s END
-WHERE g.id = %(group_id)s AND g.status = %(open)s
-  AND (SELECT count(*) FROM episodes e WHERE e.group_id = g.id AND e.stage = ANY(%(terminal)s)) >= g.size
-RETURNING g.run_id
+CLOSE_GROUP_SQL = f"""
+WITH closed AS (
+    UPDATE episode_groups g SET status = CASE WHEN g.held_out THEN %(evaluated)s ELSE %(complete)s END
+    WHERE g.id = %(group_id)s AND g.status = %(open)s
+      AND (SELECT count(*) FROM episodes e WHERE e.group_id = g.id AND e.stage = ANY(%(terminal)s)) >= g.size
+    RETURNING g.run_id
+)
+SELECT pg_notify('{TICK_CHANNEL}', closed.run_id) FROM closed
 """
+"""Complete the group once all its episodes ended and, in the same statement, ask its run's orchestrator for a (gapped)
+tick: the notification is delivered when the transaction commits (`metarl.tick_wakeup`)."""
 
 
 def ends_episode(to: Transition) -> bool:
@@ -230,9 +235,9 @@ def ends_episode(to: Transition) -> bool:
     return to.stage in TERMINAL_STAGES
 
 
-def finish_and_move_sql(records: Sequence[StageRecord]) -> str:
-    """FINISH_AND_MOVE_SQL with these records' statements in it (the same text for the same records: prepared once)."""
-    return FINISH_AND_MOVE_SQL.format(records="".join(f",\n{name} AS ({sql})" for name, sql, _ in records))
+def finish_and_move_sql(ctes: Sequence[str]) -> str:
+    """FINISH_AND_MOVE_SQL with these records' CTEs in it (the same text for the same records: prepared once)."""
+    return FINISH_AND_MOVE_SQL.format(records="".join(f",\n{cte}" for cte in ctes))
 
 
 def finish_and_move(
@@ -248,8 +253,10 @@ def finish_and_move(
     """Close the claim, move its episode from the claimed stage and attempt to `to` and write `records`: all or nothing.
 
     False when the claim was taken over (nothing written). Raises StaleTransition when the episode
-    moved on (nothing written either). An ending move completes the group when it was the group's
-    last episode: that is a second statement, so it needs the caller's transaction.
+    moved on (nothing written either). Records without `WHEN_HELD` (a poll's facts) are written in
+    both cases: in autocommit they stay, in a transaction the caller decides. An ending move
+    completes the group when it was the group's last episode: that is a second statement, so it
+    needs the caller's transaction.
     """
     terminal = ends_episode(to)
     if terminal and isinstance(session, SqlTransaction) and session.dbapi_connection.autocommit:
@@ -265,11 +272,11 @@ def finish_and_move(
         "from_attempt": claim.probe_attempt,
     }
     for name, _, record_params in records:
-        clashes = sorted(key for key, value in record_params.items() if key in params and params[key] != value)
-        if clashes:
-            raise ValueError(f"record {name} gives parameters {clashes} other values than the move")
-        params.update(record_params)
-    finished, group_id, _locked = run_sql(session, finish_and_move_sql(records), params).one()
+        if record_params.get("episode_id", claim.episode_id) != claim.episode_id:
+            raise ValueError(f"record {name} is for episode_id {record_params['episode_id']}, not the moved episode {claim.episode_id}")
+    ctes, record_params = record_ctes(records)
+    params.update(record_params)
+    finished, group_id, _locked = run_sql(session, finish_and_move_sql(ctes), params).one()
     if not finished:
         if run_sql(session, CLAIM_STILL_HELD_SQL, {"claim_id": claim.claim_id, "token": claim.token}).scalar_one():
             raise StaleTransition(f"episode {claim.episode_id} is no longer at {claim.stage.value}/{claim.probe_attempt}")
@@ -285,7 +292,7 @@ def close_group_if_finished(session: SqlTarget, group_id: int) -> None:
     The caller locked the group row (FINISH_AND_MOVE_SQL), so of two episodes of a group ending at
     once the second one's count (a new statement, so a new snapshot) sees the first one's move.
     """
-    closed = run_sql(
+    run_sql(
         session,
         CLOSE_GROUP_SQL,
         {
@@ -295,55 +302,65 @@ def close_group_if_finished(session: SqlTarget, group_id: int) -> None:
             "open": GroupStatus.open.value,
             "terminal": [stage.value for stage in TERMINAL_STAGES],
         },
-    ).first()
-    if closed is not None:
-        request_tick(session, closed[0])
+    )
+
+
+def cost_records(run_id: str, episode_id: int | None, costs: list[CostItem], simulated: bool) -> list[StageRecord]:
+    """Each charge as a record to write in the same statement as a move or heartbeat (idempotent on its key, unconditional)."""
+    return [
+        (
+            f"charge_{index}",
+            RECORD_COST_SQL,
+            cost_params(
+                run_id=run_id,
+                episode_id=episode_id,
+                source=item.source,
+                description=item.description,
+                quantity=item.quantity,
+                unit=item.unit,
+                unit_price_usd=item.unit_price_usd,
+                idempotency_key=item.key,
+                simulated=simulated,
+            ),
+        )
+        for index, item in enumerate(costs)
+    ]
 
 
 def record_costs(session: SqlTarget, run_id: str, episode_id: int | None, costs: list[CostItem], simulated: bool) -> None:
-    for item in costs:
-        record_cost(
-            session,
-            run_id=run_id,
-            episode_id=episode_id,
-            source=item.source,
-            description=item.description,
-            quantity=item.quantity,
-            unit=item.unit,
-            unit_price_usd=item.unit_price_usd,
-            idempotency_key=item.key,
-            simulated=simulated,
-        )
+    """Write each charge once (a replayed charge is not billed again), in one statement."""
+    write_records(session, cost_records(run_id, episode_id, costs, simulated))
 
 
 ATTEMPTS_SQL = "SELECT attempt, passed, agent_tokens FROM probe_attempts WHERE episode_id = %(episode_id)s ORDER BY attempt"
-STORE_REWARD_SQL = """
+REWARD_INSERT_SQL = """
 INSERT INTO rewards (episode_id, total, job, validation, efficiency, speed, raw_improvement, weights, created_at)
-VALUES (%(episode_id)s, %(total)s, %(job)s, %(validation)s, %(efficiency)s, %(speed)s, %(raw_improvement)s, %(weights)s, now())
+SELECT %(episode_id)s, %(total)s, %(job)s, %(validation)s, %(efficiency)s, %(speed)s, %(raw_improvement)s, %(weights)s, now()
+{condition}
 ON CONFLICT ON CONSTRAINT uq_rewards_episode_id DO NOTHING
 """
+STORE_REWARD_SQL = REWARD_INSERT_SQL.format(condition="")
+REWARD_WITH_MOVE_SQL = REWARD_INSERT_SQL.format(condition=f"WHERE {WHEN_HELD}")
+"""The reward written on its own, and as a record of the eval stage's move (only if the move happens)."""
+
+
 def passed_attempt_and_tokens(session: SqlTarget, episode_id: int) -> tuple[int | None, int]:
     """The attempt that passed the probe (None if none did) and the agent tokens spent up to it (or in all attempts)."""
-    tokens = 0
-    for attempt, passed, attempt_tokens in run_sql(session, ATTEMPTS_SQL, {"episode_id": episode_id}):
-        tokens += attempt_tokens
-        if passed:
-            return attempt, tokens
-    return None, tokens
+    return passed_attempt_and_tokens_of(run_sql(session, ATTEMPTS_SQL, {"episode_id": episode_id}))
 
 
-def store_reward(
-    session: SqlTarget,
+def reward_params(
     *,
     episode_id: int,
     config: RunConfig,
     task: TaskSpec,
+    attempts: tuple[int | None, int],
     base_score: float | None,
     trained_score: float | None,
     train_seconds: float | None,
-) -> RewardBreakdown:
-    """Compute the episode's reward from its records and store it once (a second call stores nothing)."""
-    passed_on, tokens = passed_attempt_and_tokens(session, episode_id)
+) -> dict[str, Any]:
+    """The episode's reward from its records (`attempts`: passed attempt and agent tokens), as REWARD_INSERT_SQL's parameters (pure)."""
+    passed_on, tokens = attempts
     breakdown = compute_reward(
         RewardInputs(
             passed_on_attempt=passed_on,
@@ -356,5 +373,35 @@ def store_reward(
         ),
         config.reward,
     )
-    run_sql(session, STORE_REWARD_SQL, {"episode_id": episode_id, "weights": json_param(config.reward.model_dump()), **breakdown.model_dump()})
-    return breakdown
+    return {"episode_id": episode_id, "weights": json_param(config.reward.model_dump()), **breakdown.model_dump()}
+
+
+def store_reward(
+    session: SqlTarget,
+    *,
+    episode_id: int,
+    config: RunConfig,
+    task: TaskSpec,
+    base_score: float | None,
+    trained_score: float | None,
+    train_seconds: float | None,
+) -> None:
+    """Compute the episode's reward from its records and store it once (a second call stores nothing)."""
+    attempts = passed_attempt_and_tokens(session, episode_id)
+    params = reward_params(episode_id=episode_id, config=config, task=task, attempts=attempts, base_score=base_score, trained_score=trained_score, train_seconds=train_seconds)
+    run_sql(session, STORE_REWARD_SQL, params)
+
+
+def reward_record(
+    *,
+    episode_id: int,
+    config: RunConfig,
+    task: TaskSpec,
+    attempts: tuple[int | None, int],
+    base_score: float | None,
+    trained_score: float | None,
+    train_seconds: float | None,
+) -> StageRecord:
+    """The episode's reward as a record of its last move (`attempts` read beforehand: they do not change after the probe)."""
+    params = reward_params(episode_id=episode_id, config=config, task=task, attempts=attempts, base_score=base_score, trained_score=trained_score, train_seconds=train_seconds)
+    return "reward", REWARD_WITH_MOVE_SQL, params

@@ -7,27 +7,34 @@ Every statement here runs once or more per train message, so each is sent as wri
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 from metarl.backends.base import LaunchResult, PollResult
 from metarl.db import SqlTarget, json_param, run_sql
 from metarl.ledger import RUN_SPEND_SQL
+from metarl.stage_records import StageRecord
 from schemas.records import InnerJobStatus
 
 INNER_JOB_COLUMNS = ("id", "name", "backend", "external_id", "status", "backend_state", "checkpoint_uri", "error", "train_seconds")
 """The columns an InnerJobRow is made of, in its fields' order (also read with the stage row: `metarl.episodes.STAGE_ROW_SQL`)."""
 INNER_JOB_SQL = f"SELECT {', '.join(INNER_JOB_COLUMNS)} FROM inner_jobs WHERE episode_id = %(episode_id)s"
 LOCK_RUN_SQL = "SELECT pg_advisory_xact_lock(%(key)s)"
-SPENT_AND_ACTIVE_SQL = f"""
-SELECT ({RUN_SPEND_SQL}),
-       (SELECT count(*) FROM inner_jobs WHERE backend = %(backend)s AND status = ANY(%(active)s))
+CREATE_WITHIN_LIMITS_SQL = f"""
+WITH limits AS (
+    SELECT ({RUN_SPEND_SQL}) AS spent,
+           (SELECT count(*) FROM inner_jobs WHERE backend = %(backend)s AND status = ANY(%(active)s)) AS active
+),
+created AS (
+    INSERT INTO inner_jobs (run_id, episode_id, name, backend, simulated, status, launch_count, backend_state, model_name, created_at)
+    SELECT %(run_id)s, %(episode_id)s, %(name)s, %(backend)s, %(simulated)s, %(status)s, 0, %(state)s, %(model_name)s, now()
+    FROM limits WHERE limits.spent < %(max_usd)s AND limits.active < %(capacity)s
+    RETURNING id
+)
+SELECT limits.spent, limits.active, (SELECT id FROM created) FROM limits
 """
-CREATE_SQL = """
-INSERT INTO inner_jobs (run_id, episode_id, name, backend, simulated, status, launch_count, backend_state, model_name, created_at)
-VALUES (%(run_id)s, %(episode_id)s, %(name)s, %(backend)s, %(simulated)s, %(status)s, 0, %(state)s, %(model_name)s, now())
-RETURNING id
-"""
+"""The run's spend and the backend's active jobs, and the new inner job when both are under their caps: one statement.
+Sent after LOCK_RUN_SQL in the same transaction, so its snapshot sees every creation that took the lock before."""
 LAUNCHED_SQL = """
 UPDATE inner_jobs
 SET external_id = %(external_id)s, backend_state = %(state)s, status = %(running)s, launched_at = now(), launch_count = launch_count + 1, error = NULL
@@ -71,15 +78,13 @@ def inner_job_row(columns: tuple[Any, ...] | None) -> InnerJobRow | None:
     return InnerJobRow(job_id, name, backend, external_id, InnerJobStatus(status), dict(state or {}), checkpoint, error, seconds)
 
 
-def spent_and_active(session: SqlTarget, run_key: int, run_id: str, backend: str) -> tuple[float, int]:
-    """Under the run's advisory lock (held to the end of the transaction): the run's spend so far and the backend's active jobs."""
+def create_within_limits(
+    session: SqlTarget, *, run_key: int, run_id: str, episode_id: int, name: str, backend: str, simulated: bool, model_name: str, max_usd: float, capacity: int
+) -> InnerJobRow | Literal["budget", "capacity"]:
+    """Under the run's advisory lock (held to the end of the caller's transaction): insert the episode's inner job in state
+    `launching` (no external id yet) when the run's spend is under `max_usd` and the backend runs fewer than `capacity`
+    jobs; otherwise which cap stopped it (the budget first)."""
     run_sql(session, LOCK_RUN_SQL, {"key": run_key})
-    spent, active = run_sql(session, SPENT_AND_ACTIVE_SQL, {"run_id": run_id, "backend": backend, "active": [s.value for s in ACTIVE_STATUSES]}).one()
-    return float(spent), int(active)
-
-
-def create_inner_job(session: SqlTarget, *, run_id: str, episode_id: int, name: str, backend: str, simulated: bool, model_name: str) -> InnerJobRow:
-    """Insert the episode's inner job in state `launching` (no external id yet)."""
     params = {
         "run_id": run_id,
         "episode_id": episode_id,
@@ -89,22 +94,25 @@ def create_inner_job(session: SqlTarget, *, run_id: str, episode_id: int, name: 
         "status": InnerJobStatus.launching.value,
         "state": json_param({}),
         "model_name": model_name,
+        "active": [status.value for status in ACTIVE_STATUSES],
+        "max_usd": max_usd,
+        "capacity": capacity,
     }
-    (job_id,) = run_sql(session, CREATE_SQL, params).one()
+    spent, _active, job_id = run_sql(session, CREATE_WITHIN_LIMITS_SQL, params).one()
+    if job_id is None:
+        return "budget" if float(spent) >= max_usd else "capacity"
     return InnerJobRow(job_id, name, backend, None, InnerJobStatus.launching, {}, None, None, None)
 
 
-def record_launch(session: SqlTarget, episode_id: int, launched: LaunchResult) -> None:
-    """Store the external id and state of a launched job (once: a second launch record changes nothing)."""
-    params = {"external_id": launched.external_id, "state": json_param(launched.state), "running": InnerJobStatus.running.value, "episode_id": episode_id}
-    run_sql(session, LAUNCHED_SQL, params)
+def launch_record(episode_id: int, launched: LaunchResult) -> StageRecord:
+    """The external id and state of a launched job, as a record (once: a second launch record changes nothing)."""
+    return "launched", LAUNCHED_SQL, {"external_id": launched.external_id, "state": json_param(launched.state), "running": InnerJobStatus.running.value, "episode_id": episode_id}
 
 
-def record_poll(session: SqlTarget, episode_id: int, polled: PollResult, ended: InnerJobStatus | None) -> None:
-    """Store a poll's backend state, and when the job ended its outcome."""
+def poll_record(episode_id: int, polled: PollResult, ended: InnerJobStatus | None) -> StageRecord:
+    """A poll's backend state, and when the job ended its outcome, as a record (written whether or not the claim still holds)."""
     if ended is None:
-        run_sql(session, POLLED_SQL, {"state": json_param(polled.state), "episode_id": episode_id})
-        return
+        return "polled", POLLED_SQL, {"state": json_param(polled.state), "episode_id": episode_id}
     params = {
         "state": json_param(polled.state),
         "status": ended.value,
@@ -114,4 +122,4 @@ def record_poll(session: SqlTarget, episode_id: int, polled: PollResult, ended: 
         "error": polled.error,
         "episode_id": episode_id,
     }
-    run_sql(session, ENDED_SQL, params)
+    return "polled", ENDED_SQL, params

@@ -17,8 +17,7 @@ RETURNING id
 """
 
 
-def record_cost(
-    session: SqlTarget,
+def cost_params(
     *,
     run_id: str,
     episode_id: int | None,
@@ -29,10 +28,10 @@ def record_cost(
     unit_price_usd: float,
     idempotency_key: str,
     simulated: bool,
-) -> bool:
-    """Insert one charge; returns False (and changes nothing) if that key was already billed."""
+) -> dict[str, object]:
+    """The parameters of RECORD_COST_SQL for one charge (pure)."""
     amount = Decimal(str(quantity)) * Decimal(str(unit_price_usd))
-    params = {
+    return {
         "run_id": run_id,
         "episode_id": episode_id,
         "source": source,
@@ -44,7 +43,6 @@ def record_cost(
         "simulated": simulated,
         "idempotency_key": idempotency_key,
     }
-    return run_sql(session, RECORD_COST_SQL, params).first() is not None
 
 
 RUN_SPEND_SQL = "SELECT coalesce(sum(amount_usd), 0) FROM cost_ledger WHERE run_id = %(run_id)s"

@@ -6,15 +6,47 @@ ORM compilation. Inserts are idempotent on their unique keys: a replayed stage s
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Sequence
 from typing import Any
 
 
 from metarl.db import SqlTarget, json_param, run_sql
 
 StageRecord = tuple[str, str, dict[str, Any]]
-"""A record a stage writes with its move, inside `metarl.episodes.FINISH_AND_MOVE_SQL`: (its name there, its SQL, its parameters)."""
+"""A record written in the same statement as a stage's move or heartbeat, as one of its CTEs: (its name there, its SQL, its parameters).
+
+A record whose SQL carries `WHEN_HELD` is written only with the move (`metarl.episodes.FINISH_AND_MOVE_SQL`);
+one without it (a poll's facts, a charge) is written whether or not the move happens."""
 WHEN_HELD = "EXISTS (SELECT 1 FROM held)"
 """The condition a record written with its stage's move carries: the move's locks were taken (`metarl.episodes.FINISH_AND_MOVE_SQL`)."""
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+@functools.lru_cache(maxsize=256)
+def _named_cte(name: str, sql: str) -> str:
+    return f"{name} AS ({_PLACEHOLDER.sub(lambda match: f'%({name}__{match[1]})s', sql)})"
+
+
+def record_ctes(records: Sequence[StageRecord]) -> tuple[list[str], dict[str, Any]]:
+    """The records as CTEs (`name AS (sql)`) and their parameters, each renamed `<record>__<param>`.
+
+    So no two records, and no record and the statement around them, share a parameter. The same
+    records give the same text (the statement is prepared once per connection).
+    """
+    names = [name for name, _, _ in records]
+    if len(set(names)) != len(names):
+        raise ValueError(f"records need distinct names: {names}")
+    params = {f"{name}__{key}": value for name, _, record_params in records for key, value in record_params.items()}
+    return [_named_cte(name, sql) for name, sql, _ in records], params
+
+
+def write_records(session: SqlTarget, records: Sequence[StageRecord]) -> None:
+    """Write records on their own, in one statement (none of them may carry `WHEN_HELD`)."""
+    if records:
+        ctes, params = record_ctes(records)
+        run_sql(session, f"WITH {', '.join(ctes)} SELECT 1", params)
 SUBMISSION_SQL = f"""
 INSERT INTO probe_attempts (episode_id, attempt, job_toml, workspace_uri, agent_tokens, agent_backend, policy_tokens, behaviour_logprobs,
                             prompt_length, submitted_at)
@@ -29,10 +61,11 @@ SET passed = %(passed)s, errors = %(errors)s, probe_seconds = %(probe_seconds)s,
     explicit_hyperparameters = %(explicit_hyperparameters)s
 WHERE episode_id = %(episode_id)s AND attempt = %(attempt)s AND {WHEN_HELD}
 """
-"""Written with the stage's move, inside its statement."""
-EVALUATION_SQL = """
+"""Written with the stage's move, inside its statement (as is EVALUATION_SQL)."""
+EVALUATION_SQL = f"""
 INSERT INTO evaluations (episode_id, backend, simulated, base_score, trained_score, ci_low, ci_high, n_items, eval_seconds, created_at)
-VALUES (%(episode_id)s, %(backend)s, %(simulated)s, %(base_score)s, %(trained_score)s, %(ci_low)s, %(ci_high)s, %(n_items)s, %(eval_seconds)s, now())
+SELECT %(episode_id)s, %(backend)s, %(simulated)s, %(base_score)s, %(trained_score)s, %(ci_low)s, %(ci_high)s, %(n_items)s, %(eval_seconds)s, now()
+WHERE {WHEN_HELD}
 ON CONFLICT ON CONSTRAINT uq_evaluations_episode_id DO NOTHING
 """
 
@@ -87,8 +120,7 @@ def verdict_record(
     return "verdict", VERDICT_SQL, params
 
 
-def store_evaluation(
-    session: SqlTarget,
+def evaluation_record(
     *,
     episode_id: int,
     backend: str,
@@ -99,8 +131,8 @@ def store_evaluation(
     ci_high: float | None,
     n_items: int,
     eval_seconds: float,
-) -> None:
-    """Store the hidden-eval scores of an episode's trained model (and the base score it is compared with)."""
+) -> StageRecord:
+    """The hidden-eval scores of an episode's trained model (and the base score it is compared with), written with the eval stage's move."""
     params = {
         "episode_id": episode_id,
         "backend": backend,
@@ -112,4 +144,4 @@ def store_evaluation(
         "n_items": n_items,
         "eval_seconds": eval_seconds,
     }
-    run_sql(session, EVALUATION_SQL, params)
+    return "evaluation", EVALUATION_SQL, params

@@ -2,8 +2,11 @@
 
 Work for a tick appears when a group of episodes completes (an outer step can be batched, window
 slots free up) and when an outer update publishes a new policy version (the next step can start).
-The transaction that makes the change also sends ``pg_notify(CHANNEL, run_id)``; PostgreSQL
-delivers it only if that transaction commits. The orchestrator LISTENs on its own connection and
+The transaction that makes the change also sends ``pg_notify(CHANNEL, payload)``; PostgreSQL
+delivers it only if that transaction commits. The payload is the run id for a group (such requests
+come in bursts and are answered together, at most one early tick per `MIN_WAKEUP_GAP_S`), and the
+run id with `URGENT_SUFFIX` for a published version: only one outer step runs at a time, so the
+next one waits on that tick, and it comes at once (at most one per outer update). The orchestrator LISTENs on its own connection and
 ticks when a notification for its run arrives, or when `tick_s` passes, whichever is first: the
 tick interval stays the fallback, so a lost notification (a listener reconnecting after a
 database outage) only delays a tick.
@@ -14,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Literal
 
 import psycopg
 from sqlalchemy.engine import make_url
@@ -23,7 +27,9 @@ from metarl.db import SqlTarget, normalise_url, run_sql
 log = logging.getLogger("metarl.orchestrator")
 
 CHANNEL = "metarl_tick"
-NOTIFY_SQL = "SELECT pg_notify('metarl_tick', %(run_id)s)"
+NOTIFY_SQL = "SELECT pg_notify('metarl_tick', %(payload)s)"
+URGENT_SUFFIX = ":now"
+"""Appended to the run id of a request that skips the gap between early ticks (a published policy version)."""
 WAIT_SLICE_S = 0.25
 """Longest block on the listener at a time, so a stop request is seen within this."""
 RECONNECT_AFTER_S = 5.0
@@ -33,9 +39,26 @@ MIN_WAKEUP_GAP_S = 0.1
 """Least time between two early ticks: requests arriving sooner after one are answered together, by one tick at the end of the gap."""
 
 
-def request_tick(session: SqlTarget, run_id: str) -> None:
-    """Ask the run's orchestrator for a tick once the caller's transaction commits."""
-    run_sql(session, NOTIFY_SQL, {"run_id": run_id})
+def tick_payload(run_id: str, *, urgent: bool = False) -> str:
+    """The notification payload of a tick request for this run (pure)."""
+    return run_id + URGENT_SUFFIX if urgent else run_id
+
+
+def request_tick(session: SqlTarget, run_id: str, *, urgent: bool = False) -> None:
+    """Ask the run's orchestrator for a tick once the caller's transaction commits; `urgent` skips the gap between early ticks."""
+    run_sql(session, NOTIFY_SQL, {"payload": tick_payload(run_id, urgent=urgent)})
+
+
+Wake = Literal["gapped", "urgent"]
+
+
+def wake_of(payload: str, run_id: str) -> Wake | None:
+    """What a notification asks of this run's orchestrator: nothing (another run's), a gapped or an urgent tick (pure)."""
+    if payload == run_id:
+        return "gapped"
+    if payload == run_id + URGENT_SUFFIX:
+        return "urgent"
+    return None
 
 
 def libpq_conninfo(database_url: str) -> str:
@@ -81,8 +104,9 @@ class TickWaiter:
     def wait(self, timeout_s: float, stop_event: threading.Event) -> bool:
         """Block until a tick is requested for this run (True), `timeout_s` passes or `stop_event` is set (False).
 
-        A request within `min_gap_s` of the last early return is held until the gap has passed, and
-        the requests that arrive meanwhile are answered with it.
+        A gapped request within `min_gap_s` of the last early return is held until the gap has
+        passed (or an urgent request arrives), and the requests that arrive meanwhile are answered
+        with it. An urgent request returns at once.
         """
         deadline = time.monotonic() + timeout_s
         while not stop_event.is_set():
@@ -94,29 +118,36 @@ class TickWaiter:
                 stop_event.wait(min(left, WAIT_SLICE_S))
                 continue
             try:
-                woken = self._ours_arrived(connection, min(left, WAIT_SLICE_S))
-                if woken:
-                    held_s = min(self.woken_at + self.min_gap_s, deadline) - time.monotonic()
-                    if held_s > 0 and stop_event.wait(held_s):
+                woken = self._next_wake(connection, min(left, WAIT_SLICE_S), urgent_only=False)
+                if woken == "gapped":
+                    held_until = min(self.woken_at + self.min_gap_s, deadline)
+                    while (held_s := held_until - time.monotonic()) > 0 and self._next_wake(connection, held_s, urgent_only=True) is None:
+                        pass
+                    if stop_event.is_set():
                         return False
+                if woken is not None:
                     self._drain(connection)
             except psycopg.Error as err:
                 self._drop(err)
                 continue
-            if woken:
+            if woken is not None:
                 self.wakeups += 1
                 self.woken_at = time.monotonic()
                 return True
         return False
 
-    def _ours_arrived(self, connection: psycopg.Connection, timeout_s: float) -> bool:
-        """Read notifications for up to `timeout_s`; True at the first one for this run.
+    def _next_wake(self, connection: psycopg.Connection, timeout_s: float, *, urgent_only: bool) -> Wake | None:
+        """Read notifications for up to `timeout_s`; the first wake for this run (only an urgent one with `urgent_only`).
 
         The generator is closed before returning: while it is open it holds the connection.
         """
         notifications = connection.notifies(timeout=timeout_s)
         try:
-            return any(notification.payload == self.run_id for notification in notifications)
+            for notification in notifications:
+                wake = wake_of(notification.payload, self.run_id)
+                if wake == "urgent" or (wake is not None and not urgent_only):
+                    return wake
+            return None
         finally:
             notifications.close()
 

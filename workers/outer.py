@@ -266,7 +266,7 @@ def publish_version(claim: OuterClaim, work: OuterWork, result: OuterResult, bac
         run_sql(session, INSERT_VERSION_SQL, version)
         run_sql(session, ADVANCE_RUN_SQL, {"after": after, "run_id": work.run_id, "before": work.version_before})
         record_costs(session, work.run_id, None, result.costs, backend.simulated)
-        request_tick(session, work.run_id)
+        request_tick(session, work.run_id, urgent=True)
     return True
 
 

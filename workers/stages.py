@@ -6,6 +6,7 @@ A duplicated or replayed message finds the stage claimed or done and does nothin
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from metarl import claims
 from metarl.backends import registry
-from metarl.baselines import baseline_lookup, cached_baseline, store_baseline
+from metarl.baselines import baseline_lookup, cached_baseline_and_attempts, store_baseline
 from metarl.backends.base import EpisodeContext
 from metarl.claims import Claim, ClaimRefused
 from metarl.db import SqlTarget, run_sql, session_scope, sql_transaction
@@ -28,17 +29,18 @@ from metarl.episodes import (
     StageRow,
     StaleTransition,
     config_and_task,
+    cost_records,
     ends_episode,
     finish_and_move,
-    record_costs,
     stage_context,
     stage_row_and_claim,
+    reward_record,
     store_reward,
 )
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
-from metarl.inner_jobs import InnerJobRow, create_inner_job, inner_job_of, record_launch, record_poll, spent_and_active
+from metarl.inner_jobs import InnerJobRow, create_within_limits, inner_job_of, launch_record, poll_record
 from metarl.probe import probe_job_text
-from metarl.stage_records import store_evaluation, submission_record, verdict_record
+from metarl.stage_records import StageRecord, evaluation_record, submission_record, verdict_record, write_records
 from orchestrator.transitions import Transition, after_agent, after_eval, after_probe, after_train
 from schemas.base import parse_toml_text, validate_model
 from schemas.job import JobSpec
@@ -247,10 +249,10 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         behaviour_logprobs=sample.logprobs if sample else None,
         prompt_length=sample.prompt_length if sample else None,
     )
-    with sql_transaction(database_url(), autocommit=not submission.costs) as session:
-        if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=[submitted]):
+    charges = cost_records(job.ctx.run_id, episode_id, submission.costs, backend.simulated)  # the tokens were spent, moved or not
+    with sql_transaction(database_url(), autocommit=True) as session:
+        if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=[submitted, *charges]):
             return "taken over"
-        record_costs(session, job.ctx.run_id, episode_id, submission.costs, backend.simulated)
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
     return "submitted"
 
@@ -308,9 +310,19 @@ def submitted_job_text(ctx: EpisodeContext, job_toml: str | None) -> str:
     return job_toml
 
 
+PARSED_JOBS_KEPT = 512
+"""Parsed job.toml texts a worker process keeps: the train submit, its polls and the eval of an episode read the same text."""
+
+
+@functools.lru_cache(maxsize=PARSED_JOBS_KEPT)
+def parsed_job_toml(text: str) -> dict[str, Any]:
+    """The job.toml text parsed, once per process per text (the mapping is shared: read it, never change it)."""
+    return parse_toml_text(text, "job.toml")
+
+
 def passing_job(ctx: EpisodeContext, job_toml: str | None) -> JobSpec:
-    """The validated job of the attempt that passed the probe."""
-    return validate_model(JobSpec, parse_toml_text(submitted_job_text(ctx, job_toml), "job.toml"), "job.toml")
+    """The validated job of the attempt that passed the probe (a new model each call, from the shared parse)."""
+    return validate_model(JobSpec, parsed_job_toml(submitted_job_text(ctx, job_toml)), "job.toml")
 
 
 @dataclass(frozen=True)
@@ -333,30 +345,40 @@ def train_inputs(_claimed: SqlTarget, config: RunConfig, ctx: EpisodeContext, ro
         return TrainInputs(spec, row.inner_job)
     backend = registry.train_backend(config)
     with sql_transaction(database_url()) as session:
-        spent, active = spent_and_active(session, hash_run(ctx.run_id), ctx.run_id, backend.name)
-        if spent >= config.budget.max_run_usd:
-            return TrainInputs(spec, None, "budget")
-        if active >= backend.capacity():
-            return TrainInputs(spec, None, "capacity")
-        created = create_inner_job(
+        created = create_within_limits(
             session,
+            run_key=hash_run(ctx.run_id),
             run_id=ctx.run_id,
             episode_id=ctx.episode_id,
             name=inner_job_name(ctx.run_id, ctx.episode_id),
             backend=backend.name,
             simulated=backend.simulated,
             model_name=spec.model.name,
+            max_usd=config.budget.max_run_usd,
+            capacity=backend.capacity(),
         )
-    return TrainInputs(spec, created)
+    return TrainInputs(spec, None, created) if isinstance(created, str) else TrainInputs(spec, created)
 
 
-def eval_inputs(session: SqlTarget, config: RunConfig, ctx: EpisodeContext, row: StageRow) -> tuple[JobSpec, InnerJobRow, float | None]:
-    """The eval stage's loader: the passing job, its finished inner job, and the cached base score (None if not yet measured)."""
+@dataclass(frozen=True)
+class EvalInputs:
+    """What the eval stage's claim read: the passing job, its finished inner job, the cached base score (None if not yet
+    measured), and the attempt that passed with the agent tokens spent up to it (the reward's inputs from the records)."""
+
+    spec: JobSpec
+    inner: InnerJobRow
+    base_score: float | None
+    attempts: tuple[int | None, int]
+
+
+def eval_inputs(session: SqlTarget, config: RunConfig, ctx: EpisodeContext, row: StageRow) -> EvalInputs:
+    """The eval stage's loader: one statement reads the base score and the episode's probe attempts."""
     spec = passing_job(ctx, row.job_toml)
     inner = row.inner_job
     if inner is None:
         raise RuntimeError(f"episode {ctx.episode_id} reached eval without an inner job record")
-    return spec, inner, cached_baseline(session, ctx.task, spec.model.name, registry.eval_backend_name(config))
+    base_score, attempts = cached_baseline_and_attempts(session, ctx.task, spec.model.name, registry.eval_backend_name(config), ctx.episode_id)
+    return EvalInputs(spec, inner, base_score, attempts)
 
 
 def inner_job_name(run_id: str, episode_id: int) -> str:
@@ -397,8 +419,7 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         if launched is None:
             return "failed"
         with sql_transaction(url, autocommit=True) as session:  # the launch is recorded whether or not the claim still holds
-            record_launch(session, episode_id, launched)
-            claims.heartbeat(session, job.claim)
+            claims.heartbeat(session, job.claim, records=[launch_record(episode_id, launched)])
         return poll_again(backend.poll_interval_s())
     if status != InnerJobStatus.running:
         return finish_train(job, episode_id, probe_attempt, status)
@@ -406,25 +427,20 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     if polled is None:
         return "failed"
     ended = None if polled.status == "running" else (InnerJobStatus.succeeded if polled.status == "succeeded" else InnerJobStatus.failed)
-
-    def record_poll_and_costs(session: SqlTarget) -> None:
-        record_costs(session, job.ctx.run_id, episode_id, polled.costs, backend.simulated)
-        record_poll(session, episode_id, polled, ended)
-
+    facts = [*cost_records(job.ctx.run_id, episode_id, polled.costs, backend.simulated), poll_record(episode_id, polled, ended)]
     ending = ended == InnerJobStatus.failed  # a failed job ends the episode (close_train_stage): its reward is written with the move
     try:
-        # otherwise each write stands on its own: a poll's facts are kept even when the move is refused
+        # the poll's facts are written in the move's (or the heartbeat's) statement, and kept when the move is refused
         with sql_transaction(url, autocommit=not ending) as session:
-            record_poll_and_costs(session)
             if ended is None:
-                claims.heartbeat(session, job.claim)
+                claims.heartbeat(session, job.claim, records=facts)
                 to = None
             else:
-                to = close_train_stage(session, job, episode_id, probe_attempt, ended, polled.error)
+                to = close_train_stage(session, job, episode_id, probe_attempt, ended, polled.error, facts=facts)
     except StaleTransition:
         if ending:  # rolled back with the refused move: keep the poll's facts
-            with sql_transaction(url) as session:
-                record_poll_and_costs(session)
+            with sql_transaction(url, autocommit=True) as session:
+                write_records(session, facts)
         raise
     if ended is None:
         return poll_again(backend.poll_interval_s())
@@ -438,16 +454,19 @@ def hash_run(run_id: str) -> int:
     return int(run_id.replace("-", "")[:15], 16)
 
 
-def close_train_stage(session: SqlTarget, job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus, error: str | None) -> Transition | None:
+def close_train_stage(
+    session: SqlTarget, job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus, error: str | None, facts: Sequence[StageRecord] = ()
+) -> Transition | None:
     """In the caller's transaction: close the train claim and move the episode (None if the claim was taken over).
 
-    A succeeded job goes to eval; a failed job ends the episode with no job credit.
+    A succeeded job goes to eval; a failed job ends the episode with no job credit. `facts` (the
+    last poll's) are written in the move's statement, whether or not the move happens.
     """
     if status == InnerJobStatus.succeeded:
         to = after_train(probe_attempt)
-        return to if finish_and_move(session, job.claim, ClaimStatus.done, to) else None
+        return to if finish_and_move(session, job.claim, ClaimStatus.done, to, records=facts) else None
     to = Transition(Stage.done, probe_attempt)
-    if not finish_and_move(session, job.claim, ClaimStatus.done, to, episode_error=f"inner job failed: {error or ''}"):
+    if not finish_and_move(session, job.claim, ClaimStatus.done, to, episode_error=f"inner job failed: {error or ''}", records=facts):
         return None
     store_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
     return to
@@ -470,7 +489,8 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
     job = claim_episode_stage(Stage.eval, episode_id, probe_attempt, token, load=eval_inputs)
     if job is None:
         return "skipped"
-    spec, inner, base_score = job.loaded
+    inputs: EvalInputs = job.loaded
+    spec, inner, base_score = inputs.spec, inputs.inner, inputs.base_score
     backend = registry.eval_backend(job.config)
     task = job.ctx.task
     url = database_url()
@@ -488,21 +508,22 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
     if trained is None or beat.lost.is_set():
         return "abandoned"
     to = after_eval(probe_attempt)
+    evaluated = evaluation_record(
+        episode_id=episode_id,
+        backend=backend.name,
+        simulated=backend.simulated,
+        base_score=base_score,
+        trained_score=trained.score,
+        ci_low=trained.ci_low,
+        ci_high=trained.ci_high,
+        n_items=trained.n_items,
+        eval_seconds=time.perf_counter() - started,
+    )
+    rewarded = reward_record(
+        episode_id=episode_id, config=job.config, task=task, attempts=inputs.attempts, base_score=base_score, trained_score=trained.score, train_seconds=train_seconds
+    )
+    charges = cost_records(job.ctx.run_id, episode_id, trained.costs, backend.simulated)
     with sql_transaction(url) as session:
-        if not finish_and_move(session, job.claim, ClaimStatus.done, to):
+        if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=[evaluated, rewarded, *charges]):
             return "taken over"
-        store_evaluation(
-            session,
-            episode_id=episode_id,
-            backend=backend.name,
-            simulated=backend.simulated,
-            base_score=base_score,
-            trained_score=trained.score,
-            ci_low=trained.ci_low,
-            ci_high=trained.ci_high,
-            n_items=trained.n_items,
-            eval_seconds=time.perf_counter() - started,
-        )
-        record_costs(session, job.ctx.run_id, episode_id, trained.costs, backend.simulated)
-        store_reward(session, episode_id=episode_id, config=job.config, task=task, base_score=base_score, trained_score=trained.score, train_seconds=train_seconds)
     return "scored"

@@ -98,9 +98,54 @@ def test_requests_sooner_than_the_gap_after_an_early_tick_wait_for_the_gap_and_s
         waiter.close()
 
 
-def request_tick_now(pg_url: str) -> None:
+def request_tick_now(pg_url: str, *, urgent: bool = False) -> None:
     with session_scope(pg_url) as session:
-        request_tick(session, RUN)
+        request_tick(session, RUN, urgent=urgent)
+
+
+def test_an_urgent_request_is_not_held_by_the_gap(pg_url: str) -> None:
+    waiter = TickWaiter(pg_url, RUN, min_gap_s=1.0)
+    try:
+        timed_wait(waiter, 0.1)
+        request_tick_now(pg_url)
+        assert timed_wait(waiter, 2.0)[0]
+        later(0.05, lambda: request_tick_now(pg_url, urgent=True))  # a policy version published right after that tick
+        woken, waited = timed_wait(waiter, 3.0)
+        assert woken and waited < 0.6, waited
+    finally:
+        waiter.close()
+
+
+def test_an_urgent_request_ends_the_hold_of_a_gapped_one(pg_url: str) -> None:
+    waiter = TickWaiter(pg_url, RUN, min_gap_s=1.5)
+    try:
+        timed_wait(waiter, 0.1)
+        request_tick_now(pg_url)
+        assert timed_wait(waiter, 2.0)[0]
+        later(0.05, lambda: request_tick_now(pg_url))  # a group completes: held to the end of the gap...
+        later(0.3, lambda: request_tick_now(pg_url, urgent=True))  # ...until a version is published
+        woken, waited = timed_wait(waiter, 3.0)
+        assert woken and 0.25 <= waited < 1.0, waited
+        woken, waited = timed_wait(waiter, 0.5)
+        assert not woken, "the held request should have been answered by the urgent tick"
+    finally:
+        waiter.close()
+
+
+def test_another_runs_urgent_request_does_not_wake_it(pg_url: str) -> None:
+    waiter = TickWaiter(pg_url, RUN)
+    try:
+        timed_wait(waiter, 0.1)
+
+        def other_runs_urgent_request() -> None:
+            with session_scope(pg_url) as session:
+                request_tick(session, "ffffffff-0000-4000-8000-000000000002", urgent=True)
+
+        later(0.2, other_runs_urgent_request)
+        woken, waited = timed_wait(waiter, 0.8)
+        assert not woken and waited >= 0.7
+    finally:
+        waiter.close()
 
 
 def test_a_stop_request_ends_the_wait(pg_url: str) -> None:

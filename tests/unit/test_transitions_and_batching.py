@@ -106,3 +106,13 @@ def test_a_retried_run_names_its_step_and_the_error_it_failed_with_in_bounded_te
     assert retry_message(3, "PermanentBackendError: bad key") == "resumed: outer step 3 retried after: PermanentBackendError: bad key"
     long = retry_message(3, "x" * 5000)
     assert len(long) == MAX_MESSAGE_CHARS and long.endswith("...") and long.startswith("resumed: outer step 3 retried after: x")
+
+
+def test_tick_payloads_say_which_run_and_whether_the_gap_applies() -> None:
+    from metarl.tick_wakeup import tick_payload, wake_of
+
+    run = "0a1b2c3d-0000-4000-8000-000000000001"
+    assert wake_of(tick_payload(run), run) == "gapped"
+    assert wake_of(tick_payload(run, urgent=True), run) == "urgent"
+    assert wake_of(tick_payload("ffffffff-0000-4000-8000-000000000002", urgent=True), run) is None
+    assert wake_of(run + ":later", run) is None
