@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 import select
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -216,7 +216,8 @@ def run_sql(session: SqlTarget, statement: str, params: Mapping[str, Any]) -> Sq
     try:
         with driver_connection(target).cursor() as cursor:
             cursor.execute(statement, params)
-            rows = cursor.fetchall() if cursor.description is not None else []
+            result = cursor.pgresult  # its status, not `cursor.description`: that builds a Column object per column on every call
+            rows = cursor.fetchall() if result is not None and result.status == psycopg.pq.ExecStatus.TUPLES_OK else []
     except psycopg.Error as err:
         raise database_error(target, err, statement, params) from err
     for observe in _statement_observers:
@@ -236,6 +237,15 @@ def database_error(connection: Connection | SqlTransaction, err: psycopg.Error, 
     if disconnected:
         connection.invalidate(err)
     return exc.DBAPIError.instance(statement, dict(params), err, psycopg.Error, connection_invalidated=disconnected, dialect=dialect)
+
+
+def text_array_literal(values: Iterable[str]) -> str:
+    """A constant text array written into a statement (`ARRAY['a','b']::text[]`), so it is not a parameter to adapt on every call.
+
+    Only for the code's own constants (stage and status names); quotes are doubled all the same.
+    """
+    quoted = ", ".join("'" + value.replace("'", "''") + "'" for value in values)
+    return f"ARRAY[{quoted}]::text[]"
 
 
 def json_param(value: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 
 from metarl.backends.base import CostItem, EpisodeContext
 from metarl.claims import FINISH_SET, NEW_CLAIM_COLUMNS, NEW_CLAIM_VALUES, Claim, finish_params, utcnow
-from metarl.db import SqlTarget, SqlTransaction, json_param, run_sql
+from metarl.db import SqlTarget, SqlTransaction, json_param, run_sql, text_array_literal
 from metarl.inner_jobs import INNER_JOB_COLUMNS, InnerJobRow, inner_job_row
 from metarl.ledger import RECORD_COST_SQL, cost_params
 from metarl.tick_wakeup import CHANNEL as TICK_CHANNEL
@@ -87,10 +87,12 @@ LEFT JOIN probe_attempts prev ON prev.episode_id = e.id AND prev.attempt = e.pro
 LEFT JOIN inner_jobs ij ON ij.episode_id = e.id
 WHERE e.id = %(episode_id)s
 """
+ENDED_RUN_STATUSES = (RunStatus.stopped, RunStatus.failed, RunStatus.finished)
+ENDED_ARRAY = text_array_literal(status.value for status in ENDED_RUN_STATUSES)
 STAGE_ROW_AND_CLAIM_SQL = f"""
 WITH stage_row AS ({STAGE_ROW_SQL}),
 claimable AS (
-    SELECT run_id FROM stage_row WHERE stage = %(stage)s AND probe_attempt = %(probe_attempt)s AND status <> ALL(%(ended)s)
+    SELECT run_id FROM stage_row WHERE stage = %(stage)s AND probe_attempt = %(probe_attempt)s AND status <> ALL({ENDED_ARRAY})
 ),
 inserted AS (
     INSERT INTO stage_claims ({NEW_CLAIM_COLUMNS})
@@ -111,7 +113,6 @@ FROM stage_row LEFT JOIN (SELECT * FROM inserted UNION ALL SELECT * FROM continu
 """The stage row, and in the same statement the claim when it is the plain case: a first claim (no token), or
 the continuation of this worker's own claim (the token of its last message). Anything else (a duplicate
 message, a takeover) gets no claim here and goes through `metarl.claims.claim_stage`."""
-ENDED_RUN_STATUSES = (RunStatus.stopped, RunStatus.failed, RunStatus.finished)
 RUN_SPECS_SQL = "SELECT config, task_specs FROM runs WHERE id = %(run_id)s"
 RUN_CONFIG_SQL = "SELECT config FROM runs WHERE id = %(run_id)s"
 """Sent as they are (no ORM compilation): read when a process meets a run for the first time."""
@@ -137,7 +138,6 @@ def stage_row_and_claim(
         "episode_id": episode_id,
         "stage": stage.value,
         "probe_attempt": probe_attempt,
-        "ended": [status.value for status in ENDED_RUN_STATUSES],
         "new_token": new_token,
         "worker": worker,
         "token": token,
@@ -221,7 +221,7 @@ CLOSE_GROUP_SQL = f"""
 WITH closed AS (
     UPDATE episode_groups g SET status = CASE WHEN g.held_out THEN %(evaluated)s ELSE %(complete)s END
     WHERE g.id = %(group_id)s AND g.status = %(open)s
-      AND (SELECT count(*) FROM episodes e WHERE e.group_id = g.id AND e.stage = ANY(%(terminal)s)) >= g.size
+      AND (SELECT count(*) FROM episodes e WHERE e.group_id = g.id AND e.stage = ANY({text_array_literal(stage.value for stage in TERMINAL_STAGES)})) >= g.size
     RETURNING g.run_id
 )
 SELECT pg_notify('{TICK_CHANNEL}', closed.run_id) FROM closed
@@ -300,7 +300,6 @@ def close_group_if_finished(session: SqlTarget, group_id: int) -> None:
             "evaluated": GroupStatus.evaluated.value,
             "complete": GroupStatus.complete.value,
             "open": GroupStatus.open.value,
-            "terminal": [stage.value for stage in TERMINAL_STAGES],
         },
     )
 

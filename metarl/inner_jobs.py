@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 
 from metarl.backends.base import LaunchResult, PollResult
-from metarl.db import SqlTarget, json_param, run_sql
+from metarl.db import SqlTarget, json_param, run_sql, text_array_literal
 from metarl.ledger import RUN_SPEND_SQL
 from metarl.stage_records import StageRecord
 from schemas.records import InnerJobStatus
@@ -20,10 +20,11 @@ INNER_JOB_COLUMNS = ("id", "name", "backend", "external_id", "status", "backend_
 """The columns an InnerJobRow is made of, in its fields' order (also read with the stage row: `metarl.episodes.STAGE_ROW_SQL`)."""
 INNER_JOB_SQL = f"SELECT {', '.join(INNER_JOB_COLUMNS)} FROM inner_jobs WHERE episode_id = %(episode_id)s"
 LOCK_RUN_SQL = "SELECT pg_advisory_xact_lock(%(key)s)"
+ACTIVE_STATUSES = (InnerJobStatus.launching, InnerJobStatus.running)
 CREATE_WITHIN_LIMITS_SQL = f"""
 WITH limits AS (
     SELECT ({RUN_SPEND_SQL}) AS spent,
-           (SELECT count(*) FROM inner_jobs WHERE backend = %(backend)s AND status = ANY(%(active)s)) AS active
+           (SELECT count(*) FROM inner_jobs WHERE backend = %(backend)s AND status = ANY({text_array_literal(status.value for status in ACTIVE_STATUSES)})) AS active
 ),
 created AS (
     INSERT INTO inner_jobs (run_id, episode_id, name, backend, simulated, status, launch_count, backend_state, model_name, created_at)
@@ -47,7 +48,6 @@ SET backend_state = %(state)s, status = %(status)s, finished_at = now(), checkpo
     train_seconds = %(train_seconds)s, error = %(error)s
 WHERE episode_id = %(episode_id)s
 """
-ACTIVE_STATUSES = (InnerJobStatus.launching, InnerJobStatus.running)
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,6 @@ def create_within_limits(
         "status": InnerJobStatus.launching.value,
         "state": json_param({}),
         "model_name": model_name,
-        "active": [status.value for status in ACTIVE_STATUSES],
         "max_usd": max_usd,
         "capacity": capacity,
     }
