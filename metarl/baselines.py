@@ -13,8 +13,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from metarl.backends.base import EvalBackend, Score
-from metarl.db import SqlTarget, run_sql, session_scope
-from metarl.reward import passed_attempt_and_tokens_of
+from metarl.db import SqlTarget, database_identity, run_sql, session_scope
 from schemas.records import BaselineScore
 from schemas.task_spec import TaskSpec
 
@@ -23,30 +22,30 @@ CACHED_BASELINE_SQL = """
 SELECT score FROM baseline_scores
 WHERE task_id = %(task_id)s AND model_name = %(model_name)s AND eval_version = %(eval_version)s AND backend = %(backend)s
 """
-"""Sent as written: every eval message reads it."""
+"""Sent as written, once per process per score (`cached_baseline`)."""
 
 
-BASELINE_AND_ATTEMPTS_SQL = f"""
-SELECT ({CACHED_BASELINE_SQL}), a.attempt, a.passed, a.agent_tokens FROM probe_attempts a WHERE a.episode_id = %(episode_id)s ORDER BY a.attempt
-"""
-"""The eval stage's one read after its claim: the cached base score (on every row) and the episode's probe attempts."""
-
-
-def cached_baseline_and_attempts(
-    session: SqlTarget, task: TaskSpec, model_name: str, backend_name: str, episode_id: int
-) -> tuple[float | None, tuple[int | None, int]]:
-    """The cached base score (None if not yet measured) and, from the episode's attempts, the one that passed and the agent tokens up to it."""
-    params = {"task_id": task.id, "model_name": model_name, "eval_version": task.hidden_eval.version, "backend": backend_name, "episode_id": episode_id}
-    rows = run_sql(session, BASELINE_AND_ATTEMPTS_SQL, params).rows
-    score = rows[0][0] if rows else None
-    return (float(score) if score is not None else None), passed_attempt_and_tokens_of(row[1:] for row in rows)
+BaselineKey = tuple[tuple[str, int, str], str, str, int, str]
+"""(database, task id, model name, hidden-eval version, eval backend): what a base score is measured for, and where it is stored."""
+_known_baselines: dict[BaselineKey, float] = {}
+"""Base scores this process has read: a stored score never changes (a second store of the same key stores nothing)."""
+KNOWN_BASELINES_KEPT = 4096
 
 
 def cached_baseline(session: SqlTarget, task: TaskSpec, model_name: str, backend_name: str) -> float | None:
-    """The stored base score of ``model_name`` on ``task`` for this eval version and backend, if any."""
+    """The stored base score of ``model_name`` on ``task`` for this eval version and backend, if any (read once per process)."""
+    key = (database_identity(session), task.id, model_name, task.hidden_eval.version, backend_name)
+    known = _known_baselines.get(key)
+    if known is not None:
+        return known
     params = {"task_id": task.id, "model_name": model_name, "eval_version": task.hidden_eval.version, "backend": backend_name}
     row = run_sql(session, CACHED_BASELINE_SQL, params).first()
-    return float(row[0]) if row is not None else None
+    if row is None:
+        return None
+    if len(_known_baselines) >= KNOWN_BASELINES_KEPT:
+        _known_baselines.clear()
+    _known_baselines[key] = float(row[0])
+    return _known_baselines[key]
 
 
 def store_baseline(session: Session, task: TaskSpec, model_name: str, backend_name: str, score: Score) -> None:

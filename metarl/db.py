@@ -230,6 +230,12 @@ def driver_connection(connection: Connection | SqlTransaction) -> psycopg.Connec
     return connection.dbapi_connection if isinstance(connection, SqlTransaction) else connection.connection.dbapi_connection
 
 
+def database_identity(session: SqlTarget) -> tuple[str, int, str]:
+    """(host, port, database name) of the server the session talks to: a key for values cached per database in a process."""
+    info = driver_connection(session if isinstance(session, SqlTransaction) else session.connection()).info
+    return info.host, info.port, info.dbname
+
+
 def database_error(connection: Connection | SqlTransaction, err: psycopg.Error, statement: str, params: Mapping[str, Any]) -> BaseException:
     """SQLAlchemy's exception for a driver error of :func:`run_sql`; a dropped connection is invalidated (not pooled again)."""
     dialect = connection.dialect

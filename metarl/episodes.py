@@ -72,12 +72,21 @@ class StageRow:
     workspace_uri: str | None
     job_toml: str | None
     previous_errors: list[dict[str, Any]] | None
+    passed: bool | None = None
+    agent_tokens: int = 0
     inner_job: InnerJobRow | None = None
+
+    @property
+    def passed_attempt_and_tokens(self) -> tuple[int | None, int]:
+        """The reward's inputs from the attempts: this attempt if it passed the probe (None otherwise), and the agent tokens of
+        the attempts up to it (at eval, the one that passed: earlier attempts all failed)."""
+        return (self.probe_attempt if self.passed else None), self.agent_tokens
 
 
 STAGE_ROW_SQL = f"""
 SELECT e.id, e.run_id, r.created_at, r.status, e.stage, e.probe_attempt, e.task_id, e.policy_version,
-       pv.state_uri, cur.workspace_uri, cur.job_toml, prev.errors,
+       pv.state_uri, cur.workspace_uri, cur.job_toml, prev.errors, cur.passed,
+       (SELECT coalesce(sum(a.agent_tokens), 0) FROM probe_attempts a WHERE a.episode_id = e.id AND a.attempt <= e.probe_attempt),
        {', '.join(f'ij.{column} AS inner_{column}' for column in INNER_JOB_COLUMNS)}
 FROM episodes e
 JOIN runs r ON r.id = e.run_id
@@ -120,9 +129,11 @@ RUN_CONFIG_SQL = "SELECT config FROM runs WHERE id = %(run_id)s"
 
 def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
     """A StageRow from the columns of STAGE_ROW_SQL."""
-    (eid, run_id, created_at, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors) = columns[:12]
-    inner_job = inner_job_row(columns[12:])
-    return StageRow(eid, run_id, created_at, RunStatus(run_status), Stage(stage), attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, inner_job)
+    (eid, run_id, created_at, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, passed, tokens) = columns[:14]
+    inner_job = inner_job_row(columns[14:])
+    return StageRow(
+        eid, run_id, created_at, RunStatus(run_status), Stage(stage), attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, passed, int(tokens), inner_job
+    )
 
 
 def stage_row_and_claim(

@@ -20,7 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from metarl import claims
 from metarl.backends import registry
-from metarl.baselines import baseline_lookup, cached_baseline_and_attempts, store_baseline
+from metarl.baselines import baseline_lookup, cached_baseline, store_baseline
 from metarl.backends.base import EpisodeContext
 from metarl.claims import Claim, ClaimRefused
 from metarl.db import SqlTarget, run_sql, session_scope, sql_transaction
@@ -372,13 +372,13 @@ class EvalInputs:
 
 
 def eval_inputs(session: SqlTarget, config: RunConfig, ctx: EpisodeContext, row: StageRow) -> EvalInputs:
-    """The eval stage's loader: one statement reads the base score and the episode's probe attempts."""
+    """The eval stage's loader: the base score (read once per process; the attempts came with the stage row)."""
     spec = passing_job(ctx, row.job_toml)
     inner = row.inner_job
     if inner is None:
         raise RuntimeError(f"episode {ctx.episode_id} reached eval without an inner job record")
-    base_score, attempts = cached_baseline_and_attempts(session, ctx.task, spec.model.name, registry.eval_backend_name(config), ctx.episode_id)
-    return EvalInputs(spec, inner, base_score, attempts)
+    base_score = cached_baseline(session, ctx.task, spec.model.name, registry.eval_backend_name(config))
+    return EvalInputs(spec, inner, base_score, row.passed_attempt_and_tokens)
 
 
 def inner_job_name(run_id: str, episode_id: int) -> str:

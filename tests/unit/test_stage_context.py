@@ -45,3 +45,13 @@ def test_feedback_is_the_previous_attempts_probe_errors_only_after_the_first_att
     assert retried.feedback[0].fix == "use 16"
     # a first attempt has no previous attempt, whatever the row holds
     assert stage_context(row(1, ERRORS), config, specs["addition"]).feedback == []
+
+
+def test_the_rows_reward_inputs_are_its_attempt_when_it_passed_and_the_tokens_up_to_it() -> None:
+    import dataclasses
+
+    passed = dataclasses.replace(row(2, None), passed=True, agent_tokens=140)
+    assert passed.passed_attempt_and_tokens == (2, 140)
+    rejected = dataclasses.replace(row(3, None), passed=False, agent_tokens=90)
+    assert rejected.passed_attempt_and_tokens == (None, 90)
+    assert row(1, None).passed_attempt_and_tokens == (None, 0)  # not yet probed
