@@ -386,19 +386,10 @@ def reward_params(
     return {"episode_id": episode_id, "weights": json_param(config.reward.model_dump()), **breakdown.model_dump()}
 
 
-def store_reward(
-    session: SqlTarget,
-    *,
-    episode_id: int,
-    config: RunConfig,
-    task: TaskSpec,
-    base_score: float | None,
-    trained_score: float | None,
-    train_seconds: float | None,
-) -> None:
-    """Compute the episode's reward from its records and store it once (a second call stores nothing)."""
+def store_unscored_reward(session: SqlTarget, *, episode_id: int, config: RunConfig, task: TaskSpec) -> None:
+    """Store once the reward of an episode that ended without a scored job (never validated, or its inner job failed)."""
     attempts = passed_attempt_and_tokens(session, episode_id)
-    params = reward_params(episode_id=episode_id, config=config, task=task, attempts=attempts, base_score=base_score, trained_score=trained_score, train_seconds=train_seconds)
+    params = reward_params(episode_id=episode_id, config=config, task=task, attempts=attempts, base_score=None, trained_score=None, train_seconds=None)
     run_sql(session, STORE_REWARD_SQL, params)
 
 

@@ -35,7 +35,7 @@ from metarl.episodes import (
     stage_context,
     stage_row_and_claim,
     reward_record,
-    store_reward,
+    store_unscored_reward,
 )
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
 from metarl.inner_jobs import InnerJobRow, create_within_limits, inner_job_of, launch_record, poll_record
@@ -287,7 +287,7 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=[probed]):
             return "taken over"
         if to.ends_unvalidated:
-            store_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
+            store_unscored_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task)
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
     return "passed" if verdict.passed else "rejected"
 
@@ -468,7 +468,7 @@ def close_train_stage(
     to = Transition(Stage.done, probe_attempt)
     if not finish_and_move(session, job.claim, ClaimStatus.done, to, episode_error=f"inner job failed: {error or ''}", records=facts):
         return None
-    store_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task, base_score=None, trained_score=None, train_seconds=None)
+    store_unscored_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task)
     return to
 
 
