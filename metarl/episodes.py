@@ -222,8 +222,9 @@ SELECT (SELECT count(*) FROM finished), (SELECT group_id FROM moved), (SELECT co
 """
 """One statement: lock the claim (still this worker's, by its token) and the episode (still at the claimed stage
 and attempt) together, then close the claim, move the episode and write the stage's records
-(`{records}`, each conditioned on `held`: see `metarl.stage_records.WHEN_HELD`). Either all of it
-happens or nothing does, so a move that ends nothing else runs on its own in autocommit. A move that
+(`{records}`: those conditioned on `held`, see `metarl.stage_records.WHEN_HELD`, only with the move;
+facts such as a poll's or a charge either way). Either all of the move happens or none of it, so a
+move that ends nothing else runs on its own in autocommit. A move that
 ends the episode also locks its group row, so that CLOSE_GROUP_SQL, sent next in the same
 transaction, counts with a snapshot taken after any other ending episode of the group committed."""
 CLAIM_STILL_HELD_SQL = "SELECT EXISTS (SELECT 1 FROM stage_claims WHERE id = %(claim_id)s AND token = %(token)s AND status = 'running')"
@@ -393,16 +394,6 @@ def store_unscored_reward(session: SqlTarget, *, episode_id: int, config: RunCon
     run_sql(session, STORE_REWARD_SQL, params)
 
 
-def reward_record(
-    *,
-    episode_id: int,
-    config: RunConfig,
-    task: TaskSpec,
-    attempts: tuple[int | None, int],
-    base_score: float | None,
-    trained_score: float | None,
-    train_seconds: float | None,
-) -> StageRecord:
-    """The episode's reward as a record of its last move (`attempts` read beforehand: they do not change after the probe)."""
-    params = reward_params(episode_id=episode_id, config=config, task=task, attempts=attempts, base_score=base_score, trained_score=trained_score, train_seconds=train_seconds)
+def reward_record(params: dict[str, Any]) -> StageRecord:
+    """The episode's reward (`reward_params`) as a record of its last move: written only if the move happens."""
     return "reward", REWARD_WITH_MOVE_SQL, params

@@ -34,6 +34,7 @@ from metarl.episodes import (
     finish_and_move,
     stage_context,
     stage_row_and_claim,
+    reward_params,
     reward_record,
     store_unscored_reward,
 )
@@ -520,7 +521,9 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
         eval_seconds=time.perf_counter() - started,
     )
     rewarded = reward_record(
-        episode_id=episode_id, config=job.config, task=task, attempts=inputs.attempts, base_score=base_score, trained_score=trained.score, train_seconds=train_seconds
+        reward_params(
+            episode_id=episode_id, config=job.config, task=task, attempts=inputs.attempts, base_score=base_score, trained_score=trained.score, train_seconds=train_seconds
+        )
     )
     charges = cost_records(job.ctx.run_id, episode_id, trained.costs, backend.simulated)
     with sql_transaction(url) as session:
