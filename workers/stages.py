@@ -32,10 +32,10 @@ from metarl.episodes import (
     cost_records,
     ends_episode,
     finish_and_move,
-    stage_context,
-    stage_row_and_claim,
     reward_params,
     reward_record,
+    stage_context,
+    stage_row_and_claim,
     store_unscored_reward,
 )
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
