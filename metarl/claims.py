@@ -13,7 +13,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from metarl.db import SqlTarget, run_sql
-from metarl.stage_records import StageRecord, record_ctes
+from metarl.stage_records import StageRecord, with_records
 
 from schemas.records import ClaimStatus, Stage, StageClaim
 
@@ -117,11 +117,7 @@ def heartbeat(session: SqlTarget, claim: Claim, records: Sequence[StageRecord] =
     `records` (facts that stand whether or not the claim holds: a launch, a poll) are written in
     the same statement.
     """
-    params: dict[str, object] = {"now": utcnow(), "id": claim.claim_id, "token": claim.token}
-    if not records:
-        return _first(session, HEARTBEAT_SQL, params) is not None
-    ctes, record_params = record_ctes(records)
-    return _first(session, f"WITH {', '.join(ctes)}{HEARTBEAT_SQL}", {**params, **record_params}) is not None
+    return _first(session, *with_records(HEARTBEAT_SQL, {"now": utcnow(), "id": claim.claim_id, "token": claim.token}, records)) is not None
 
 
 def finish_claim(session: SqlTarget, claim: Claim, status: ClaimStatus, error: str | None = None) -> bool:

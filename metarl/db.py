@@ -212,7 +212,7 @@ def run_sql(session: SqlTarget, statement: str, params: Mapping[str, Any]) -> Sq
     as SQLAlchemy's exceptions (`OperationalError`, `IntegrityError`, ...), and a connection the
     server dropped is invalidated, as with ``session.execute``.
     """
-    target: Connection | SqlTransaction = session if isinstance(session, SqlTransaction) else session.connection()
+    target = statement_target(session)
     try:
         with driver_connection(target).cursor() as cursor:
             cursor.execute(statement, params)
@@ -225,6 +225,11 @@ def run_sql(session: SqlTarget, statement: str, params: Mapping[str, Any]) -> Sq
     return SqlRows(rows)
 
 
+def statement_target(session: SqlTarget) -> Connection | SqlTransaction:
+    """What a session's statements go through: the :class:`SqlTransaction` itself, or the ORM session's connection."""
+    return session if isinstance(session, SqlTransaction) else session.connection()
+
+
 def driver_connection(connection: Connection | SqlTransaction) -> psycopg.Connection:
     """The psycopg connection under a SQLAlchemy connection or a :class:`SqlTransaction`."""
     return connection.dbapi_connection if isinstance(connection, SqlTransaction) else connection.connection.dbapi_connection
@@ -232,7 +237,7 @@ def driver_connection(connection: Connection | SqlTransaction) -> psycopg.Connec
 
 def database_identity(session: SqlTarget) -> tuple[str, int, str]:
     """(host, port, database name) of the server the session talks to: a key for values cached per database in a process."""
-    info = driver_connection(session if isinstance(session, SqlTransaction) else session.connection()).info
+    info = driver_connection(statement_target(session)).info
     return info.host, info.port, info.dbname
 
 

@@ -16,7 +16,7 @@ from metarl.db import SqlTarget, SqlTransaction, json_param, run_sql, text_array
 from metarl.inner_jobs import INNER_JOB_COLUMNS, InnerJobRow, inner_job_row
 from metarl.ledger import RECORD_COST_SQL, cost_params
 from metarl.tick_wakeup import CHANNEL as TICK_CHANNEL
-from metarl.reward import RewardInputs, compute_reward, passed_attempt_and_tokens_of
+from metarl.reward import RewardInputs, compute_reward
 from metarl.stage_records import WHEN_HELD, StageRecord, record_ctes, write_records
 from orchestrator.transitions import TERMINAL_STAGES, Transition
 from schemas.base import FieldProblem
@@ -79,7 +79,8 @@ class StageRow:
     @property
     def passed_attempt_and_tokens(self) -> tuple[int | None, int]:
         """The reward's inputs from the attempts: this attempt if it passed the probe (None otherwise), and the agent tokens of
-        the attempts up to it (at eval, the one that passed: earlier attempts all failed)."""
+        the attempts up to it. At a train or eval stage this is the attempt that passed (earlier ones all failed); at a probe
+        that ends the episode unvalidated, None and the tokens of every attempt."""
         return (self.probe_attempt if self.passed else None), self.agent_tokens
 
 
@@ -343,7 +344,6 @@ def record_costs(session: SqlTarget, run_id: str, episode_id: int | None, costs:
     write_records(session, cost_records(run_id, episode_id, costs, simulated))
 
 
-ATTEMPTS_SQL = "SELECT attempt, passed, agent_tokens FROM probe_attempts WHERE episode_id = %(episode_id)s ORDER BY attempt"
 REWARD_INSERT_SQL = """
 INSERT INTO rewards (episode_id, total, job, validation, efficiency, speed, raw_improvement, weights, created_at)
 SELECT %(episode_id)s, %(total)s, %(job)s, %(validation)s, %(efficiency)s, %(speed)s, %(raw_improvement)s, %(weights)s, now()
@@ -353,11 +353,6 @@ ON CONFLICT ON CONSTRAINT uq_rewards_episode_id DO NOTHING
 STORE_REWARD_SQL = REWARD_INSERT_SQL.format(condition="")
 REWARD_WITH_MOVE_SQL = REWARD_INSERT_SQL.format(condition=f"WHERE {WHEN_HELD}")
 """The reward written on its own, and as a record of the eval stage's move (only if the move happens)."""
-
-
-def passed_attempt_and_tokens(session: SqlTarget, episode_id: int) -> tuple[int | None, int]:
-    """The attempt that passed the probe (None if none did) and the agent tokens spent up to it (or in all attempts)."""
-    return passed_attempt_and_tokens_of(run_sql(session, ATTEMPTS_SQL, {"episode_id": episode_id}))
 
 
 def reward_params(
@@ -370,7 +365,7 @@ def reward_params(
     trained_score: float | None,
     train_seconds: float | None,
 ) -> dict[str, Any]:
-    """The episode's reward from its records (`attempts`: passed attempt and agent tokens), as REWARD_INSERT_SQL's parameters (pure)."""
+    """The episode's reward from its records (`attempts`: `StageRow.passed_attempt_and_tokens`), as REWARD_INSERT_SQL's parameters (pure)."""
     passed_on, tokens = attempts
     breakdown = compute_reward(
         RewardInputs(
@@ -387,9 +382,8 @@ def reward_params(
     return {"episode_id": episode_id, "weights": json_param(config.reward.model_dump()), **breakdown.model_dump()}
 
 
-def store_unscored_reward(session: SqlTarget, *, episode_id: int, config: RunConfig, task: TaskSpec) -> None:
+def store_unscored_reward(session: SqlTarget, *, episode_id: int, config: RunConfig, task: TaskSpec, attempts: tuple[int | None, int]) -> None:
     """Store once the reward of an episode that ended without a scored job (never validated, or its inner job failed)."""
-    attempts = passed_attempt_and_tokens(session, episode_id)
     params = reward_params(episode_id=episode_id, config=config, task=task, attempts=attempts, base_score=None, trained_score=None, train_seconds=None)
     run_sql(session, STORE_REWARD_SQL, params)
 

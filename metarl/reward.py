@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.run_config import RewardWeights
@@ -75,13 +73,3 @@ def compute_reward(inputs: RewardInputs, weights: RewardWeights) -> RewardBreakd
     total = weights.job * job + weights.validation * validation + weights.efficiency * efficiency + weights.speed * speed
     return RewardBreakdown(total=total, job=job, validation=validation, efficiency=efficiency, speed=speed, raw_improvement=raw)
 
-
-def passed_attempt_and_tokens_of(attempts: Iterable[tuple[int, bool | None, int]]) -> tuple[int | None, int]:
-    """From (attempt, passed, agent tokens) in attempt order: the attempt that passed the probe (None if none did) and the
-    agent tokens spent up to it (or in all attempts)."""
-    tokens = 0
-    for attempt, passed, attempt_tokens in attempts:
-        tokens += attempt_tokens
-        if passed:
-            return attempt, tokens
-    return None, tokens

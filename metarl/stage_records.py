@@ -42,11 +42,18 @@ def record_ctes(records: Sequence[StageRecord]) -> tuple[list[str], dict[str, An
     return [_named_cte(name, sql) for name, sql, _ in records], params
 
 
+def with_records(statement: str, params: dict[str, Any], records: Sequence[StageRecord]) -> tuple[str, dict[str, Any]]:
+    """`statement` (one without a WITH of its own) preceded by the records as its CTEs, and the parameters of both."""
+    if not records:
+        return statement, params
+    ctes, record_params = record_ctes(records)
+    return f"WITH {', '.join(ctes)}\n{statement}", {**params, **record_params}
+
+
 def write_records(session: SqlTarget, records: Sequence[StageRecord]) -> None:
     """Write records on their own, in one statement (none of them may carry `WHEN_HELD`)."""
     if records:
-        ctes, params = record_ctes(records)
-        run_sql(session, f"WITH {', '.join(ctes)} SELECT 1", params)
+        run_sql(session, *with_records("SELECT 1", {}, records))
 SUBMISSION_SQL = f"""
 INSERT INTO probe_attempts (episode_id, attempt, job_toml, workspace_uri, agent_tokens, agent_backend, policy_tokens, behaviour_logprobs,
                             prompt_length, submitted_at)

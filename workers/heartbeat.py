@@ -107,11 +107,10 @@ class LeaseKeeper:
     beat; the caller's own compare-and-set at the end decides what counts.
     """
 
-    def __init__(self, database_url: str, renew: Callable[[Session], bool], interval_s: float, name: str = "lease"):
+    def __init__(self, database_url: str, renew: Callable[[Session], bool], interval_s: float):
         self.database_url = database_url
         self.renew = renew
         self.interval_s = interval_s
-        self.name = name
         self.lost = threading.Event()
         self.beats = 0
         self.ended = False
@@ -141,5 +140,5 @@ class Heartbeater(LeaseKeeper):
     """Renews a stage claim every `interval_s` seconds while its work runs."""
 
     def __init__(self, database_url: str, claim: Claim, interval_s: float):
-        super().__init__(database_url, lambda session: heartbeat(session, claim), interval_s, name=str(claim.claim_id))
+        super().__init__(database_url, lambda session: heartbeat(session, claim), interval_s)
         self.claim = claim

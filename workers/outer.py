@@ -135,7 +135,7 @@ def renew_outer_claim(session: Session, claim: OuterClaim) -> bool:
 
 def keep_alive(claim: OuterClaim, lease_s: float) -> LeaseKeeper:
     """A background heartbeat of the claim for the duration of a `with` block."""
-    return LeaseKeeper(database_url(), lambda session: renew_outer_claim(session, claim), heartbeat_interval(lease_s), name=f"outer-{claim.outer_step_id}")
+    return LeaseKeeper(database_url(), lambda session: renew_outer_claim(session, claim), heartbeat_interval(lease_s))
 
 
 def fail_outer_step(claim: OuterClaim, message: str) -> bool:

@@ -76,13 +76,15 @@ STAGE_TASK_NAMES = {
 
 @dataclass
 class StageJob:
-    """A claimed stage with what its work needs (`loaded`: what the stage's loader read in the claim's transaction)."""
+    """A claimed stage with what its work needs (`loaded`: what the stage's loader read in the claim's transaction;
+    `attempts`: the reward's inputs from the stage row, `StageRow.passed_attempt_and_tokens`)."""
 
     claim: Claim
     config: RunConfig
     ctx: EpisodeContext
     job_toml: str | None = None
     loaded: Any = None
+    attempts: tuple[int | None, int] = (None, 0)
 
 
 StageLoader = Callable[[SqlTarget, RunConfig, EpisodeContext, StageRow], Any]
@@ -127,7 +129,7 @@ def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token
         ctx = stage_context(row, config, task)
         last_error = run_sql(session, CLAIM_ERROR_SQL, {"id": claim.claim_id}).scalar_one() if claim.takeovers else None
         loaded = load(session, config, ctx, row) if load is not None and claim.takeovers <= config.retries.max_stage_attempts else None
-    job = StageJob(claim=claim, config=config, ctx=ctx, job_toml=row.job_toml, loaded=loaded)
+    job = StageJob(claim=claim, config=config, ctx=ctx, job_toml=row.job_toml, loaded=loaded, attempts=row.passed_attempt_and_tokens)
     if claim.takeovers > config.retries.max_stage_attempts:
         message = f"stage {stage.value} was abandoned {claim.takeovers} times (workers died or crashed in it); giving up"
         fail_episode(job, stage, f"{message}; last error: {last_error}" if last_error else message)
@@ -288,7 +290,7 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=[probed]):
             return "taken over"
         if to.ends_unvalidated:
-            store_unscored_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task)
+            store_unscored_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task, attempts=job.attempts)
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
     return "passed" if verdict.passed else "rejected"
 
@@ -363,23 +365,21 @@ def train_inputs(_claimed: SqlTarget, config: RunConfig, ctx: EpisodeContext, ro
 
 @dataclass(frozen=True)
 class EvalInputs:
-    """What the eval stage's claim read: the passing job, its finished inner job, the cached base score (None if not yet
-    measured), and the attempt that passed with the agent tokens spent up to it (the reward's inputs from the records)."""
+    """What the eval stage's claim read: the passing job, its finished inner job, the cached base score (None if not yet measured)."""
 
     spec: JobSpec
     inner: InnerJobRow
     base_score: float | None
-    attempts: tuple[int | None, int]
 
 
 def eval_inputs(session: SqlTarget, config: RunConfig, ctx: EpisodeContext, row: StageRow) -> EvalInputs:
-    """The eval stage's loader: the base score (read once per process; the attempts came with the stage row)."""
+    """The eval stage's loader: the passing job, its inner job (read with the stage row) and the base score (read once per process)."""
     spec = passing_job(ctx, row.job_toml)
     inner = row.inner_job
     if inner is None:
         raise RuntimeError(f"episode {ctx.episode_id} reached eval without an inner job record")
     base_score = cached_baseline(session, ctx.task, spec.model.name, registry.eval_backend_name(config))
-    return EvalInputs(spec, inner, base_score, row.passed_attempt_and_tokens)
+    return EvalInputs(spec, inner, base_score)
 
 
 def inner_job_name(run_id: str, episode_id: int) -> str:
@@ -469,7 +469,7 @@ def close_train_stage(
     to = Transition(Stage.done, probe_attempt)
     if not finish_and_move(session, job.claim, ClaimStatus.done, to, episode_error=f"inner job failed: {error or ''}", records=facts):
         return None
-    store_unscored_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task)
+    store_unscored_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task, attempts=job.attempts)
     return to
 
 
@@ -522,7 +522,7 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
     )
     rewarded = reward_record(
         reward_params(
-            episode_id=episode_id, config=job.config, task=task, attempts=inputs.attempts, base_score=base_score, trained_score=trained.score, train_seconds=train_seconds
+            episode_id=episode_id, config=job.config, task=task, attempts=job.attempts, base_score=base_score, trained_score=trained.score, train_seconds=train_seconds
         )
     )
     charges = cost_records(job.ctx.run_id, episode_id, trained.costs, backend.simulated)

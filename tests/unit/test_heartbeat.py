@@ -12,7 +12,7 @@ class CountingKeeper(LeaseKeeper):
     """A lease whose renewal is counted instead of sent (and is lost at call `lose_at`, or takes `slow_s`)."""
 
     def __init__(self, interval_s: float, lose_at: int | None = None, slow_s: float = 0.0):
-        super().__init__("postgresql://unused", lambda session: True, interval_s, name="counting")
+        super().__init__("postgresql://unused", lambda session: True, interval_s)
         self.calls = 0
         self.lose_at = lose_at
         self.slow_s = slow_s

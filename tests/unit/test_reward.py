@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metarl.reward import RewardInputs, compute_reward, efficiency_credit, job_credit, passed_attempt_and_tokens_of, speed_credit, validation_credit
+from metarl.reward import RewardInputs, compute_reward, efficiency_credit, job_credit, speed_credit, validation_credit
 from schemas.run_config import RewardWeights
 
 WEIGHTS = RewardWeights()
@@ -79,9 +79,3 @@ def test_fast_flat_job_never_beats_slower_real_improvement(base, gain, slow_seco
     flat = compute_reward(inputs(base_score=base, trained_score=base, train_seconds=fast_seconds, passed_on_attempt=attempt, agent_tokens=tokens), weights)
     assert improved.total > flat.total
 
-
-def test_the_passing_attempt_and_the_tokens_spent_up_to_it() -> None:
-    assert passed_attempt_and_tokens_of([(1, False, 100), (2, True, 40), (3, None, 7)]) == (2, 140)
-    assert passed_attempt_and_tokens_of([(1, False, 100), (2, False, 40)]) == (None, 140)
-    assert passed_attempt_and_tokens_of([(1, None, 30)]) == (None, 30)  # submitted, not yet probed
-    assert passed_attempt_and_tokens_of([]) == (None, 0)
