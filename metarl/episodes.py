@@ -208,7 +208,7 @@ WITH held AS (
     SELECT c.id FROM stage_claims c JOIN episodes e ON e.id = c.episode_id
     WHERE c.id = %(claim_id)s AND c.token = %(token)s AND c.status = 'running'
       AND e.id = %(episode_id)s AND e.stage = %(from_stage)s AND e.probe_attempt = %(from_attempt)s
-    FOR UPDATE OF c, e
+    FOR NO KEY UPDATE OF c, e
 ),
 finished AS (UPDATE stage_claims SET {FINISH_SET} WHERE id IN (SELECT id FROM held) RETURNING id),
 moved AS (
@@ -218,7 +218,7 @@ moved AS (
     WHERE id = %(episode_id)s AND EXISTS (SELECT 1 FROM held)
     RETURNING group_id
 ),
-locked AS (SELECT g.id FROM episode_groups g JOIN moved ON g.id = moved.group_id WHERE %(terminal)s FOR UPDATE OF g){{records}}
+locked AS (SELECT g.id FROM episode_groups g JOIN moved ON g.id = moved.group_id WHERE %(terminal)s FOR NO KEY UPDATE OF g){{records}}
 SELECT (SELECT count(*) FROM finished), (SELECT group_id FROM moved), (SELECT count(*) FROM locked)
 """
 """One statement: lock the claim (still this worker's, by its token) and the episode (still at the claimed stage
@@ -227,7 +227,8 @@ and attempt) together, then close the claim, move the episode and write the stag
 facts such as a poll's or a charge either way). Either all of the move happens or none of it, so a
 move that ends nothing else runs on its own in autocommit. A move that
 ends the episode also locks its group row, so that CLOSE_GROUP_SQL, sent next in the same
-transaction, counts with a snapshot taken after any other ending episode of the group committed."""
+transaction, counts with a snapshot taken after any other ending episode of the group committed. The locks are
+FOR NO KEY UPDATE: they serialise movers, and leave alone the inserts whose foreign keys point at these rows."""
 CLAIM_STILL_HELD_SQL = "SELECT EXISTS (SELECT 1 FROM stage_claims WHERE id = %(claim_id)s AND token = %(token)s AND status = 'running')"
 """Why a move wrote nothing, read after it (a new snapshot, so it sees what the move waited for): the claim still held means the episode moved on."""
 CLOSE_GROUP_SQL = f"""

@@ -39,7 +39,7 @@ def retry_message(step: int, previous_error: str) -> str:
 
 def reopen_failed_run(session: Session, run_id: str) -> ReopenedStep:
     """In the caller's transaction: put the run's failed outer step back to pending and the run back to running."""
-    run = session.get(Run, run_id, with_for_update=True)
+    run = session.get(Run, run_id, with_for_update={"key_share": True})  # FOR NO KEY UPDATE: see orchestrator.loop.RUN_ROW_LOCK
     if run is None:
         raise NotRetryable(f"no run with id {run_id}")
     if run.status != RunStatus.failed:

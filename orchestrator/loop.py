@@ -37,6 +37,10 @@ FINAL_STATUSES = (RunStatus.finished, RunStatus.stopped, RunStatus.failed)
 DATABASE_ERRORS = (OperationalError, InterfaceError)
 """What a database that went away (restart, network) raises; the loop waits for it instead of exiting."""
 MAX_OUTAGE_WAIT_S = 5.0
+RUN_ROW_LOCK = {"key_share": True}
+"""A tick locks its run's row FOR NO KEY UPDATE: it serialises with every other writer of the row, but not with the stage
+inserts that reference the run (claims, charges, inner jobs take FOR KEY SHARE on it through their foreign keys), which
+FOR UPDATE would hold up for the whole tick."""
 
 
 def create_run(database_url: str, config: RunConfig, task_specs: dict[str, TaskSpec]) -> str:
@@ -154,7 +158,7 @@ class Orchestrator:
         dispatches: list[StageDispatch] = []
         outer_ids: list[int] = []
         with session_scope(self.database_url) as session:
-            run = session.get(Run, self.run_id, with_for_update=True)
+            run = session.get(Run, self.run_id, with_for_update=RUN_ROW_LOCK)
             if run is None:
                 raise RunNotFound(f"no run with id {self.run_id}")
             report.status = run.status
