@@ -11,31 +11,21 @@ from typing import Any, Literal
 
 
 from metarl.backends.base import LaunchResult, PollResult
-from metarl.db import SqlTarget, json_param, run_sql, text_array_literal
-from metarl.ledger import RUN_SPEND_SQL
+from metarl.db import SqlTarget, json_param, run_sql
 from metarl.stage_records import StageRecord
 from schemas.records import InnerJobStatus
 
 INNER_JOB_COLUMNS = ("id", "name", "backend", "external_id", "status", "backend_state", "checkpoint_uri", "error", "train_seconds")
 """The columns an InnerJobRow is made of, in its fields' order (also read with the stage row: `metarl.episodes.STAGE_ROW_SQL`)."""
 INNER_JOB_SQL = f"SELECT {', '.join(INNER_JOB_COLUMNS)} FROM inner_jobs WHERE episode_id = %(episode_id)s"
-LOCK_RUN_SQL = "SELECT pg_advisory_xact_lock(%(key)s)"
-ACTIVE_STATUSES = (InnerJobStatus.launching, InnerJobStatus.running)
-CREATE_WITHIN_LIMITS_SQL = f"""
-WITH limits AS (
-    SELECT ({RUN_SPEND_SQL}) AS spent,
-           (SELECT count(*) FROM inner_jobs WHERE backend = %(backend)s AND status = ANY({text_array_literal(status.value for status in ACTIVE_STATUSES)})) AS active
-),
-created AS (
-    INSERT INTO inner_jobs (run_id, episode_id, name, backend, simulated, status, launch_count, backend_state, model_name, created_at)
-    SELECT %(run_id)s, %(episode_id)s, %(name)s, %(backend)s, %(simulated)s, %(status)s, 0, %(state)s, %(model_name)s, now()
-    FROM limits WHERE limits.spent < %(max_usd)s AND limits.active < %(capacity)s
-    RETURNING id
-)
-SELECT limits.spent, limits.active, (SELECT id FROM created) FROM limits
+CREATE_WITHIN_LIMITS_SQL = """
+SELECT spent, active, job_id FROM metarl_create_inner_job(
+    %(run_id)s::text, %(episode_id)s::bigint, %(name)s::text, %(backend)s::text, %(simulated)s::boolean, %(model_name)s::text,
+    %(max_usd)s::double precision, %(capacity)s::integer)
 """
-"""The run's spend and the backend's active jobs, and the new inner job when both are under their caps: one statement.
-Sent after LOCK_RUN_SQL in the same transaction, so its snapshot sees every creation that took the lock before."""
+"""The run's spend, the backend's active jobs and the new inner job's id (NULL when a cap stopped it): one statement.
+The function (migration 0005) takes the backend's advisory lock first and counts its `launching` and `running` jobs; in autocommit it is released when the insert is
+visible, so the next caller's count sees it."""
 LAUNCHED_SQL = """
 UPDATE inner_jobs
 SET external_id = %(external_id)s, backend_state = %(state)s, status = %(running)s, launched_at = now(), launch_count = launch_count + 1, error = NULL
@@ -79,20 +69,21 @@ def inner_job_row(columns: tuple[Any, ...] | None) -> InnerJobRow | None:
 
 
 def create_within_limits(
-    session: SqlTarget, *, run_key: int, run_id: str, episode_id: int, name: str, backend: str, simulated: bool, model_name: str, max_usd: float, capacity: int
+    session: SqlTarget, *, run_id: str, episode_id: int, name: str, backend: str, simulated: bool, model_name: str, max_usd: float, capacity: int
 ) -> InnerJobRow | Literal["budget", "capacity"]:
-    """Under the run's advisory lock (held to the end of the caller's transaction): insert the episode's inner job in state
-    `launching` (no external id yet) when the run's spend is under `max_usd` and the backend runs fewer than `capacity`
-    jobs; otherwise which cap stopped it (the budget first)."""
-    run_sql(session, LOCK_RUN_SQL, {"key": run_key})
+    """Insert the episode's inner job in state `launching` (no external id yet) when the run's spend is under `max_usd`
+    and the backend runs fewer than `capacity` jobs; otherwise say which cap stopped it (the budget first).
+
+    One statement (`metarl_create_inner_job`), serialised with every other creation on the same
+    backend by an advisory lock held to the end of the caller's transaction: send it in autocommit,
+    so the lock is held only while it runs.
+    """
     params = {
         "run_id": run_id,
         "episode_id": episode_id,
         "name": name,
         "backend": backend,
         "simulated": simulated,
-        "status": InnerJobStatus.launching.value,
-        "state": json_param({}),
         "model_name": model_name,
         "max_usd": max_usd,
         "capacity": capacity,

@@ -337,29 +337,27 @@ class TrainInputs:
     blocked: Literal["budget", "capacity"] | None = None
 
 
-def train_inputs(_claimed: SqlTarget, config: RunConfig, ctx: EpisodeContext, row: StageRow) -> TrainInputs:
+def train_inputs(claimed: SqlTarget, config: RunConfig, ctx: EpisodeContext, row: StageRow) -> TrainInputs:
     """The train stage's loader: the passing job and its inner job, created here on the first submit when budget and capacity allow.
 
-    The creation is a transaction of its own: the capacity count and the insert run under the run's
-    advisory lock, so two submits never both take the last slot.
+    The creation is one autocommit statement on the claim's connection; the capacity count and the
+    insert run under the backend's advisory lock, so two submits never both take the last slot.
     """
     spec = passing_job(ctx, row.job_toml)
     if row.inner_job is not None:
         return TrainInputs(spec, row.inner_job)
     backend = registry.train_backend(config)
-    with sql_transaction(database_url()) as session:
-        created = create_within_limits(
-            session,
-            run_key=hash_run(ctx.run_id),
-            run_id=ctx.run_id,
-            episode_id=ctx.episode_id,
-            name=inner_job_name(ctx.run_id, ctx.episode_id),
-            backend=backend.name,
-            simulated=backend.simulated,
-            model_name=spec.model.name,
-            max_usd=config.budget.max_run_usd,
-            capacity=backend.capacity(),
-        )
+    created = create_within_limits(
+        claimed,
+        run_id=ctx.run_id,
+        episode_id=ctx.episode_id,
+        name=inner_job_name(ctx.run_id, ctx.episode_id),
+        backend=backend.name,
+        simulated=backend.simulated,
+        model_name=spec.model.name,
+        max_usd=config.budget.max_run_usd,
+        capacity=backend.capacity(),
+    )
     return TrainInputs(spec, None, created) if isinstance(created, str) else TrainInputs(spec, created)
 
 
@@ -449,10 +447,6 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         return "taken over"
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
     return ended.value
-
-
-def hash_run(run_id: str) -> int:
-    return int(run_id.replace("-", "")[:15], 16)
 
 
 def close_train_stage(

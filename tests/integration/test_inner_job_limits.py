@@ -1,0 +1,114 @@
+"""The train submit's inner-job creation: one statement under the backend's lock, and a tick that does not hold up stage inserts."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+from sqlalchemy import func, select
+
+from metarl.db import session_scope, sql_transaction
+from metarl.episodes import stage_row_and_claim
+from metarl.inner_jobs import create_within_limits
+from orchestrator.loop import RUN_ROW_LOCK
+from schemas.records import CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, Run, Stage
+
+pytestmark = pytest.mark.integration
+
+
+def make_run(url: str, episodes: int) -> tuple[str, list[int]]:
+    """A run with one group of `episodes` episodes at the train stage."""
+    run_id = str(uuid.uuid4())
+    with session_scope(url) as session:
+        session.add(Run(id=run_id, name="limits", config={}, task_specs={}))
+        session.flush()
+        group = EpisodeGroup(run_id=run_id, task_id="addition", policy_version=0, size=episodes)
+        session.add(group)
+        session.flush()
+        rows = [Episode(run_id=run_id, group_id=group.id, index_in_group=i, task_id="addition", policy_version=0, stage=Stage.train) for i in range(episodes)]
+        session.add_all(rows)
+        session.flush()
+        return run_id, [row.id for row in rows]
+
+
+def create(url: str, run_id: str, episode_id: int, *, capacity: int, max_usd: float = 100.0, backend: str = "sim"):  # type: ignore[no-untyped-def]
+    with sql_transaction(url, autocommit=True) as sql:
+        return create_within_limits(
+            sql,
+            run_id=run_id,
+            episode_id=episode_id,
+            name=f"job-{episode_id}",
+            backend=backend,
+            simulated=True,
+            model_name="tiny",
+            max_usd=max_usd,
+            capacity=capacity,
+        )
+
+
+def test_capacity_is_per_backend_across_runs(pg_url):
+    run_a, (a1, a2) = make_run(pg_url, 2)
+    run_b, (b1, b2) = make_run(pg_url, 2)
+    first = create(pg_url, run_a, a1, capacity=2)
+    assert not isinstance(first, str) and first.status == InnerJobStatus.launching and first.external_id is None
+    assert not isinstance(create(pg_url, run_b, b1, capacity=2), str)
+    assert create(pg_url, run_a, a2, capacity=2) == "capacity", "the other run's job holds the backend's second slot"
+    assert not isinstance(create(pg_url, run_b, b2, capacity=2, backend="local"), str), "another backend has slots of its own"
+    with session_scope(pg_url) as session:
+        session.execute(InnerJob.__table__.update().where(InnerJob.episode_id == a1).values(status=InnerJobStatus.succeeded))
+    assert not isinstance(create(pg_url, run_a, a2, capacity=2), str), "a finished job frees its slot"
+
+
+def test_budget_is_checked_before_capacity(pg_url):
+    run_id, (first, second) = make_run(pg_url, 2)
+    assert not isinstance(create(pg_url, run_id, first, capacity=1, max_usd=1.0), str)
+    with session_scope(pg_url) as session:
+        session.add(
+            CostEntry(
+                run_id=run_id, source="pod", description="pod time", quantity=1.0, unit="h", unit_price_usd=1.5, amount_usd=1.5, simulated=True, idempotency_key="k1"
+            )
+        )
+    assert create(pg_url, run_id, second, capacity=1, max_usd=1.0) == "budget"
+    assert create(pg_url, run_id, second, capacity=1, max_usd=2.0) == "capacity"
+
+
+def test_concurrent_creations_never_pass_the_capacity(pg_url):
+    runs = [make_run(pg_url, 6) for _ in range(2)]
+    start = threading.Barrier(12)
+    outcomes: list[object] = []
+    lock = threading.Lock()
+
+    def submit(run_id: str, episode_id: int) -> None:
+        start.wait(10)
+        created = create(pg_url, run_id, episode_id, capacity=3)
+        with lock:
+            outcomes.append(created)
+
+    threads = [threading.Thread(target=submit, args=(run_id, episode_id)) for run_id, ids in runs for episode_id in ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(outcomes) == 12
+    assert sum(not isinstance(outcome, str) for outcome in outcomes) == 3
+    assert outcomes.count("capacity") == 9
+    with session_scope(pg_url) as session:
+        assert session.execute(select(func.count()).select_from(InnerJob)).scalar_one() == 3
+
+
+def test_a_tick_holding_its_run_row_does_not_hold_up_a_stage_claim(pg_url):
+    run_id, (episode_id,) = make_run(pg_url, 1)
+    claimed = threading.Event()
+
+    def claim() -> None:
+        with sql_transaction(pg_url, autocommit=True) as sql:
+            stage_row_and_claim(sql, episode_id=episode_id, stage=Stage.train, probe_attempt=1, worker="w", token=None)
+        claimed.set()
+
+    with session_scope(pg_url) as tick:
+        tick.get(Run, run_id, with_for_update=RUN_ROW_LOCK)  # held until the tick's transaction ends
+        claimer = threading.Thread(target=claim)
+        claimer.start()
+        assert claimed.wait(5), "the claim's insert (a foreign key to the run) waited for the tick's row lock"
+    claimer.join(5)
