@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 
 from celery import Celery
 from celery.signals import worker_process_init
 from kombu import Queue
 from kombu.transport import TRANSPORT_ALIASES
 
-from metarl.settings import BROKER_ENV
+from metarl.errors import describe_error
+from metarl.settings import BROKER_ENV, DATABASE_ENV
 from workers.queues import QUEUES, filesystem_folder
 
 __all__ = ["QUEUES", "VISIBILITY_TIMEOUT_S", "app", "filesystem_folder", "make_app", "transport_options"]
+
+log = logging.getLogger("metarl.worker")
 
 VISIBILITY_TIMEOUT_S = 12 * 3600
 
@@ -60,6 +65,23 @@ app = make_app()
 
 @worker_process_init.connect
 def _fresh_connections(**_: object) -> None:
+    """After fork: forget the parent's pooled connections, then open this process's first one in the background."""
     from metarl.db import dispose_engines
 
     dispose_engines()
+    url = os.environ.get(DATABASE_ENV)
+    if url:
+        threading.Thread(target=warm_database_pool, args=(url,), name="database-warm-up", daemon=True).start()
+
+
+def warm_database_pool(url: str) -> None:
+    """Connect before the first task needs it (a task that comes first connects itself); a database that is down is only logged:
+    the tasks' own connections report it and the orchestrator pauses the run."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from metarl.db import warm_pool
+
+    try:
+        warm_pool(url)
+    except SQLAlchemyError as err:
+        log.warning("could not connect to the run database at worker start (tasks will try again): %s", describe_error(err))
