@@ -214,8 +214,8 @@ def fill(url: str, run_id: str, target: int) -> tuple[int, int, float]:
                 o=o["policy_versions"], os=o["outer_steps"], shift=shift,
             )
             q(
-                """INSERT INTO episode_groups (id, run_id, task_id, policy_version, size, held_out, status, outer_step_id, created_at)
-                   SELECT id + :o, run_id, task_id, policy_version + :shift, size, held_out, status, outer_step_id + :os, created_at FROM t_episode_groups""",
+                """INSERT INTO episode_groups (id, run_id, task_id, policy_version, size, held_out, status, ended_episodes, outer_step_id, created_at)
+                   SELECT id + :o, run_id, task_id, policy_version + :shift, size, held_out, status, ended_episodes, outer_step_id + :os, created_at FROM t_episode_groups""",
                 o=o["episode_groups"], os=o["outer_steps"], shift=shift,
             )
             q(

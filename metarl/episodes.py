@@ -12,7 +12,7 @@ from typing import Any
 
 from metarl.backends.base import CostItem, EpisodeContext
 from metarl.claims import FINISH_SET, NEW_CLAIM_COLUMNS, NEW_CLAIM_VALUES, Claim, finish_params, utcnow
-from metarl.db import SqlTarget, SqlTransaction, json_param, run_sql, text_array_literal
+from metarl.db import SqlTarget, json_param, run_sql, text_array_literal
 from metarl.inner_jobs import INNER_JOB_COLUMNS, InnerJobRow, inner_job_row
 from metarl.ledger import RECORD_COST_SQL, cost_params
 from metarl.tick_wakeup import CHANNEL as TICK_CHANNEL
@@ -20,7 +20,7 @@ from metarl.reward import RewardInputs, compute_reward
 from metarl.stage_records import WHEN_HELD, StageRecord, record_ctes, write_records
 from orchestrator.transitions import TERMINAL_STAGES, Transition
 from schemas.base import FieldProblem
-from schemas.records import ClaimStatus, GroupStatus, Run, RunStatus, Stage
+from schemas.records import ClaimStatus, Run, RunStatus, Stage
 from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
@@ -218,34 +218,33 @@ moved AS (
     WHERE id = %(episode_id)s AND EXISTS (SELECT 1 FROM held)
     RETURNING group_id
 ),
-locked AS (SELECT g.id FROM episode_groups g JOIN moved ON g.id = moved.group_id WHERE %(terminal)s FOR NO KEY UPDATE OF g){{records}}
-SELECT (SELECT count(*) FROM finished), (SELECT group_id FROM moved), (SELECT count(*) FROM locked)
+counted AS (
+    UPDATE episode_groups g
+    SET ended_episodes = g.ended_episodes + 1,
+        status = CASE WHEN g.status = 'open' AND g.ended_episodes + 1 >= g.size THEN (CASE WHEN g.held_out THEN 'evaluated' ELSE 'complete' END)
+                      ELSE g.status END
+    FROM moved WHERE g.id = moved.group_id AND %(terminal)s
+    RETURNING g.run_id, g.ended_episodes = g.size AND g.status IN ('complete', 'evaluated') AS completed
+),
+notified AS (SELECT pg_notify('{TICK_CHANNEL}', run_id) FROM counted WHERE completed){{records}}
+SELECT (SELECT count(*) FROM finished), (SELECT count(*) FROM notified)
 """
 """One statement: lock the claim (still this worker's, by its token) and the episode (still at the claimed stage
 and attempt) together, then close the claim, move the episode and write the stage's records
 (`{records}`: those conditioned on `held`, see `metarl.stage_records.WHEN_HELD`, only with the move;
 facts such as a poll's or a charge either way). Either all of the move happens or none of it, so a
-move that ends nothing else runs on its own in autocommit. A move that
-ends the episode also locks its group row, so that CLOSE_GROUP_SQL, sent next in the same
-transaction, counts with a snapshot taken after any other ending episode of the group committed. The locks are
-FOR NO KEY UPDATE: they serialise movers, and leave alone the inserts whose foreign keys point at these rows."""
+move runs on its own in autocommit. A move that ends the episode counts it on its group's row; the
+one that brings the count to the group's size completes the group (evaluated, if held out) and asks
+its run's orchestrator for a (gapped) tick, delivered when the statement commits (`metarl.tick_wakeup`).
+Two episodes of a group ending at once update the same row: the second waits for the first and then
+counts on the row as the first left it. The locks are FOR NO KEY UPDATE: they serialise movers, and
+leave alone the inserts whose foreign keys point at these rows."""
 CLAIM_STILL_HELD_SQL = "SELECT EXISTS (SELECT 1 FROM stage_claims WHERE id = %(claim_id)s AND token = %(token)s AND status = 'running')"
 """Why a move wrote nothing, read after it (a new snapshot, so it sees what the move waited for): the claim still held means the episode moved on."""
-CLOSE_GROUP_SQL = f"""
-WITH closed AS (
-    UPDATE episode_groups g SET status = CASE WHEN g.held_out THEN %(evaluated)s ELSE %(complete)s END
-    WHERE g.id = %(group_id)s AND g.status = %(open)s
-      AND (SELECT count(*) FROM episodes e WHERE e.group_id = g.id AND e.stage = ANY({text_array_literal(stage.value for stage in TERMINAL_STAGES)})) >= g.size
-    RETURNING g.run_id
-)
-SELECT pg_notify('{TICK_CHANNEL}', closed.run_id) FROM closed
-"""
-"""Complete the group once all its episodes ended and, in the same statement, ask its run's orchestrator for a (gapped)
-tick: the notification is delivered when the transaction commits (`metarl.tick_wakeup`)."""
 
 
 def ends_episode(to: Transition) -> bool:
-    """Whether a move to `to` ends the episode: then it completes its group in a second statement, so it needs a transaction."""
+    """Whether a move to `to` ends the episode (its group counts it)."""
     return to.stage in TERMINAL_STAGES
 
 
@@ -269,12 +268,9 @@ def finish_and_move(
     False when the claim was taken over (nothing written). Raises StaleTransition when the episode
     moved on (nothing written either). Records without `WHEN_HELD` (a poll's facts) are written in
     both cases: in autocommit they stay, in a transaction the caller decides. An ending move
-    completes the group when it was the group's last episode: that is a second statement, so it
-    needs the caller's transaction.
+    completes the group when it was the group's last episode, in the same statement.
     """
     terminal = ends_episode(to)
-    if terminal and isinstance(session, SqlTransaction) and session.dbapi_connection.autocommit:
-        raise ValueError("a move that ends the episode completes its group in a second statement: run it in a transaction, not in autocommit")
     params: dict[str, Any] = {
         **finish_params(claim, status, claim_error),
         "to_stage": to.stage.value,
@@ -290,32 +286,12 @@ def finish_and_move(
             raise ValueError(f"record {name} is for episode_id {record_params['episode_id']}, not the moved episode {claim.episode_id}")
     ctes, record_params = record_ctes(records)
     params.update(record_params)
-    finished, group_id, _locked = run_sql(session, finish_and_move_sql(ctes), params).one()
+    finished = run_sql(session, finish_and_move_sql(ctes), params).one()[0]
     if not finished:
         if run_sql(session, CLAIM_STILL_HELD_SQL, {"claim_id": claim.claim_id, "token": claim.token}).scalar_one():
             raise StaleTransition(f"episode {claim.episode_id} is no longer at {claim.stage.value}/{claim.probe_attempt}")
         return False
-    if terminal:
-        close_group_if_finished(session, group_id)
     return True
-
-
-def close_group_if_finished(session: SqlTarget, group_id: int) -> None:
-    """Mark the group complete (evaluated, if held out) once all its episodes ended, and ask for a tick.
-
-    The caller locked the group row (FINISH_AND_MOVE_SQL), so of two episodes of a group ending at
-    once the second one's count (a new statement, so a new snapshot) sees the first one's move.
-    """
-    run_sql(
-        session,
-        CLOSE_GROUP_SQL,
-        {
-            "group_id": group_id,
-            "evaluated": GroupStatus.evaluated.value,
-            "complete": GroupStatus.complete.value,
-            "open": GroupStatus.open.value,
-        },
-    )
 
 
 def cost_records(run_id: str, episode_id: int | None, costs: list[CostItem], simulated: bool) -> list[StageRecord]:

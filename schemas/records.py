@@ -156,6 +156,8 @@ class EpisodeGroup(Base):
     size: Mapped[int] = mapped_column(Integer, nullable=False)
     held_out: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
     status: Mapped[GroupStatus] = mapped_column(_enum(GroupStatus, "group_status"), nullable=False, default=GroupStatus.open)
+    ended_episodes: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
+    """Episodes of the group that ended (done or failed), counted by their ending moves (`metarl.episodes.FINISH_AND_MOVE_SQL`)."""
     outer_step_id: Mapped[int | None] = mapped_column(ForeignKey("outer_steps.id"))
     created_at: Mapped[dt.datetime] = _now_column()
 

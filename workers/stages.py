@@ -520,7 +520,7 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
         )
     )
     charges = cost_records(job.ctx.run_id, episode_id, trained.costs, backend.simulated)
-    with sql_transaction(url) as session:
+    with sql_transaction(url, autocommit=True) as session:
         if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=[evaluated, rewarded, *charges]):
             return "taken over"
     return "scored"

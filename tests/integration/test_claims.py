@@ -155,19 +155,64 @@ def test_a_move_in_autocommit_writes_its_records_with_it_or_nothing(pg_url):
         assert session.get(Episode, episode_id).stage == Stage.probe and session.get(StageClaim, stolen.claim_id).status == ClaimStatus.done
 
 
-def test_an_ending_move_needs_a_transaction_and_records_must_agree_with_the_move(pg_url):
+def test_an_ending_move_completes_its_group_in_autocommit_and_records_must_agree_with_the_move(pg_url):
     run_id, episode_id = make_episode(pg_url)
     _, held = row_and_claim(pg_url, episode_id, "a")
-    with pytest.raises(ValueError, match="transaction"):
-        with sql_transaction(pg_url, autocommit=True) as sql:
-            finish_and_move(sql, held, ClaimStatus.failed, Transition(Stage.failed, 1))
     with pytest.raises(ValueError, match="episode_id"):
         with sql_transaction(pg_url) as sql:
             finish_and_move(sql, held, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(episode_id + 1, "other episode")])
-    with sql_transaction(pg_url) as sql:
+    with sql_transaction(pg_url, autocommit=True) as sql:
         assert finish_and_move(sql, held, ClaimStatus.failed, Transition(Stage.failed, 1), episode_error="gave up")
     with session_scope(pg_url) as session:
-        assert session.get(EpisodeGroup, session.get(Episode, episode_id).group_id).status == GroupStatus.complete
+        group = session.get(EpisodeGroup, session.get(Episode, episode_id).group_id)
+        assert (group.status, group.ended_episodes) == (GroupStatus.complete, 1)
+
+
+def make_group(url: str, size: int, held_out: bool = False) -> tuple[str, int, list[int]]:
+    run_id = str(uuid.uuid4())
+    with session_scope(url) as session:
+        session.add(Run(id=run_id, name="claims", config={}, task_specs={}))
+        session.flush()
+        group = EpisodeGroup(run_id=run_id, task_id="addition", policy_version=0, size=size, held_out=held_out)
+        session.add(group)
+        session.flush()
+        episodes = [Episode(run_id=run_id, group_id=group.id, index_in_group=i, task_id="addition", policy_version=0) for i in range(size)]
+        session.add_all(episodes)
+        session.flush()
+        return run_id, group.id, [episode.id for episode in episodes]
+
+
+@pytest.mark.parametrize("held_out, final", [(False, GroupStatus.complete), (True, GroupStatus.evaluated)])
+def test_episodes_ending_at_once_complete_their_group_once(pg_url, held_out, final):
+    import threading
+
+    import psycopg
+
+    from metarl.db import normalise_url
+    from metarl.tick_wakeup import CHANNEL
+
+    size = 6
+    run_id, group_id, episode_ids = make_group(pg_url, size, held_out)
+    claims = [row_and_claim(pg_url, episode_id, f"w{index}")[1] for index, episode_id in enumerate(episode_ids)]
+    start = threading.Barrier(size)
+
+    def end(held) -> None:  # type: ignore[no-untyped-def]
+        start.wait(10)
+        with sql_transaction(pg_url, autocommit=True) as sql:
+            assert finish_and_move(sql, held, ClaimStatus.failed, Transition(Stage.failed, 1), episode_error="gave up")
+
+    with psycopg.connect(normalise_url(pg_url).replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+        threads = [threading.Thread(target=end, args=(held,)) for held in claims]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        notices = [note.payload for note in listener.notifies(timeout=1.0, stop_after=size)]
+    assert notices == [run_id], "one tick request, from the move that completed the group"
+    with session_scope(pg_url) as session:
+        group = session.get(EpisodeGroup, group_id)
+        assert (group.status, group.ended_episodes) == (final, size)
 
 
 @pytest.mark.parametrize("other_writes, moved", [("heartbeat_at = now()", True), ("token = 'taken-over', takeovers = takeovers + 1", False)])
