@@ -128,6 +128,33 @@ RUN_CONFIG_SQL = "SELECT config FROM runs WHERE id = %(run_id)s"
 """Sent as they are (no ORM compilation): read when a process meets a run for the first time."""
 
 
+OPEN_GROUPS_SQL = """
+WITH new_groups AS (
+    INSERT INTO episode_groups (run_id, task_id, policy_version, size, held_out, status, ended_episodes, created_at)
+    SELECT %(run_id)s, t.task_id, %(policy_version)s, %(size)s, %(held_out)s, 'open', 0, %(now)s
+    FROM unnest(%(task_ids)s::text[]) WITH ORDINALITY AS t(task_id, position)
+    ORDER BY t.position
+    RETURNING id, task_id
+),
+new_episodes AS (
+    INSERT INTO episodes (run_id, group_id, index_in_group, task_id, policy_version, held_out, stage, probe_attempt, dispatched_at, dispatch_count,
+                          created_at, updated_at)
+    SELECT %(run_id)s, g.id, i, g.task_id, %(policy_version)s, %(held_out)s, 'agent', 1, %(now)s, 1, %(now)s, %(now)s
+    FROM new_groups g CROSS JOIN generate_series(0, %(size)s - 1) AS i
+    ORDER BY g.id, i
+    RETURNING id
+)
+SELECT id FROM new_episodes ORDER BY id
+"""
+"""New open groups, one per task id, each with `size` episodes at the agent stage, first attempt, dispatched now."""
+
+
+def open_groups(session: SqlTarget, *, run_id: str, task_ids: Sequence[str], policy_version: int, size: int, held_out: bool, now: dt.datetime) -> list[int]:
+    """In the caller's transaction: open a group per task id with its episodes (one statement); the new episodes' ids."""
+    params = {"run_id": run_id, "task_ids": list(task_ids), "policy_version": policy_version, "size": size, "held_out": held_out, "now": now}
+    return [episode_id for (episode_id,) in run_sql(session, OPEN_GROUPS_SQL, params)]
+
+
 def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
     """A StageRow from the columns of STAGE_ROW_SQL."""
     (eid, run_id, created_at, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, passed, tokens) = columns[:14]

@@ -49,3 +49,8 @@ def groups_to_open(in_flight_episodes: int, window: int, group_size: int) -> int
 
 def group_complete(n_finished: int, size: int) -> bool:
     return n_finished >= size
+
+
+def tasks_to_open(count: int, resample_tasks: list[str], trainable: list[str], opened_so_far: int) -> list[str]:
+    """The task of each of `count` new groups: first the tasks of dropped groups to resample, then the trainable tasks in turn."""
+    return [resample_tasks[index] if index < len(resample_tasks) else trainable[(opened_so_far + index) % len(trainable)] for index in range(count)]

@@ -20,13 +20,13 @@ from sqlalchemy.orm import Session
 
 from metarl.claims import utcnow
 from metarl.db import get_engine, session_scope
-from metarl.episodes import run_config_of
+from metarl.episodes import open_groups, run_config_of
 from metarl.tick_wakeup import TickWaiter
 from metarl.errors import RunNotFound
-from orchestrator.batching import GroupView, groups_to_open, plan_batch
+from orchestrator.batching import GroupView, groups_to_open, plan_batch, tasks_to_open
 from orchestrator.reconciler import StageDispatch, orphaned_episodes, orphaned_outer_steps
 from orchestrator.tick_counts import TickCounts, read_tick_counts
-from schemas.records import Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus, Stage
+from schemas.records import EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus, Stage
 from schemas.run_config import RunConfig, StageDeadlines
 from schemas.task_spec import TaskSpec
 from workers.dispatch import send_outer, send_stage
@@ -313,30 +313,13 @@ class Orchestrator:
         log.info("outer step %s: %s groups, %s episodes, policy version %s", step.step, len(plan.batch), episodes, run.policy_version)
         return step.id, counts.after_batching(len(plan.batch), counts.dropped_unrecorded)
 
-    def _new_group(self, session: Session, run: Run, config: RunConfig, task_id: str, held_out: bool) -> list[StageDispatch]:
+    def _new_groups(self, session: Session, run: Run, config: RunConfig, task_ids: list[str], held_out: bool) -> list[StageDispatch]:
+        """Open one group per task id, with its episodes at their first stage, in one statement; their first messages."""
+        if not task_ids:
+            return []
         size = (config.outer.held_out_group_size or config.outer.group_size) if held_out else config.outer.group_size
-        group = EpisodeGroup(run_id=run.id, task_id=task_id, policy_version=run.policy_version, size=size, held_out=held_out)
-        session.add(group)
-        session.flush()
-        now = utcnow()
-        episodes = [
-            Episode(
-                run_id=run.id,
-                group_id=group.id,
-                index_in_group=index,
-                task_id=task_id,
-                policy_version=run.policy_version,
-                held_out=held_out,
-                stage=Stage.agent,
-                probe_attempt=1,
-                dispatched_at=now,
-                dispatch_count=1,
-            )
-            for index in range(size)
-        ]
-        session.add_all(episodes)
-        session.flush()
-        return [StageDispatch(Stage.agent, episode.id, 1) for episode in episodes]
+        episode_ids = open_groups(session, run_id=run.id, task_ids=task_ids, policy_version=run.policy_version, size=size, held_out=held_out, now=utcnow())
+        return [StageDispatch(Stage.agent, episode_id, 1) for episode_id in episode_ids]
 
     def _open_held_out_groups(self, session: Session, run: Run, config: RunConfig, report: TickReport, counts: TickCounts) -> tuple[list[StageDispatch], TickCounts]:
         version = run.policy_version
@@ -352,7 +335,7 @@ class Orchestrator:
                 )
             ).first()
             if exists is None:
-                opened = self._new_group(session, run, config, task_id, held_out=True)
+                opened = self._new_groups(session, run, config, [task_id], held_out=True)
                 dispatches += opened
                 counts = counts.after_opening(1, len(opened), trainable=False)
                 report.opened_groups += 1
@@ -367,14 +350,10 @@ class Orchestrator:
         needed = (config.run.max_outer_steps - counts.outer_steps) * config.outer.groups_per_batch - counts.waiting_groups
         window = groups_to_open(counts.active_episodes, config.window.in_flight, config.outer.group_size)
         count = max(0, min(needed, window))
-        opened_so_far = counts.trainable_groups
-        dispatches: list[StageDispatch] = []
-        for index in range(count):
-            task_id = resample_tasks[index] if index < len(resample_tasks) else trainable[(opened_so_far + index) % len(trainable)]
-            opened = self._new_group(session, run, config, task_id, held_out=False)
-            dispatches += opened
-            counts = counts.after_opening(1, len(opened), trainable=True)
-            report.opened_groups += 1
+        task_ids = tasks_to_open(count, resample_tasks, trainable, counts.trainable_groups)
+        dispatches = self._new_groups(session, run, config, task_ids, held_out=False)
+        counts = counts.after_opening(len(task_ids), len(dispatches), trainable=True)
+        report.opened_groups += len(task_ids)
         return dispatches, counts
 
     def _maybe_finish(self, run: Run, config: RunConfig, report: TickReport, draining: bool, counts: TickCounts) -> None:

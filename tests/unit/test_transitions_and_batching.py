@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.batching import GroupView, groups_to_open, is_stale, plan_batch, staleness
+from orchestrator.batching import GroupView, groups_to_open, is_stale, plan_batch, staleness, tasks_to_open
 from orchestrator.tick_counts import TickCounts
 from orchestrator.transitions import after_agent, after_eval, after_probe, after_train
 from schemas.records import Stage
@@ -116,3 +116,9 @@ def test_tick_payloads_say_which_run_and_whether_the_gap_applies() -> None:
     assert wake_of(tick_payload(run, urgent=True), run) == "urgent"
     assert wake_of(tick_payload("ffffffff-0000-4000-8000-000000000002", urgent=True), run) is None
     assert wake_of(run + ":later", run) is None
+
+
+def test_new_groups_resample_dropped_tasks_first_then_take_the_trainable_tasks_in_turn():
+    assert tasks_to_open(4, ["b"], ["a", "b", "c"], opened_so_far=5) == ["b", "a", "b", "c"]
+    assert tasks_to_open(3, [], ["a", "b"], opened_so_far=0) == ["a", "b", "a"]
+    assert tasks_to_open(0, ["x"], ["a"], opened_so_far=2) == []
