@@ -348,15 +348,13 @@ def record_costs(session: SqlTarget, run_id: str, episode_id: int | None, costs:
     write_records(session, cost_records(run_id, episode_id, costs, simulated))
 
 
-REWARD_INSERT_SQL = """
+REWARD_WITH_MOVE_SQL = f"""
 INSERT INTO rewards (episode_id, total, job, validation, efficiency, speed, raw_improvement, weights, created_at)
 SELECT %(episode_id)s, %(total)s, %(job)s, %(validation)s, %(efficiency)s, %(speed)s, %(raw_improvement)s, %(weights)s, now()
-{condition}
+WHERE {WHEN_HELD}
 ON CONFLICT ON CONSTRAINT uq_rewards_episode_id DO NOTHING
 """
-STORE_REWARD_SQL = REWARD_INSERT_SQL.format(condition="")
-REWARD_WITH_MOVE_SQL = REWARD_INSERT_SQL.format(condition=f"WHERE {WHEN_HELD}")
-"""The reward written on its own, and as a record of the eval stage's move (only if the move happens)."""
+"""The reward, as a record of the episode's ending move (written only if the move happens, once)."""
 
 
 def reward_params(
@@ -369,7 +367,7 @@ def reward_params(
     trained_score: float | None,
     train_seconds: float | None,
 ) -> dict[str, Any]:
-    """The episode's reward from its records (`attempts`: `StageRow.passed_attempt_and_tokens`), as REWARD_INSERT_SQL's parameters (pure)."""
+    """The episode's reward from its records (`attempts`: `StageRow.passed_attempt_and_tokens`), as REWARD_WITH_MOVE_SQL's parameters (pure)."""
     passed_on, tokens = attempts
     breakdown = compute_reward(
         RewardInputs(
@@ -386,12 +384,11 @@ def reward_params(
     return {"episode_id": episode_id, "weights": json_param(config.reward.model_dump()), **breakdown.model_dump()}
 
 
-def store_unscored_reward(session: SqlTarget, *, episode_id: int, config: RunConfig, task: TaskSpec, attempts: tuple[int | None, int]) -> None:
-    """Store once the reward of an episode that ended without a scored job (never validated, or its inner job failed)."""
-    params = reward_params(episode_id=episode_id, config=config, task=task, attempts=attempts, base_score=None, trained_score=None, train_seconds=None)
-    run_sql(session, STORE_REWARD_SQL, params)
-
-
 def reward_record(params: dict[str, Any]) -> StageRecord:
     """The episode's reward (`reward_params`) as a record of its last move: written only if the move happens."""
     return "reward", REWARD_WITH_MOVE_SQL, params
+
+
+def unscored_reward_record(*, episode_id: int, config: RunConfig, task: TaskSpec, attempts: tuple[int | None, int]) -> StageRecord:
+    """The reward of an episode that ends without a scored job (never validated, or its inner job failed), as a record of that move."""
+    return reward_record(reward_params(episode_id=episode_id, config=config, task=task, attempts=attempts, base_score=None, trained_score=None, train_seconds=None))

@@ -16,8 +16,7 @@ from metarl.stage_records import StageRecord
 from schemas.records import InnerJobStatus
 
 INNER_JOB_COLUMNS = ("id", "name", "backend", "external_id", "status", "backend_state", "checkpoint_uri", "error", "train_seconds")
-"""The columns an InnerJobRow is made of, in its fields' order (also read with the stage row: `metarl.episodes.STAGE_ROW_SQL`)."""
-INNER_JOB_SQL = f"SELECT {', '.join(INNER_JOB_COLUMNS)} FROM inner_jobs WHERE episode_id = %(episode_id)s"
+"""The columns an InnerJobRow is made of, in its fields' order (read with the stage row: `metarl.episodes.STAGE_ROW_SQL`)."""
 CREATE_WITHIN_LIMITS_SQL = """
 SELECT spent, active, job_id FROM metarl_create_inner_job(
     %(run_id)s::text, %(episode_id)s::bigint, %(name)s::text, %(backend)s::text, %(simulated)s::boolean, %(model_name)s::text,
@@ -53,11 +52,6 @@ class InnerJobRow:
     checkpoint_uri: str | None
     error: str | None
     train_seconds: float | None
-
-
-def inner_job_of(session: SqlTarget, episode_id: int) -> InnerJobRow | None:
-    """The episode's inner job, or None before it was created."""
-    return inner_job_row(run_sql(session, INNER_JOB_SQL, {"episode_id": episode_id}).first())
 
 
 def inner_job_row(columns: tuple[Any, ...] | None) -> InnerJobRow | None:

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from metarl.errors import MAX_ERROR_CHARS, bounded_text
-from schemas.records import OuterStatus, OuterStep, Run, RunStatus
+from schemas.records import RUN_ROW_LOCK, OuterStatus, OuterStep, Run, RunStatus
 
 MAX_MESSAGE_CHARS = MAX_ERROR_CHARS
 
@@ -39,7 +39,7 @@ def retry_message(step: int, previous_error: str) -> str:
 
 def reopen_failed_run(session: Session, run_id: str) -> ReopenedStep:
     """In the caller's transaction: put the run's failed outer step back to pending and the run back to running."""
-    run = session.get(Run, run_id, with_for_update={"key_share": True})  # FOR NO KEY UPDATE: see orchestrator.loop.RUN_ROW_LOCK
+    run = session.get(Run, run_id, with_for_update=RUN_ROW_LOCK)
     if run is None:
         raise NotRetryable(f"no run with id {run_id}")
     if run.status != RunStatus.failed:

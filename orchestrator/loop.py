@@ -26,7 +26,7 @@ from metarl.errors import RunNotFound
 from orchestrator.batching import GroupView, groups_to_open, plan_batch, tasks_to_open
 from orchestrator.reconciler import StageDispatch, orphaned_episodes, orphaned_outer_steps
 from orchestrator.tick_counts import TickCounts, read_tick_counts
-from schemas.records import EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus, Stage
+from schemas.records import RUN_ROW_LOCK, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus, Stage
 from schemas.run_config import RunConfig, StageDeadlines
 from schemas.task_spec import TaskSpec
 from workers.dispatch import send_outer, send_stage
@@ -37,10 +37,6 @@ FINAL_STATUSES = (RunStatus.finished, RunStatus.stopped, RunStatus.failed)
 DATABASE_ERRORS = (OperationalError, InterfaceError)
 """What a database that went away (restart, network) raises; the loop waits for it instead of exiting."""
 MAX_OUTAGE_WAIT_S = 5.0
-RUN_ROW_LOCK = {"key_share": True}
-"""A tick locks its run's row FOR NO KEY UPDATE: it serialises with every other writer of the row, but not with the stage
-inserts that reference the run (claims, charges, inner jobs take FOR KEY SHARE on it through their foreign keys), which
-FOR UPDATE would hold up for the whole tick."""
 
 
 def create_run(database_url: str, config: RunConfig, task_specs: dict[str, TaskSpec]) -> str:

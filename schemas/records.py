@@ -128,6 +128,12 @@ class Run(Base):
     orchestrator_heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+RUN_ROW_LOCK = {"key_share": True}
+"""How writers of a run's row lock it (`with_for_update=`): FOR NO KEY UPDATE serialises them, but not the stage inserts
+that reference the run (claims, charges and inner jobs take FOR KEY SHARE on it through their foreign keys), which FOR
+UPDATE would hold up for as long as the lock is held (a whole orchestrator tick)."""
+
+
 class PolicyVersion(Base):
     """A saved version of the trainer policy; saved before it is used for sampling."""
 

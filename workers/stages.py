@@ -30,18 +30,17 @@ from metarl.episodes import (
     StaleTransition,
     config_and_task,
     cost_records,
-    ends_episode,
     finish_and_move,
     reward_params,
     reward_record,
     stage_context,
     stage_row_and_claim,
-    store_unscored_reward,
+    unscored_reward_record,
 )
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
-from metarl.inner_jobs import InnerJobRow, create_within_limits, inner_job_of, launch_record, poll_record
+from metarl.inner_jobs import InnerJobRow, create_within_limits, launch_record, poll_record
 from metarl.probe import probe_job_text
-from metarl.stage_records import StageRecord, evaluation_record, submission_record, verdict_record, write_records
+from metarl.stage_records import StageRecord, evaluation_record, submission_record, verdict_record
 from orchestrator.transitions import Transition, after_agent, after_eval, after_probe, after_train
 from schemas.base import parse_toml_text, validate_model
 from schemas.job import JobSpec
@@ -162,12 +161,12 @@ def note_stage_failure(sender: Any = None, exception: BaseException | None = Non
 
 def fail_episode(job: StageJob, stage: Stage, message: str) -> None:
     """Record a permanent failure of the episode (after retry caps or a permanent error)."""
-    with sql_transaction(database_url()) as session:
+    with sql_transaction(database_url(), autocommit=True) as session:
         try:
             if not finish_and_move(session, job.claim, ClaimStatus.failed, Transition(Stage.failed, job.ctx.probe_attempt), episode_error=message, claim_error=message):
                 return
         except StaleTransition:
-            session.rollback()
+            pass  # the episode moved on: nothing was written
     log.warning("episode %s failed at %s: %s", job.ctx.episode_id, stage.value, message)
 
 
@@ -286,11 +285,12 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         model_name=verdict.job.model.name if verdict.job else None,
         explicit_hyperparameters=verdict.job.explicit_hyperparameters() if verdict.job else None,
     )
-    with sql_transaction(database_url(), autocommit=not ends_episode(to)) as session:
-        if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=[probed]):
+    records = [probed]
+    if to.ends_unvalidated:
+        records.append(unscored_reward_record(episode_id=episode_id, config=job.config, task=job.ctx.task, attempts=job.attempts))
+    with sql_transaction(database_url(), autocommit=True) as session:
+        if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=records):
             return "taken over"
-        if to.ends_unvalidated:
-            store_unscored_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task, attempts=job.attempts)
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
     return "passed" if verdict.passed else "rejected"
 
@@ -421,26 +421,19 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             claims.heartbeat(session, job.claim, records=[launch_record(episode_id, launched)])
         return poll_again(backend.poll_interval_s())
     if status != InnerJobStatus.running:
-        return finish_train(job, episode_id, probe_attempt, status)
+        return finish_train(job, episode_id, probe_attempt, status, inner.error)
     polled = run_with_retries(self, job, Stage.train, lambda: backend.poll(job.ctx, spec, external_id, state))
     if polled is None:
         return "failed"
     ended = None if polled.status == "running" else (InnerJobStatus.succeeded if polled.status == "succeeded" else InnerJobStatus.failed)
     facts = [*cost_records(job.ctx.run_id, episode_id, polled.costs, backend.simulated), poll_record(episode_id, polled, ended)]
-    ending = ended == InnerJobStatus.failed  # a failed job ends the episode (close_train_stage): its reward is written with the move
-    try:
-        # the poll's facts are written in the move's (or the heartbeat's) statement, and kept when the move is refused
-        with sql_transaction(url, autocommit=not ending) as session:
-            if ended is None:
-                claims.heartbeat(session, job.claim, records=facts)
-                to = None
-            else:
-                to = close_train_stage(session, job, episode_id, probe_attempt, ended, polled.error, facts=facts)
-    except StaleTransition:
-        if ending:  # rolled back with the refused move: keep the poll's facts
-            with sql_transaction(url, autocommit=True) as session:
-                write_records(session, facts)
-        raise
+    # the poll's facts are written in the move's (or the heartbeat's) statement, and kept when the move is refused
+    with sql_transaction(url, autocommit=True) as session:
+        if ended is None:
+            claims.heartbeat(session, job.claim, records=facts)
+            to = None
+        else:
+            to = close_train_stage(session, job, episode_id, probe_attempt, ended, polled.error, facts=facts)
     if ended is None:
         return poll_again(backend.poll_interval_s())
     if to is None:
@@ -452,26 +445,25 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
 def close_train_stage(
     session: SqlTarget, job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus, error: str | None, facts: Sequence[StageRecord] = ()
 ) -> Transition | None:
-    """In the caller's transaction: close the train claim and move the episode (None if the claim was taken over).
+    """Close the train claim and move the episode in one statement (None if the claim was taken over).
 
-    A succeeded job goes to eval; a failed job ends the episode with no job credit. `facts` (the
-    last poll's) are written in the move's statement, whether or not the move happens.
+    A succeeded job goes to eval; a failed job ends the episode with no job credit (its reward is a
+    record of the move). `facts` (the last poll's) are written in the move's statement, whether or
+    not the move happens.
     """
     if status == InnerJobStatus.succeeded:
         to = after_train(probe_attempt)
         return to if finish_and_move(session, job.claim, ClaimStatus.done, to, records=facts) else None
     to = Transition(Stage.done, probe_attempt)
-    if not finish_and_move(session, job.claim, ClaimStatus.done, to, episode_error=f"inner job failed: {error or ''}", records=facts):
-        return None
-    store_unscored_reward(session, episode_id=episode_id, config=job.config, task=job.ctx.task, attempts=job.attempts)
-    return to
+    unscored = unscored_reward_record(episode_id=episode_id, config=job.config, task=job.ctx.task, attempts=job.attempts)
+    moved = finish_and_move(session, job.claim, ClaimStatus.done, to, episode_error=f"inner job failed: {error or ''}", records=[*facts, unscored])
+    return to if moved else None
 
 
-def finish_train(job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus) -> str:
-    """Close the train stage of a job that had already ended when this attempt started."""
-    with sql_transaction(database_url()) as session:
-        inner = inner_job_of(session, episode_id)
-        to = close_train_stage(session, job, episode_id, probe_attempt, status, inner.error if inner else None)
+def finish_train(job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus, error: str | None) -> str:
+    """Close the train stage of a job that had already ended when this attempt started (`error`: the job's, read with the claim)."""
+    with sql_transaction(database_url(), autocommit=True) as session:
+        to = close_train_stage(session, job, episode_id, probe_attempt, status, error)
     if to is None:
         return "taken over"
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)

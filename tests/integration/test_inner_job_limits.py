@@ -11,8 +11,7 @@ from sqlalchemy import func, select
 from metarl.db import session_scope, sql_transaction
 from metarl.episodes import stage_row_and_claim
 from metarl.inner_jobs import create_within_limits
-from orchestrator.loop import RUN_ROW_LOCK
-from schemas.records import CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, Run, Stage
+from schemas.records import RUN_ROW_LOCK, CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, Run, Stage
 
 pytestmark = pytest.mark.integration
 
