@@ -114,6 +114,9 @@ class PhaseResult(BaseModel):
     wall_s: float = Field(gt=0.0, description="Seconds from the first dispatch to the last outer update seen done")
     tasks: int = Field(ge=0, description="Task messages the workers received")
     worker_cpu_s: float = Field(ge=0.0, description="CPU seconds of all worker processes during the pass")
+    consumer_cpu_s: float | None = Field(
+        default=None, ge=0.0, description="Of worker_cpu_s, the Celery consumers' (each worker's main process: receive, ack, events); the rest ran the tasks"
+    )
     driver_cpu_s: float = Field(ge=0.0, description="CPU seconds of this process (orchestrator or chain driver) during the pass")
     postgres_cpu_s: float | None = Field(default=None, ge=0.0, description="CPU seconds of the PostgreSQL backends serving the scratch database (ours only)")
     db_commits: int | None = Field(default=None, ge=0, description="Transactions committed in the scratch database (ours only)")
@@ -376,10 +379,14 @@ def wait_for_workers(broker_url: str, names: set[str], timeout_s: float = 120.0)
     raise SystemExit(f"error: workers {sorted(names - seen)} did not start within {timeout_s:.0f} s")
 
 
-def group_cpu_s(pgids: set[int]) -> float:
-    """User+system CPU seconds of every live process in these process groups."""
+def group_cpu_s(pgids: set[int]) -> tuple[float, float]:
+    """User+system CPU seconds of every live process in these process groups: (all of them, the group leaders alone).
+
+    A worker pool's group leader is its Celery consumer (`celery worker`, started in a new session);
+    the other members are its pool processes, which run the tasks.
+    """
     ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    total = leaders = 0.0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -389,7 +396,8 @@ def group_cpu_s(pgids: set[int]) -> float:
             continue
         if pgid in pgids:
             total += cpu
-    return total
+            leaders += cpu if int(entry.name) == pgid else 0.0
+    return total, leaders
 
 
 def pids_cpu(pids: list[int]) -> dict[int, float]:
@@ -477,7 +485,7 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
         commits_before = committed_transactions(database_url)
         statements[0] = 0
         pgids = {process.pid for process in pools.processes.values()}
-        cpu_before, driver_before = group_cpu_s(pgids), time.process_time()
+        (cpu_before, consumer_before), driver_before = group_cpu_s(pgids), time.process_time()
         started = time.perf_counter()
         with observing_statements(count):
             status = orchestrator.loop(threading.Event())
@@ -485,7 +493,7 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
         driver_cpu = time.process_time() - driver_before
         sql = statements[0]
         event.remove(engine, "before_cursor_execute", count)
-        worker_cpu = group_cpu_s(pgids) - cpu_before
+        cpu_after, consumer_after = group_cpu_s(pgids)
         pg_after = pids_cpu(postgres_backends(database_url))
         pg_cpu = sum(cpu - pg_before.get(pid, 0.0) for pid, cpu in pg_after.items())
         if status != RunStatus.finished:
@@ -506,7 +514,8 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
         outer_steps=steps,
         wall_s=wall,
         tasks=sum(s.received for s in stats.values()),
-        worker_cpu_s=worker_cpu,
+        worker_cpu_s=cpu_after - cpu_before,
+        consumer_cpu_s=consumer_after - consumer_before,
         driver_cpu_s=driver_cpu,
         postgres_cpu_s=max(0.0, pg_cpu),
         db_commits=max(0, commits),
@@ -544,7 +553,7 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
         app = make_app(broker_url)
         pgids = {process.pid for process in pools.processes.values()}
         pg_before = pids_cpu(postgres_backends(database_url)) if chain == "floor" else {}
-        cpu_before, driver_before = group_cpu_s(pgids), time.process_time()
+        (cpu_before, consumer_before), driver_before = group_cpu_s(pgids), time.process_time()
         started = time.perf_counter()
         for episode in range(settings.episodes):
             celery_chain(
@@ -561,7 +570,7 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
             time.sleep(0.005)
         wall = time.perf_counter() - started
         driver_cpu = time.process_time() - driver_before
-        worker_cpu = group_cpu_s(pgids) - cpu_before
+        cpu_after, consumer_after = group_cpu_s(pgids)
         pg_cpu = sum(cpu - pg_before.get(pid, 0.0) for pid, cpu in pids_cpu(postgres_backends(database_url)).items()) if chain == "floor" else None
         episodes, steps = int(client.get(DONE_KEY) or 0), int(client.get(OUTER_KEY) or 0)
     finally:
@@ -579,7 +588,8 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
         outer_steps=steps,
         wall_s=wall,
         tasks=sum(s.received for s in stats.values()),
-        worker_cpu_s=worker_cpu,
+        worker_cpu_s=cpu_after - cpu_before,
+        consumer_cpu_s=consumer_after - consumer_before,
         driver_cpu_s=driver_cpu,
         postgres_cpu_s=max(0.0, pg_cpu) if pg_cpu is not None else None,
         task_stats=stats,
@@ -691,6 +701,14 @@ def per_stage_ms(result: PhaseResult) -> dict[str, float]:
     return out
 
 
+def cpu_ms_per_message(result: PhaseResult) -> tuple[float, float]:
+    """Worker CPU milliseconds per task message: (Celery's consumer, the task process); (0, 0) without messages or the split."""
+    if not result.tasks or result.consumer_cpu_s is None:
+        return 0.0, 0.0
+    consumer = 1000.0 * result.consumer_cpu_s / result.tasks
+    return consumer, 1000.0 * result.worker_cpu_s / result.tasks - consumer
+
+
 def cpu_ms_per_episode(result: PhaseResult) -> float:
     """CPU milliseconds per finished episode: workers, driver or orchestrator, and PostgreSQL where measured (Redis not counted)."""
     return 1000 * (result.worker_cpu_s + result.driver_cpu_s + (result.postgres_cpu_s or 0.0)) / max(1, result.episodes)
@@ -740,6 +758,7 @@ def render(
     for stage in ("agent", "probe", "train", "eval", "outer"):
         lines.append(f"{stage:<8}{plain_ms.get(stage, 0.0):>15.2f}{ours_ms.get(stage, 0.0):>14.2f}")
     episodes = max(1, best_ours.episodes)
+    best_passes = [best_plain, *([min(floor, key=lambda r: r.wall_s)] if floor else []), best_ours]
     lines += [
         f"orchestrator: {best_ours.ticks} ticks, {best_ours.tick_ms_mean:.1f} ms mean tick, {best_ours.tick_sql} SQL statements "
         f"({(best_ours.tick_sql or 0) / episodes:.1f} per episode), {best_ours.driver_cpu_s:.1f} CPU s",
@@ -748,6 +767,8 @@ def render(
         f"CPU per episode: ours {cpu_ms_per_episode(best_ours):.1f} ms (workers + orchestrator + PostgreSQL), "
         + (f"floor {cpu_ms_per_episode(min(floor, key=lambda r: r.wall_s)):.1f} ms (workers + driver + PostgreSQL), " if floor else "")
         + f"plain {cpu_ms_per_episode(best_plain):.1f} ms (workers + driver; Redis not counted in any)",
+        "worker CPU per task message, Celery's consumer (receive, ack, events) + the task process (task, next message): "
+        + ", ".join(f"{r.name} {consumer:.2f} + {task:.2f} ms" for r in best_passes for consumer, task in [cpu_ms_per_message(r)]),
     ]
     if profiles:
         lines += [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,8 @@ from bench.pipeline_overhead import (
     per_stage_ms,
     chain_worker_command,
     cpu_ms_per_episode,
+    cpu_ms_per_message,
+    group_cpu_s,
     render,
     run_config_toml,
     stage_of,
@@ -137,3 +141,18 @@ def test_round_trips_and_report() -> None:
     with_floor = render(settings, [plain], [ours], floor=[floor])
     assert "ratio floor/plain (median wall time): 1.25x" in with_floor and "\nfloor " in with_floor
     assert cpu_ms_per_episode(floor) == pytest.approx(1000 * (2.0 + 0.2 + 0.4) / 40)
+
+
+def test_cpu_per_message_splits_celery_consumer_from_task_process() -> None:
+    plain = PhaseResult(name="plain", episodes=40, outer_steps=5, wall_s=2.0, tasks=200, worker_cpu_s=2.0, consumer_cpu_s=1.5, driver_cpu_s=0.2)
+    assert cpu_ms_per_message(plain) == pytest.approx((7.5, 2.5))
+    assert cpu_ms_per_message(plain.model_copy(update={"consumer_cpu_s": None})) == (0.0, 0.0)
+    assert cpu_ms_per_message(plain.model_copy(update={"tasks": 0})) == (0.0, 0.0)
+    ours = plain.model_copy(update={"name": "ours", "worker_cpu_s": 4.0, "consumer_cpu_s": 1.6, "postgres_cpu_s": 1.0, "ticks": 10, "tick_ms_mean": 5.0, "tick_sql": 50, "db_commits": 100})
+    assert "plain 7.50 + 2.50 ms, ours 8.00 + 12.00 ms" in render(BenchSettings(episodes=40), [plain], [ours])
+
+
+def test_group_cpu_counts_this_process_group_and_its_leader() -> None:
+    total, leader = group_cpu_s({os.getpgrp()})
+    assert total >= leader >= 0.0 and total > 0.0
+    assert group_cpu_s(set()) == (0.0, 0.0)
