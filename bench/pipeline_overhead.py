@@ -758,14 +758,15 @@ def render(
     for stage in ("agent", "probe", "train", "eval", "outer"):
         lines.append(f"{stage:<8}{plain_ms.get(stage, 0.0):>15.2f}{ours_ms.get(stage, 0.0):>14.2f}")
     episodes = max(1, best_ours.episodes)
-    best_passes = [best_plain, *([min(floor, key=lambda r: r.wall_s)] if floor else []), best_ours]
+    best_floor = min(floor, key=lambda r: r.wall_s) if floor else None
+    best_passes = [best_plain, *([best_floor] if best_floor else []), best_ours]
     lines += [
         f"orchestrator: {best_ours.ticks} ticks, {best_ours.tick_ms_mean:.1f} ms mean tick, {best_ours.tick_sql} SQL statements "
         f"({(best_ours.tick_sql or 0) / episodes:.1f} per episode), {best_ours.driver_cpu_s:.1f} CPU s",
         f"database: {best_ours.db_commits} transactions committed ({(best_ours.db_commits or 0) / episodes:.1f} per episode), "
         f"PostgreSQL backends {best_ours.postgres_cpu_s or 0.0:.1f} CPU s",
         f"CPU per episode: ours {cpu_ms_per_episode(best_ours):.1f} ms (workers + orchestrator + PostgreSQL), "
-        + (f"floor {cpu_ms_per_episode(min(floor, key=lambda r: r.wall_s)):.1f} ms (workers + driver + PostgreSQL), " if floor else "")
+        + (f"floor {cpu_ms_per_episode(best_floor):.1f} ms (workers + driver + PostgreSQL), " if best_floor else "")
         + f"plain {cpu_ms_per_episode(best_plain):.1f} ms (workers + driver; Redis not counted in any)",
         "worker CPU per task message, Celery's consumer (receive, ack, events) + the task process (task, next message): "
         + ", ".join(f"{r.name} {consumer:.2f} + {task:.2f} ms" for r in best_passes for consumer, task in [cpu_ms_per_message(r)]),
