@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -379,7 +379,18 @@ def wait_for_workers(broker_url: str, names: set[str], timeout_s: float = 120.0)
     raise SystemExit(f"error: workers {sorted(names - seen)} did not start within {timeout_s:.0f} s")
 
 
-def group_cpu_s(pgids: set[int]) -> tuple[float, float]:
+class GroupCpu(NamedTuple):
+    """User+system CPU seconds of some process groups at one moment: all their processes, and their leaders alone."""
+
+    total: float
+    leaders: float
+
+    def fields_since(self, before: GroupCpu) -> dict[str, float]:
+        """The PhaseResult fields of the CPU spent between `before` and this reading."""
+        return {"worker_cpu_s": self.total - before.total, "consumer_cpu_s": self.leaders - before.leaders}
+
+
+def group_cpu_s(pgids: set[int]) -> GroupCpu:
     """User+system CPU seconds of every live process in these process groups: (all of them, the group leaders alone).
 
     A worker pool's group leader is its Celery consumer (`celery worker`, started in a new session);
@@ -397,7 +408,7 @@ def group_cpu_s(pgids: set[int]) -> tuple[float, float]:
         if pgid in pgids:
             total += cpu
             leaders += cpu if int(entry.name) == pgid else 0.0
-    return total, leaders
+    return GroupCpu(total, leaders)
 
 
 def pids_cpu(pids: list[int]) -> dict[int, float]:
@@ -485,7 +496,7 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
         commits_before = committed_transactions(database_url)
         statements[0] = 0
         pgids = {process.pid for process in pools.processes.values()}
-        (cpu_before, consumer_before), driver_before = group_cpu_s(pgids), time.process_time()
+        cpu_before, driver_before = group_cpu_s(pgids), time.process_time()
         started = time.perf_counter()
         with observing_statements(count):
             status = orchestrator.loop(threading.Event())
@@ -493,7 +504,7 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
         driver_cpu = time.process_time() - driver_before
         sql = statements[0]
         event.remove(engine, "before_cursor_execute", count)
-        cpu_after, consumer_after = group_cpu_s(pgids)
+        worker_cpu = group_cpu_s(pgids).fields_since(cpu_before)
         pg_after = pids_cpu(postgres_backends(database_url))
         pg_cpu = sum(cpu - pg_before.get(pid, 0.0) for pid, cpu in pg_after.items())
         if status != RunStatus.finished:
@@ -514,8 +525,7 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
         outer_steps=steps,
         wall_s=wall,
         tasks=sum(s.received for s in stats.values()),
-        worker_cpu_s=cpu_after - cpu_before,
-        consumer_cpu_s=consumer_after - consumer_before,
+        **worker_cpu,
         driver_cpu_s=driver_cpu,
         postgres_cpu_s=max(0.0, pg_cpu),
         db_commits=max(0, commits),
@@ -553,7 +563,7 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
         app = make_app(broker_url)
         pgids = {process.pid for process in pools.processes.values()}
         pg_before = pids_cpu(postgres_backends(database_url)) if chain == "floor" else {}
-        (cpu_before, consumer_before), driver_before = group_cpu_s(pgids), time.process_time()
+        cpu_before, driver_before = group_cpu_s(pgids), time.process_time()
         started = time.perf_counter()
         for episode in range(settings.episodes):
             celery_chain(
@@ -570,7 +580,7 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
             time.sleep(0.005)
         wall = time.perf_counter() - started
         driver_cpu = time.process_time() - driver_before
-        cpu_after, consumer_after = group_cpu_s(pgids)
+        worker_cpu = group_cpu_s(pgids).fields_since(cpu_before)
         pg_cpu = sum(cpu - pg_before.get(pid, 0.0) for pid, cpu in pids_cpu(postgres_backends(database_url)).items()) if chain == "floor" else None
         episodes, steps = int(client.get(DONE_KEY) or 0), int(client.get(OUTER_KEY) or 0)
     finally:
@@ -588,8 +598,7 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
         outer_steps=steps,
         wall_s=wall,
         tasks=sum(s.received for s in stats.values()),
-        worker_cpu_s=cpu_after - cpu_before,
-        consumer_cpu_s=consumer_after - consumer_before,
+        **worker_cpu,
         driver_cpu_s=driver_cpu,
         postgres_cpu_s=max(0.0, pg_cpu) if pg_cpu is not None else None,
         task_stats=stats,
@@ -769,7 +778,7 @@ def render(
         + (f"floor {cpu_ms_per_episode(best_floor):.1f} ms (workers + driver + PostgreSQL), " if best_floor else "")
         + f"plain {cpu_ms_per_episode(best_plain):.1f} ms (workers + driver; Redis not counted in any)",
         "worker CPU per task message, Celery's consumer (receive, ack, events) + the task process (task, next message): "
-        + ", ".join(f"{r.name} {consumer:.2f} + {task:.2f} ms" for r in best_passes for consumer, task in [cpu_ms_per_message(r)]),
+        + ", ".join(f"{r.name} " + "{:.2f} + {:.2f} ms".format(*cpu_ms_per_message(r)) for r in best_passes if r.consumer_cpu_s is not None),
     ]
     if profiles:
         lines += [

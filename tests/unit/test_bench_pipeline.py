@@ -22,6 +22,7 @@ from bench.pipeline_overhead import (
     chain_worker_command,
     cpu_ms_per_episode,
     cpu_ms_per_message,
+    GroupCpu,
     group_cpu_s,
     render,
     run_config_toml,
@@ -155,3 +156,5 @@ def test_group_cpu_counts_this_process_group_and_its_leader() -> None:
     total, leader = group_cpu_s({os.getpgrp()})
     assert total >= leader >= 0.0 and total > 0.0
     assert group_cpu_s(set()) == (0.0, 0.0)
+    later = GroupCpu(total=3.5, leaders=1.25)
+    assert later.fields_since(GroupCpu(total=1.0, leaders=0.25)) == {"worker_cpu_s": 2.5, "consumer_cpu_s": 1.0}
