@@ -103,6 +103,20 @@ class TaskStat(BaseModel):
         return 1000.0 * statistics.fmean(self.runtime_s) if self.runtime_s else 0.0
 
 
+class MachineCpu(BaseModel):
+    """CPU seconds of the whole machine over an interval, all cores added up (from the `cpu` line of /proc/stat)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    busy_s: float = Field(ge=0.0, description="user, nice, system, irq and softirq time: every process, Redis, PostgreSQL and the kernel")
+    idle_s: float = Field(ge=0.0, description="idle and iowait time: cores with nothing to run")
+    steal_s: float = Field(ge=0.0, description="time the hypervisor gave this VM's cores to someone else (a noisy neighbour)")
+
+    def since(self, before: MachineCpu) -> MachineCpu:
+        """The CPU time between an earlier reading and this one."""
+        return MachineCpu(busy_s=self.busy_s - before.busy_s, idle_s=self.idle_s - before.idle_s, steal_s=self.steal_s - before.steal_s)
+
+
 class PhaseResult(BaseModel):
     """One timed pass of one pipeline."""
 
@@ -118,6 +132,7 @@ class PhaseResult(BaseModel):
         default=None, ge=0.0, description="Of worker_cpu_s, the Celery consumers' (each worker's main process: receive, ack, events); the rest ran the tasks"
     )
     driver_cpu_s: float = Field(ge=0.0, description="CPU seconds of this process (orchestrator or chain driver) during the pass")
+    machine: MachineCpu | None = Field(default=None, description="The whole machine's CPU time during the pass (/proc/stat: every process, Redis and the kernel included)")
     postgres_cpu_s: float | None = Field(default=None, ge=0.0, description="CPU seconds of the PostgreSQL backends serving the scratch database (ours only)")
     db_commits: int | None = Field(default=None, ge=0, description="Transactions committed in the scratch database (ours only)")
     ticks: int | None = Field(default=None, ge=0, description="Orchestrator ticks (ours only)")
@@ -216,6 +231,15 @@ def pair_ratios(plain: list[PhaseResult], ours: list[PhaseResult]) -> list[float
     return [overhead_ratio(mine.wall_s, theirs.wall_s) for theirs, mine in zip(plain, ours)]
 
 
+def machine_busy_ratio(plain: list[PhaseResult], ours: list[PhaseResult]) -> float | None:
+    """Median busy CPU of the whole machine in our passes over that of the plain passes; None without the readings."""
+    plain_busy = [r.machine.busy_s for r in plain if r.machine and r.machine.busy_s > 0]
+    ours_busy = [r.machine.busy_s for r in ours if r.machine and r.machine.busy_s > 0]
+    if not plain_busy or not ours_busy:
+        return None
+    return statistics.median(ours_busy) / statistics.median(plain_busy)
+
+
 def verdict(ratio: float, target: float = TARGET_RATIO) -> str:
     """`meets` or `misses` the target ratio."""
     return "meets" if ratio <= target else "misses"
@@ -226,6 +250,18 @@ def stat_cpu_s(stat_line: str, ticks_per_s: float) -> tuple[int, float]:
     fields = stat_line[stat_line.rindex(")") + 2 :].split()
     # after "pid (comm) ": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime ...
     return int(fields[2]), (int(fields[11]) + int(fields[12])) / ticks_per_s
+
+
+def machine_cpu_of(proc_stat: str, ticks_per_s: float) -> MachineCpu:
+    """The machine's CPU time so far from the text of /proc/stat (its first line: cpu user nice system idle iowait irq softirq steal ...)."""
+    fields = [int(value) for value in proc_stat.split("\n", 1)[0].split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = fields + [0] * (8 - len(fields))
+    return MachineCpu(busy_s=(user + nice + system + irq + softirq) / ticks_per_s, idle_s=(idle + iowait) / ticks_per_s, steal_s=steal / ticks_per_s)
+
+
+def machine_cpu() -> MachineCpu:
+    """The machine's CPU time so far (Linux /proc/stat)."""
+    return machine_cpu_of(Path("/proc/stat").read_text(), os.sysconf("SC_CLK_TCK"))
 
 
 def run_config_toml(settings: BenchSettings, specs_dir: Path, artifacts: Path, seed: int = 0) -> str:
@@ -496,12 +532,12 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
         commits_before = committed_transactions(database_url)
         statements[0] = 0
         pgids = {process.pid for process in pools.processes.values()}
-        cpu_before, driver_before = group_cpu_s(pgids), time.process_time()
+        cpu_before, driver_before, machine_before = group_cpu_s(pgids), time.process_time(), machine_cpu()
         started = time.perf_counter()
         with observing_statements(count):
             status = orchestrator.loop(threading.Event())
         wall = time.perf_counter() - started
-        driver_cpu = time.process_time() - driver_before
+        driver_cpu, machine = time.process_time() - driver_before, machine_cpu().since(machine_before)
         sql = statements[0]
         event.remove(engine, "before_cursor_execute", count)
         worker_cpu = group_cpu_s(pgids).fields_since(cpu_before)
@@ -527,6 +563,7 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
         tasks=sum(s.received for s in stats.values()),
         **worker_cpu,
         driver_cpu_s=driver_cpu,
+        machine=machine,
         postgres_cpu_s=max(0.0, pg_cpu),
         db_commits=max(0, commits),
         ticks=len(tick_times),
@@ -563,7 +600,7 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
         app = make_app(broker_url)
         pgids = {process.pid for process in pools.processes.values()}
         pg_before = pids_cpu(postgres_backends(database_url)) if chain == "floor" else {}
-        cpu_before, driver_before = group_cpu_s(pgids), time.process_time()
+        cpu_before, driver_before, machine_before = group_cpu_s(pgids), time.process_time(), machine_cpu()
         started = time.perf_counter()
         for episode in range(settings.episodes):
             celery_chain(
@@ -579,7 +616,7 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
                 raise SystemExit(f"error: the {chain} chain did not finish within 600 s")
             time.sleep(0.005)
         wall = time.perf_counter() - started
-        driver_cpu = time.process_time() - driver_before
+        driver_cpu, machine = time.process_time() - driver_before, machine_cpu().since(machine_before)
         worker_cpu = group_cpu_s(pgids).fields_since(cpu_before)
         pg_cpu = sum(cpu - pg_before.get(pid, 0.0) for pid, cpu in pids_cpu(postgres_backends(database_url)).items()) if chain == "floor" else None
         episodes, steps = int(client.get(DONE_KEY) or 0), int(client.get(OUTER_KEY) or 0)
@@ -600,6 +637,7 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
         tasks=sum(s.received for s in stats.values()),
         **worker_cpu,
         driver_cpu_s=driver_cpu,
+        machine=machine,
         postgres_cpu_s=max(0.0, pg_cpu) if pg_cpu is not None else None,
         task_stats=stats,
     )
@@ -738,19 +776,27 @@ def render(
         f"tasks per pass: 5 per episode (agent, probe, train submit, train poll, eval) + 1 outer per batch = {expected_tasks(settings.episodes, settings.episodes_per_batch)}; "
         "5 worker processes (-c 1), one per queue, in both",
         "",
-        f"{'pass':<8}{'wall s':>9}{'episodes/s':>12}{'tasks/s':>10}{'tasks':>8}{'worker CPU s':>14}{'driver CPU s':>14}{'PG CPU s':>10}",
+        f"{'pass':<8}{'wall s':>9}{'episodes/s':>12}{'tasks/s':>10}{'tasks':>8}{'worker CPU s':>14}{'driver CPU s':>14}{'PG CPU s':>10}"
+        f"{'machine busy s':>16}{'idle s':>8}{'steal s':>9}",
     ]
     for result in [r for passes in zip(plain, floor or [None] * len(plain), ours) for r in passes if r is not None]:
         pg = f"{result.postgres_cpu_s:.1f}" if result.postgres_cpu_s is not None else "-"
+        machine = f"{result.machine.busy_s:>16.1f}{result.machine.idle_s:>8.1f}{result.machine.steal_s:>9.2f}" if result.machine else f"{'-':>16}{'-':>8}{'-':>9}"
         lines.append(
             f"{result.name:<8}{result.wall_s:>9.2f}{result.episodes_per_s:>12.1f}{result.tasks_per_s:>10.1f}{result.tasks:>8}"
-            f"{result.worker_cpu_s:>14.1f}{result.driver_cpu_s:>14.1f}{pg:>10}"
+            f"{result.worker_cpu_s:>14.1f}{result.driver_cpu_s:>14.1f}{pg:>10}{machine}"
         )
     lines += [
         "",
         f"ratio ours/plain (median wall time): {ratio:.2f}x  target <= {TARGET_RATIO}x: {verdict(ratio).upper()}",
         "ratio of each pair: " + ", ".join(f"{pair:.2f}x" for pair in pair_ratios(plain, ours)),
     ]
+    busy_ratio = machine_busy_ratio(plain, ours)
+    if busy_ratio is not None:
+        lines.append(
+            f"ratio ours/plain of the machine's busy CPU (medians; every process, Redis and the kernel included): {busy_ratio:.2f}x "
+            f"(a diagnostic beside the wall-time target: it leaves out idle cores and the machine's drift in speed)"
+        )
     if floor:
         floor_ratio = overhead_ratio(statistics.median(r.wall_s for r in floor), statistics.median(r.wall_s for r in plain))
         lines += [

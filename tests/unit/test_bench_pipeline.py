@@ -23,7 +23,11 @@ from bench.pipeline_overhead import (
     cpu_ms_per_episode,
     cpu_ms_per_message,
     GroupCpu,
+    MachineCpu,
     group_cpu_s,
+    machine_busy_ratio,
+    machine_cpu,
+    machine_cpu_of,
     render,
     run_config_toml,
     stage_of,
@@ -158,3 +162,29 @@ def test_group_cpu_counts_this_process_group_and_its_leader() -> None:
     assert group_cpu_s(set()) == (0.0, 0.0)
     later = GroupCpu(total=3.5, leaders=1.25)
     assert later.fields_since(GroupCpu(total=1.0, leaders=0.25)) == {"worker_cpu_s": 2.5, "consumer_cpu_s": 1.0}
+
+
+def test_machine_cpu_reads_busy_idle_and_steal_from_proc_stat() -> None:
+    text = "cpu  100 5 40 800 20 3 2 7 0 0\ncpu0 50 2 20 400 10 1 1 3 0 0\nintr 1\n"
+    reading = machine_cpu_of(text, ticks_per_s=100.0)
+    assert reading == MachineCpu(busy_s=1.5, idle_s=8.2, steal_s=0.07)  # user+nice+system+irq+softirq, idle+iowait, steal
+    assert machine_cpu_of("cpu  10 0 10 100\n", 10.0) == MachineCpu(busy_s=2.0, idle_s=10.0, steal_s=0.0)  # an old kernel's short line
+    later = MachineCpu(busy_s=4.0, idle_s=9.0, steal_s=0.5)
+    between = later.since(reading)
+    assert (between.busy_s, between.idle_s, between.steal_s) == (2.5, pytest.approx(0.8), pytest.approx(0.43))
+    now = machine_cpu()
+    assert now.busy_s > 0.0 and now.idle_s >= 0.0
+
+
+def test_machine_busy_ratio_uses_medians_and_is_shown_only_with_readings() -> None:
+    plain = PhaseResult(name="plain", episodes=40, outer_steps=5, wall_s=2.0, tasks=205, worker_cpu_s=2.0, driver_cpu_s=0.2)
+    ours = plain.model_copy(update={"name": "ours", "wall_s": 3.0, "postgres_cpu_s": 1.0, "ticks": 10, "tick_ms_mean": 5.0, "tick_sql": 50, "db_commits": 100})
+    settings = BenchSettings(episodes=40)
+    assert machine_busy_ratio([plain], [ours]) is None
+    assert "machine's busy CPU" not in render(settings, [plain], [ours])
+    plains = [plain.model_copy(update={"machine": MachineCpu(busy_s=busy, idle_s=0.5, steal_s=0.0)}) for busy in (4.0, 5.0, 9.0)]
+    ourses = [ours.model_copy(update={"machine": MachineCpu(busy_s=busy, idle_s=1.0, steal_s=0.25)}) for busy in (7.0, 8.0, 30.0)]
+    assert machine_busy_ratio(plains, ourses) == pytest.approx(8.0 / 5.0)
+    text = render(settings, plains, ourses)
+    assert "busy CPU (medians; every process, Redis and the kernel included): 1.60x" in text
+    assert "0.25" in text.splitlines()[[i for i, line in enumerate(text.splitlines()) if line.startswith("ours")][0]]
