@@ -10,13 +10,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from schemas.base import ConfigError, FieldProblem, dump_toml_model, load_toml_model, parse_toml_text
+    from schemas.base import FieldProblem, dump_toml_model, load_toml_model, parse_toml_text
+    from schemas.config_error import ConfigError
     from schemas.job import JobSpec
     from schemas.run_config import RunConfig
     from schemas.task_spec import TaskSpec
 
 _HOMES = {
-    "ConfigError": "schemas.base",
+    "ConfigError": "schemas.config_error",
     "FieldProblem": "schemas.base",
     "dump_toml_model": "schemas.base",
     "load_toml_model": "schemas.base",

@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from schemas.config_error import ConfigError, printable
+
 MAX_TOML_BYTES = 1_000_000
 MAX_TOML_DEPTH = 16
 
@@ -32,24 +34,6 @@ class FieldProblem(BaseModel):
     field: str
     message: str
     fix: str
-
-
-class ConfigError(ValueError):
-    """A config file (run config, task spec, job.toml) is invalid; carries one entry per bad field."""
-
-    def __init__(self, source: str, problems: list[FieldProblem]):
-        self.source = source
-        self.problems = problems
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        lines = [f"{printable(self.source)}: {len(self.problems)} problem(s)"]
-        for problem in self.problems:
-            lines.append(f"  - {printable(problem.field)}: {printable(problem.message)}. Fix: {printable(problem.fix)}")
-        return "\n".join(lines)
-
-    def as_dicts(self) -> list[dict[str, str]]:
-        return [problem.model_dump() for problem in self.problems]
 
 
 def _fix_for(error_type: str, ctx: dict[str, Any] | None) -> str:
@@ -75,11 +59,6 @@ def _fix_for(error_type: str, ctx: dict[str, Any] | None) -> str:
     if error_type.endswith("_type") or error_type.endswith("_parsing"):
         return "use a value of the right type (see the message)"
     return "correct the value as the message says"
-
-
-def printable(text: str) -> str:
-    """Escape control and other non-printable characters (terminal escapes, NUL, lone surrogates)."""
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_\-]+$")
