@@ -233,9 +233,9 @@ def fill(url: str, run_id: str, target: int) -> tuple[int, int, float]:
                 o=o["stage_claims"], oe=o["episodes"],
             )
             q(
-                """INSERT INTO probe_attempts (id, episode_id, attempt, job_toml, workspace_uri, agent_tokens, explicit_hyperparameters, model_name,
+                """INSERT INTO probe_attempts (id, episode_id, run_id, attempt, job_toml, workspace_uri, agent_tokens, explicit_hyperparameters, model_name,
                        agent_backend, policy_tokens, behaviour_logprobs, prompt_length, passed, errors, probe_seconds, submitted_at, probed_at)
-                   SELECT id + :o, episode_id + :oe, attempt, job_toml, workspace_uri, agent_tokens, explicit_hyperparameters, model_name,
+                   SELECT id + :o, episode_id + :oe, run_id, attempt, job_toml, workspace_uri, agent_tokens, explicit_hyperparameters, model_name,
                        agent_backend, policy_tokens, behaviour_logprobs, prompt_length, passed, errors, probe_seconds, submitted_at, probed_at
                    FROM t_probe_attempts""",
                 o=o["probe_attempts"], oe=o["episodes"],
@@ -250,7 +250,7 @@ def fill(url: str, run_id: str, target: int) -> tuple[int, int, float]:
             )
             for table, columns in (
                 ("evaluations", "backend, simulated, base_score, trained_score, ci_low, ci_high, n_items, eval_seconds, created_at"),
-                ("rewards", "total, job, validation, efficiency, speed, raw_improvement, weights, created_at"),
+                ("rewards", "run_id, total, job, validation, efficiency, speed, raw_improvement, weights, created_at"),
             ):
                 q(f"INSERT INTO {table} (id, episode_id, {columns}) SELECT id + :o, episode_id + :oe, {columns} FROM t_{table}", o=o[table], oe=o["episodes"])
             q(
@@ -296,14 +296,17 @@ def time_status(env: dict[str, str], run_id: str, repeats: int, as_json: bool) -
 
 
 def time_status_queries(url: str, broker: str, run_id: str, repeats: int) -> list[float]:
-    """Seconds of the status queries alone (orchestrator.status.run_status, one session each), in this process."""
+    """Seconds of the status queries alone (orchestrator.status.run_status on a new psycopg connection each time, as the command opens), in this process."""
+    import psycopg
+
+    from metarl.migration_head import libpq_uri
     from orchestrator.status import run_status
 
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        with session_scope(url) as session:
-            run_status(session, run_id, broker)
+        with psycopg.connect(libpq_uri(url)) as connection:
+            run_status(connection, run_id, broker)
         times.append(time.perf_counter() - started)
     return times
 

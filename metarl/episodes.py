@@ -349,8 +349,8 @@ def record_costs(session: SqlTarget, run_id: str, episode_id: int | None, costs:
 
 
 REWARD_WITH_MOVE_SQL = f"""
-INSERT INTO rewards (episode_id, total, job, validation, efficiency, speed, raw_improvement, weights, created_at)
-SELECT %(episode_id)s, %(total)s, %(job)s, %(validation)s, %(efficiency)s, %(speed)s, %(raw_improvement)s, %(weights)s, now()
+INSERT INTO rewards (episode_id, run_id, total, job, validation, efficiency, speed, raw_improvement, weights, created_at)
+SELECT %(episode_id)s, %(run_id)s, %(total)s, %(job)s, %(validation)s, %(efficiency)s, %(speed)s, %(raw_improvement)s, %(weights)s, now()
 WHERE {WHEN_HELD}
 ON CONFLICT ON CONSTRAINT uq_rewards_episode_id DO NOTHING
 """
@@ -360,6 +360,7 @@ ON CONFLICT ON CONSTRAINT uq_rewards_episode_id DO NOTHING
 def reward_params(
     *,
     episode_id: int,
+    run_id: str,
     config: RunConfig,
     task: TaskSpec,
     attempts: tuple[int | None, int],
@@ -381,7 +382,7 @@ def reward_params(
         ),
         config.reward,
     )
-    return {"episode_id": episode_id, "weights": json_param(config.reward.model_dump()), **breakdown.model_dump()}
+    return {"episode_id": episode_id, "run_id": run_id, "weights": json_param(config.reward.model_dump()), **breakdown.model_dump()}
 
 
 def reward_record(params: dict[str, Any]) -> StageRecord:
@@ -389,6 +390,8 @@ def reward_record(params: dict[str, Any]) -> StageRecord:
     return "reward", REWARD_WITH_MOVE_SQL, params
 
 
-def unscored_reward_record(*, episode_id: int, config: RunConfig, task: TaskSpec, attempts: tuple[int | None, int]) -> StageRecord:
+def unscored_reward_record(*, episode_id: int, run_id: str, config: RunConfig, task: TaskSpec, attempts: tuple[int | None, int]) -> StageRecord:
     """The reward of an episode that ends without a scored job (never validated, or its inner job failed), as a record of that move."""
-    return reward_record(reward_params(episode_id=episode_id, config=config, task=task, attempts=attempts, base_score=None, trained_score=None, train_seconds=None))
+    return reward_record(
+        reward_params(episode_id=episode_id, run_id=run_id, config=config, task=task, attempts=attempts, base_score=None, trained_score=None, train_seconds=None)
+    )

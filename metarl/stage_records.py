@@ -55,9 +55,9 @@ def write_records(session: SqlTarget, records: Sequence[StageRecord]) -> None:
     if records:
         run_sql(session, *with_records("SELECT 1", {}, records))
 SUBMISSION_SQL = f"""
-INSERT INTO probe_attempts (episode_id, attempt, job_toml, workspace_uri, agent_tokens, agent_backend, policy_tokens, behaviour_logprobs,
+INSERT INTO probe_attempts (episode_id, run_id, attempt, job_toml, workspace_uri, agent_tokens, agent_backend, policy_tokens, behaviour_logprobs,
                             prompt_length, submitted_at)
-SELECT %(episode_id)s, %(attempt)s, %(job_toml)s, %(workspace_uri)s, %(agent_tokens)s, %(agent_backend)s, %(policy_tokens)s,
+SELECT %(episode_id)s, %(run_id)s, %(attempt)s, %(job_toml)s, %(workspace_uri)s, %(agent_tokens)s, %(agent_backend)s, %(policy_tokens)s,
        %(behaviour_logprobs)s, %(prompt_length)s, now()
 WHERE {WHEN_HELD}
 ON CONFLICT ON CONSTRAINT uq_probe_attempts_episode_id DO NOTHING
@@ -80,6 +80,7 @@ ON CONFLICT ON CONSTRAINT uq_evaluations_episode_id DO NOTHING
 def submission_record(
     *,
     episode_id: int,
+    run_id: str,
     attempt: int,
     job_toml: str,
     workspace_uri: str | None,
@@ -92,6 +93,7 @@ def submission_record(
     """One agent submission (its sampled tokens and behaviour logprobs too, for the outer update), written with the agent stage's move."""
     params: dict[str, Any] = {
         "episode_id": episode_id,
+        "run_id": run_id,
         "attempt": attempt,
         "job_toml": job_toml,
         "workspace_uri": workspace_uri,

@@ -26,6 +26,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from schemas.states import ClaimStatus, GroupStatus, InnerJobStatus, OuterStatus, RunStatus, Stage  # noqa: F401 (re-exported for the records' users)
+
 NAMING = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -43,66 +45,6 @@ class Base(DeclarativeBase):
 
 def _now_column() -> Mapped[dt.datetime]:
     return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
-
-
-class RunStatus(str, enum.Enum):
-    """Lifecycle of a run."""
-
-    running = "running"
-    stopping = "stopping"
-    stopped = "stopped"
-    finished = "finished"
-    failed = "failed"
-
-
-class Stage(str, enum.Enum):
-    """Where an episode is. `done` and `failed` are terminal."""
-
-    agent = "agent"
-    probe = "probe"
-    train = "train"
-    eval = "eval"
-    done = "done"
-    failed = "failed"
-
-
-class ClaimStatus(str, enum.Enum):
-    """State of one worker's claim on one stage attempt."""
-
-    running = "running"
-    done = "done"
-    failed = "failed"
-    abandoned = "abandoned"
-
-
-class GroupStatus(str, enum.Enum):
-    """Lifecycle of a group of episodes."""
-
-    open = "open"
-    complete = "complete"
-    batched = "batched"
-    dropped = "dropped"
-    evaluated = "evaluated"
-
-
-class OuterStatus(str, enum.Enum):
-    """Lifecycle of an outer update."""
-
-    pending = "pending"
-    running = "running"
-    done = "done"
-    failed = "failed"
-
-
-class InnerJobStatus(str, enum.Enum):
-    """Lifecycle of an inner training job, mapped from each backend's own statuses."""
-
-    launching = "launching"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    lost = "lost"
-    terminated = "terminated"
 
 
 def _enum(kind: type[enum.Enum], name: str) -> Enum:
@@ -221,10 +163,11 @@ class ProbeAttempt(Base):
     """One agent submission and the probe's verdict on it."""
 
     __tablename__ = "probe_attempts"
-    __table_args__ = (UniqueConstraint("episode_id", "attempt"),)
+    __table_args__ = (UniqueConstraint("episode_id", "attempt"), Index("ix_probe_attempts_run", "run_id"))
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     episode_id: Mapped[int] = mapped_column(ForeignKey("episodes.id", ondelete="CASCADE"), nullable=False)
+    run_id: Mapped[str] = mapped_column(String(36), nullable=False)  # the episode's, for run-level counts without a join (migration 0007)
     attempt: Mapped[int] = mapped_column(Integer, nullable=False)
     job_toml: Mapped[str] = mapped_column(Text, nullable=False)
     workspace_uri: Mapped[str | None] = mapped_column(Text)
@@ -314,10 +257,11 @@ class Reward(Base):
     """The episode reward and each of its components."""
 
     __tablename__ = "rewards"
-    __table_args__ = (UniqueConstraint("episode_id"),)
+    __table_args__ = (UniqueConstraint("episode_id"), Index("ix_rewards_run", "run_id"))
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     episode_id: Mapped[int] = mapped_column(ForeignKey("episodes.id", ondelete="CASCADE"), nullable=False)
+    run_id: Mapped[str] = mapped_column(String(36), nullable=False)  # the episode's, for run-level averages without a join (migration 0007)
     total: Mapped[float] = mapped_column(Float, nullable=False)
     job: Mapped[float] = mapped_column(Float, nullable=False)
     validation: Mapped[float] = mapped_column(Float, nullable=False)

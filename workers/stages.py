@@ -242,6 +242,7 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     sample = submission.sample
     submitted = submission_record(
         episode_id=episode_id,
+        run_id=job.ctx.run_id,
         attempt=probe_attempt,
         job_toml=submission.job_toml,
         workspace_uri=submission.workspace_uri,
@@ -287,7 +288,7 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     )
     records = [probed]
     if to.ends_unvalidated:
-        records.append(unscored_reward_record(episode_id=episode_id, config=job.config, task=job.ctx.task, attempts=job.attempts))
+        records.append(unscored_reward_record(episode_id=episode_id, run_id=job.ctx.run_id, config=job.config, task=job.ctx.task, attempts=job.attempts))
     with sql_transaction(database_url(), autocommit=True) as session:
         if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=records):
             return "taken over"
@@ -455,7 +456,7 @@ def close_train_stage(
         to = after_train(probe_attempt)
         return to if finish_and_move(session, job.claim, ClaimStatus.done, to, records=facts) else None
     to = Transition(Stage.done, probe_attempt)
-    unscored = unscored_reward_record(episode_id=episode_id, config=job.config, task=job.ctx.task, attempts=job.attempts)
+    unscored = unscored_reward_record(episode_id=episode_id, run_id=job.ctx.run_id, config=job.config, task=job.ctx.task, attempts=job.attempts)
     moved = finish_and_move(session, job.claim, ClaimStatus.done, to, episode_error=f"inner job failed: {error or ''}", records=[*facts, unscored])
     return to if moved else None
 
@@ -508,7 +509,14 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
     )
     rewarded = reward_record(
         reward_params(
-            episode_id=episode_id, config=job.config, task=task, attempts=job.attempts, base_score=base_score, trained_score=trained.score, train_seconds=train_seconds
+            episode_id=episode_id,
+            run_id=job.ctx.run_id,
+            config=job.config,
+            task=task,
+            attempts=job.attempts,
+            base_score=base_score,
+            trained_score=trained.score,
+            train_seconds=train_seconds,
         )
     )
     charges = cost_records(job.ctx.run_id, episode_id, trained.costs, backend.simulated)

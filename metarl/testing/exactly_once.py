@@ -4,8 +4,8 @@ After any crash and `metarl resume`, a finished run must hold: every episode onc
 failed); one claim per (episode, stage, probe attempt), none left open; one probe attempt row per
 attempt (one fewer when the episode failed in the agent stage); at most one inner job per episode,
 launched at most once, and exactly the jobs the simulated cloud saw launched (when its folder is
-given); one reward per finished episode; no idempotency key billed twice; outer steps numbered 1..n
-without gaps.
+given); one reward per finished episode; probe attempts and rewards under their episode's run id; no
+idempotency key billed twice; outer steps numbered 1..n without gaps.
 """
 
 from __future__ import annotations
@@ -68,6 +68,12 @@ def exactly_once_violations(session: Session, run_id: str, artifacts_root: Path 
         expected = 1 if episode.stage == Stage.done else 0
         if rewards != expected:
             problems.append(f"episode {episode.id} ({episode.stage.value}) has {rewards} reward rows, expected {expected}")
+    for table in (ProbeAttempt, Reward):  # the run id written on the row is its episode's (migration 0007)
+        astray = session.execute(
+            select(func.count()).select_from(table).join(Episode, Episode.id == table.episode_id).where(Episode.run_id == run_id, table.run_id != run_id)
+        ).scalar_one()
+        if astray:
+            problems.append(f"{astray} {table.__tablename__} row(s) of this run's episodes carry another run id")
     keys = session.execute(select(CostEntry.idempotency_key).where(CostEntry.run_id == run_id)).scalars().all()
     if len(keys) != len(set(keys)):
         problems.append(f"{len(keys) - len(set(keys))} charge(s) billed twice under the same idempotency key")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
+from metarl.db import session_scope
 from metarl.testing.exactly_once import assert_exactly_once
+from schemas.records import Episode, EpisodeGroup, ProbeAttempt, Reward, Run, Stage
 
 __all__ = ["REPO", "assert_exactly_once", "sim_config"]
 
@@ -74,3 +77,20 @@ redispatch_after_s = {redispatch_after_s}
 """
     )
     return path
+
+
+def finished_episode(url: str, reward_run_id: str | None = None) -> tuple[str, int]:
+    """A run with one done episode, one passed attempt and its reward (under `reward_run_id` when given, else the run's own)."""
+    run_id = str(uuid.uuid4())
+    with session_scope(url) as session:
+        session.add(Run(id=run_id, name="run-id-rows", config={}, task_specs={}))
+        session.flush()
+        group = EpisodeGroup(run_id=run_id, task_id="addition", policy_version=0, size=1)
+        session.add(group)
+        session.flush()
+        episode = Episode(run_id=run_id, group_id=group.id, index_in_group=0, task_id="addition", policy_version=0, stage=Stage.done, probe_attempt=1)
+        session.add(episode)
+        session.flush()
+        session.add(ProbeAttempt(episode_id=episode.id, run_id=run_id, attempt=1, job_toml="", agent_backend="sim", passed=True))
+        session.add(Reward(episode_id=episode.id, run_id=reward_run_id or run_id, total=0.5, job=0.5, validation=1.0, efficiency=0.0, speed=0.0, weights={}))
+        return run_id, episode.id

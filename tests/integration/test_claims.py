@@ -120,9 +120,9 @@ def test_finish_and_move_is_one_compare_and_set_of_claim_and_episode(pg_url):
         assert session.get(EpisodeGroup, episode.group_id).status == GroupStatus.complete  # its group of one is complete
 
 
-def submitted(episode_id: int, job_toml: str):  # type: ignore[no-untyped-def]
+def submitted(run_id: str, episode_id: int, job_toml: str):  # type: ignore[no-untyped-def]
     return submission_record(
-        episode_id=episode_id, attempt=1, job_toml=job_toml, workspace_uri=None, agent_tokens=7, agent_backend="sim",
+        episode_id=episode_id, run_id=run_id, attempt=1, job_toml=job_toml, workspace_uri=None, agent_tokens=7, agent_backend="sim",
         policy_tokens=[1, 2], behaviour_logprobs=[-0.5, -0.25], prompt_length=1,
     )
 
@@ -137,22 +137,23 @@ def test_a_move_in_autocommit_writes_its_records_with_it_or_nothing(pg_url):
     _, stale_holder = row_and_claim(pg_url, episode_id, "a")
     stolen = claim(pg_url, run_id, episode_id, "b", lease_s=0)
     with sql_transaction(pg_url, autocommit=True) as sql:
-        assert not finish_and_move(sql, stale_holder, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(episode_id, "stale")])
+        assert not finish_and_move(sql, stale_holder, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(run_id, episode_id, "stale")])
     assert attempts(pg_url, episode_id) == []  # taken over: no record
     with session_scope(pg_url) as session:
         session.get(Episode, episode_id).stage = Stage.probe  # someone else moved it meanwhile
     with pytest.raises(StaleTransition):
         with sql_transaction(pg_url, autocommit=True) as sql:
-            finish_and_move(sql, stolen, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(episode_id, "late")])
+            finish_and_move(sql, stolen, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(run_id, episode_id, "late")])
     with session_scope(pg_url) as session:
         assert session.get(StageClaim, stolen.claim_id).status == ClaimStatus.running  # nothing was written, in autocommit too
         session.get(Episode, episode_id).stage = Stage.agent
     assert attempts(pg_url, episode_id) == []
     with sql_transaction(pg_url, autocommit=True) as sql:
-        assert finish_and_move(sql, stolen, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(episode_id, "kept")])
+        assert finish_and_move(sql, stolen, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(run_id, episode_id, "kept")])
     assert attempts(pg_url, episode_id) == ["kept"]
     with session_scope(pg_url) as session:
         assert session.get(Episode, episode_id).stage == Stage.probe and session.get(StageClaim, stolen.claim_id).status == ClaimStatus.done
+        assert session.execute(select(ProbeAttempt.run_id).where(ProbeAttempt.episode_id == episode_id)).scalar_one() == run_id
 
 
 def test_an_ending_move_completes_its_group_in_autocommit_and_records_must_agree_with_the_move(pg_url):
@@ -160,7 +161,7 @@ def test_an_ending_move_completes_its_group_in_autocommit_and_records_must_agree
     _, held = row_and_claim(pg_url, episode_id, "a")
     with pytest.raises(ValueError, match="episode_id"):
         with sql_transaction(pg_url) as sql:
-            finish_and_move(sql, held, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(episode_id + 1, "other episode")])
+            finish_and_move(sql, held, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(run_id, episode_id + 1, "other episode")])
     with sql_transaction(pg_url, autocommit=True) as sql:
         assert finish_and_move(sql, held, ClaimStatus.failed, Transition(Stage.failed, 1), episode_error="gave up")
     with session_scope(pg_url) as session:
@@ -231,7 +232,7 @@ def test_a_move_waiting_on_a_concurrent_claim_update_rechecks_the_claim(pg_url, 
 
         def move() -> None:
             with sql_transaction(pg_url, autocommit=True) as sql:
-                outcome.append(finish_and_move(sql, held, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(episode_id, "x")]))
+                outcome.append(finish_and_move(sql, held, ClaimStatus.done, Transition(Stage.probe, 1), records=[submitted(run_id, episode_id, "x")]))
 
         mover = threading.Thread(target=move)
         mover.start()

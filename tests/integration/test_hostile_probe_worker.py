@@ -167,7 +167,7 @@ def submit_attempt(pg_url: str, run_id: str, group_id: int, index: int, files: P
         episode = Episode(run_id=run_id, group_id=group_id, index_in_group=index, task_id=TASK_ID, policy_version=0, stage=Stage.probe, probe_attempt=1)
         session.add(episode)
         session.flush()
-        session.add(ProbeAttempt(episode_id=episode.id, attempt=1, job_toml=job_toml, workspace_uri=str(files), agent_backend="sim"))
+        session.add(ProbeAttempt(episode_id=episode.id, run_id=run_id, attempt=1, job_toml=job_toml, workspace_uri=str(files), agent_backend="sim"))
         return episode.id
 
 

@@ -1,0 +1,69 @@
+"""The states of a run's records, as plain enums: what the database stores in its status and stage columns.
+
+Apart from the SQLAlchemy models (`schemas.records` re-exports them), so that a reader of the
+records that does not load the models (`metarl status`) can name them.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class RunStatus(str, enum.Enum):
+    """Lifecycle of a run."""
+
+    running = "running"
+    stopping = "stopping"
+    stopped = "stopped"
+    finished = "finished"
+    failed = "failed"
+
+
+class Stage(str, enum.Enum):
+    """Where an episode is. `done` and `failed` are terminal."""
+
+    agent = "agent"
+    probe = "probe"
+    train = "train"
+    eval = "eval"
+    done = "done"
+    failed = "failed"
+
+
+class ClaimStatus(str, enum.Enum):
+    """State of one worker's claim on one stage attempt."""
+
+    running = "running"
+    done = "done"
+    failed = "failed"
+    abandoned = "abandoned"
+
+
+class GroupStatus(str, enum.Enum):
+    """Lifecycle of a group of episodes."""
+
+    open = "open"
+    complete = "complete"
+    batched = "batched"
+    dropped = "dropped"
+    evaluated = "evaluated"
+
+
+class OuterStatus(str, enum.Enum):
+    """Lifecycle of an outer update."""
+
+    pending = "pending"
+    running = "running"
+    done = "done"
+    failed = "failed"
+
+
+class InnerJobStatus(str, enum.Enum):
+    """Lifecycle of an inner training job, mapped from each backend's own statuses."""
+
+    launching = "launching"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    lost = "lost"
+    terminated = "terminated"
