@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("METARL_LOGLEVEL", "WARNING"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("kombu.connection").setLevel(logging.ERROR)
-    from schemas.base import ConfigError
+    from schemas.config_error import ConfigError
 
     try:
         return COMMANDS[args.command](args)
@@ -192,8 +192,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from metarl.db import session_scope
-    from metarl.render import print_status, runs_table
+    from metarl import settings
+
+    database_url = settings.database_url(None)
+    if database_url and args.run_id is not None and args.episode is None:
+        shown = run_status_over_psycopg(args, database_url, settings.broker_url(None))
+        if shown is not None:
+            return shown
+    from metarl.db import driver_connection, session_scope, statement_target
     from orchestrator.status import list_runs, run_status
 
     with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
@@ -214,18 +220,56 @@ def cmd_status(args: argparse.Namespace) -> int:
             else:
                 from rich.console import Console
 
+                from metarl.render import runs_table
+
                 Console().print(runs_table(runs))
             return 0
         try:
-            status = run_status(session, args.run_id, services.broker_url)
+            status = run_status(driver_connection(statement_target(session)), args.run_id, services.broker_url)
         except LookupError:
             print(f"error: no run with id {args.run_id}; `metarl status` lists runs", file=sys.stderr)
             return EXIT_NOT_FOUND
-    if args.json:
-        print(json.dumps(status, indent=2, default=str))
-    else:
-        print_status(status)
+    show_run_status(status, as_json=args.json)
     return 0
+
+
+def run_status_over_psycopg(args: argparse.Namespace, database_url: str, broker_url: str | None) -> int | None:
+    """`metarl status RUN_ID` on a configured database at the migrations' head, over one psycopg connection (no SQLAlchemy import).
+
+    None when the database is behind the migrations: the caller then takes the usual path, which
+    migrates it first. A database that cannot be reached is an error that names it (no traceback).
+    """
+    import psycopg
+
+    from metarl.migration_head import head_revision, libpq_uri, revision_of
+    from orchestrator.status import run_status, without_password
+
+    try:
+        with psycopg.connect(libpq_uri(database_url), connect_timeout=10) as connection:
+            head = head_revision()
+            if head is None or revision_of(connection) != head:
+                return None
+            try:
+                status = run_status(connection, args.run_id, broker_url)
+            except LookupError:
+                print(f"error: no run with id {args.run_id}; `metarl status` lists runs", file=sys.stderr)
+                return EXIT_NOT_FOUND
+    except psycopg.OperationalError as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"error: cannot read the run database {without_password(database_url)}: {reason}. Fix: check METARL_DATABASE_URL and that PostgreSQL runs there", file=sys.stderr)
+        return EXIT_FAILED_RUN
+    show_run_status(status, as_json=args.json)
+    return 0
+
+
+def show_run_status(status: dict[str, Any], *, as_json: bool) -> None:
+    """Print one run's status as JSON or as tables."""
+    if as_json:
+        print(json.dumps(status, indent=2, default=str))
+        return
+    from metarl.render import print_status  # rich: only for the tables
+
+    print_status(status)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -3,32 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import re
 import select
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from sqlalchemy import Connection, Engine, create_engine, event, exc, text
 from sqlalchemy.orm import Session, sessionmaker
 
-import migrations
+from metarl.migration_head import MIGRATIONS_DIR, head_revision, normalise_url
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
 
-MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
-_REVISION_LINE = re.compile(r"^(revision|down_revision)\s*=\s*(?:'([^']*)'|\"([^\"]*)\"|None)\s*$", re.MULTILINE)
-
-
-def normalise_url(url: str) -> str:
-    """Use the psycopg 3 driver for plain postgresql:// URLs."""
-    if url.startswith("postgresql://"):
-        return "postgresql+psycopg://" + url[len("postgresql://") :]
-    if url.startswith("postgres://"):
-        return "postgresql+psycopg://" + url[len("postgres://") :]
-    return url
 
 
 _ENGINES: dict[str, Engine] = {}
@@ -279,27 +266,6 @@ def alembic_config(url: str) -> AlembicConfig:
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
     return config
-
-
-def head_revision() -> str | None:
-    """The single head of migrations/versions read from the files' `revision`/`down_revision` lines, without Alembic.
-
-    None when it cannot be told that way (a file without those lines, a merge, several heads): the
-    caller then asks Alembic.
-    """
-    revisions: set[str] = set()
-    parents: set[str] = set()
-    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
-        if path.name == "__init__.py":
-            continue
-        found = {name: (single or double) for name, single, double in _REVISION_LINE.findall(path.read_text(encoding="utf-8"))}
-        if "revision" not in found or "down_revision" not in found or not found["revision"]:
-            return None
-        revisions.add(found["revision"])
-        if found["down_revision"]:
-            parents.add(found["down_revision"])
-    heads = revisions - parents
-    return heads.pop() if len(heads) == 1 else None
 
 
 def upgrade(url: str, revision: str = "head") -> None:

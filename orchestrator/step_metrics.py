@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from metarl.db import run_sql
 from metarl.ledger import run_total_usd
-from schemas.records import Episode, EpisodeGroup, GroupStatus, Reward
+from orchestrator.status import HELD_OUT_REWARD_SQL
 
 LARGE_MODELS = ("Qwen/Qwen3-1.7B",)
 
@@ -104,13 +103,5 @@ def held_out_reward_by_version(session: Session, run_id: str, version: int | Non
     An outer step stores the value known when its update ran; a held-out group evaluated later is
     only found here, so `metarl status` and the report read this, not the stored step metrics.
     """
-    query = (
-        select(Episode.policy_version, func.avg(Reward.total))
-        .join(Reward, Reward.episode_id == Episode.id)
-        .join(EpisodeGroup, EpisodeGroup.id == Episode.group_id)
-        .where(EpisodeGroup.run_id == run_id, EpisodeGroup.held_out.is_(True), EpisodeGroup.status == GroupStatus.evaluated)
-        .group_by(Episode.policy_version)
-    )
-    if version is not None:
-        query = query.where(Episode.policy_version == version)
-    return {int(found): float(mean_reward) for found, mean_reward in session.execute(query).all()}
+    found = run_sql(session, HELD_OUT_REWARD_SQL, {"run_id": run_id, "version": version})
+    return {int(policy_version): float(mean_reward) for policy_version, mean_reward in found}
