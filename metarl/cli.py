@@ -128,8 +128,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         with session_scope(services.database_url) as session:
             run = session.get(Run, args.run_id)
             if run is None:
-                print(f"error: no run with id {args.run_id}; `metarl status` lists runs", file=sys.stderr)
-                return EXIT_NOT_FOUND
+                return no_such_run(args.run_id)
             if run.status == RunStatus.failed and not args.retry_failed:
                 print(
                     f"error: run {args.run_id} failed: {run.status_message}\n"
@@ -185,8 +184,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
         updated = session.execute(update(Run).where(Run.id == args.run_id).values(stop_requested=True).returning(Run.id)).scalar_one_or_none()
     if updated is None:
-        print(f"error: no run with id {args.run_id}", file=sys.stderr)
-        return EXIT_NOT_FOUND
+        return no_such_run(args.run_id)
     print(f"stop requested for run {args.run_id}: in-flight episodes finish, then it stops")
     return 0
 
@@ -227,8 +225,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         try:
             status = run_status(driver_connection(statement_target(session)), args.run_id, services.broker_url)
         except LookupError:
-            print(f"error: no run with id {args.run_id}; `metarl status` lists runs", file=sys.stderr)
-            return EXIT_NOT_FOUND
+            return no_such_run(args.run_id)
     show_run_status(status, as_json=args.json)
     return 0
 
@@ -252,14 +249,21 @@ def run_status_over_psycopg(args: argparse.Namespace, database_url: str, broker_
             try:
                 status = run_status(connection, args.run_id, broker_url)
             except LookupError:
-                print(f"error: no run with id {args.run_id}; `metarl status` lists runs", file=sys.stderr)
-                return EXIT_NOT_FOUND
+                return no_such_run(args.run_id)
     except psycopg.OperationalError as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: cannot read the run database {without_password(database_url)}: {reason}. Fix: check METARL_DATABASE_URL and that PostgreSQL runs there", file=sys.stderr)
         return EXIT_FAILED_RUN
     show_run_status(status, as_json=args.json)
     return 0
+
+
+def no_such_run(run_id: str) -> int:
+    """Say that there is no run with this id (escaped for the terminal); the exit code."""
+    from schemas.config_error import printable
+
+    print(f"error: no run with id {printable(run_id)}; `metarl status` lists runs", file=sys.stderr)
+    return EXIT_NOT_FOUND
 
 
 def show_run_status(status: dict[str, Any], *, as_json: bool) -> None:
@@ -282,8 +286,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         try:
             data = load_report_data(session, args.run_id)
         except LookupError:
-            print(f"error: no run with id {printable(args.run_id)}; `metarl status` lists runs", file=sys.stderr)
-            return EXIT_NOT_FOUND
+            return no_such_run(args.run_id)
         home = services.home
     from metarl.report import write_report
 

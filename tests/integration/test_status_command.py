@@ -55,6 +55,9 @@ def test_status_of_a_run_imports_no_sqlalchemy_and_shows_what_the_orm_path_shows
     assert tables.returncode == 0 and run_id in tables.stdout, tables.stderr
     missing = metarl_cli(["status", "00000000-0000-4000-8000-000000000000"], status_env(tmp_path, pg_url), timeout=120)
     assert missing.returncode == 3 and "no run with id 00000000-0000-4000-8000-000000000000" in missing.stderr and "Traceback" not in missing.stderr
+    hostile = metarl_cli(["status", "x'; DROP TABLE runs; --\x1b[2J"], status_env(tmp_path, pg_url), timeout=120)
+    assert hostile.returncode == 3 and "\x1b" not in hostile.stderr and "Traceback" not in hostile.stderr
+    assert metarl_cli(["status", run_id, "--json"], status_env(tmp_path, pg_url), timeout=120).returncode == 0  # the runs table is still there
 
 
 def test_status_of_a_database_behind_the_migrations_migrates_it_first(tmp_path: Path, pg_url: str) -> None:
