@@ -21,9 +21,8 @@ import uuid
 import psycopg
 
 from bench._sim_plain_chain import count_episode, count_outer
-from metarl.db import normalise_url
 from metarl.settings import DATABASE_ENV
-from metarl.tick_wakeup import libpq_conninfo
+from metarl.migration_head import libpq_uri
 from workers.app import make_app
 
 TASK_PREFIX = "bench.floor"
@@ -57,7 +56,7 @@ _connection: list[psycopg.Connection] = []
 def database() -> psycopg.Connection:
     """One autocommit connection per worker process, to the database the bench passes in DATABASE_ENV."""
     if not _connection:
-        _connection.append(psycopg.connect(libpq_conninfo(normalise_url(os.environ[DATABASE_ENV])), autocommit=True))
+        _connection.append(psycopg.connect(libpq_uri(os.environ[DATABASE_ENV]), autocommit=True))
     return _connection[0]
 
 

@@ -583,14 +583,13 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
 
     from bench._sim_floor_chain import finished_floor_episodes, prepare
     from bench._sim_plain_chain import DONE_KEY, OUTER_KEY
-    from metarl.db import normalise_url
-    from metarl.tick_wakeup import libpq_conninfo
+    from metarl.migration_head import libpq_uri
     from workers.app import QUEUES, make_app
 
     prefix = importlib.import_module(CHAIN_MODULES[chain]).TASK_PREFIX
     log_dir = work / f"logs-{chain}"
     if chain == "floor":
-        with psycopg.connect(libpq_conninfo(normalise_url(database_url)), autocommit=True) as connection:
+        with psycopg.connect(libpq_uri(database_url), autocommit=True) as connection:
             prepare(connection, settings.episodes)
     pools = start_chain_pools(database_url, broker_url, log_dir, chain)
     client = redis.Redis.from_url(broker_url)
@@ -624,7 +623,7 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
         client.close()
         pools.stop()
     if chain == "floor":
-        with psycopg.connect(libpq_conninfo(normalise_url(database_url)), autocommit=True) as connection:
+        with psycopg.connect(libpq_uri(database_url), autocommit=True) as connection:
             moved = finished_floor_episodes(connection)
         if moved != settings.episodes:
             raise SystemExit(f"error: the floor chain moved {moved} of {settings.episodes} episodes through every step; see {log_dir}")

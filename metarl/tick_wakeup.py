@@ -20,9 +20,9 @@ import time
 from typing import Literal
 
 import psycopg
-from sqlalchemy.engine import make_url
 
-from metarl.db import SqlTarget, normalise_url, run_sql
+from metarl.db import SqlTarget, run_sql
+from metarl.migration_head import libpq_uri
 
 log = logging.getLogger("metarl.orchestrator")
 
@@ -61,17 +61,11 @@ def wake_of(payload: str, run_id: str) -> Wake | None:
     return None
 
 
-def libpq_conninfo(database_url: str) -> str:
-    """The libpq form of a SQLAlchemy PostgreSQL URL (password kept, driver name dropped)."""
-    url = make_url(normalise_url(database_url)).set(drivername="postgresql")
-    return url.render_as_string(hide_password=False)
-
-
 class TickWaiter:
     """Waits up to a tick interval, returning early when the run's orchestrator is asked for a tick."""
 
     def __init__(self, database_url: str, run_id: str, min_gap_s: float = MIN_WAKEUP_GAP_S):
-        self.conninfo = libpq_conninfo(database_url)
+        self.conninfo = libpq_uri(database_url)
         self.run_id = run_id
         self.min_gap_s = min_gap_s
         self.connection: psycopg.Connection | None = None
