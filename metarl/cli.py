@@ -197,7 +197,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         shown = run_status_over_psycopg(args, database_url, settings.broker_url(None))
         if shown is not None:
             return shown
-    from metarl.db import driver_connection, session_scope, statement_target
+    from metarl.db import psycopg_connection, session_scope
     from orchestrator.status import list_runs, run_status
 
     with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
@@ -223,7 +223,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 Console().print(runs_table(runs))
             return 0
         try:
-            status = run_status(driver_connection(statement_target(session)), args.run_id, services.broker_url)
+            status = run_status(psycopg_connection(session), args.run_id, services.broker_url)
         except LookupError:
             return no_such_run(args.run_id)
     show_run_status(status, as_json=args.json)

@@ -228,9 +228,14 @@ def driver_connection(connection: Connection | SqlTransaction) -> psycopg.Connec
     return connection.dbapi_connection if isinstance(connection, SqlTransaction) else connection.connection.dbapi_connection
 
 
+def psycopg_connection(session: SqlTarget) -> psycopg.Connection:
+    """The psycopg connection a session's statements go through (in its transaction): for code that reads with plain SQL."""
+    return driver_connection(statement_target(session))
+
+
 def database_identity(session: SqlTarget) -> tuple[str, int, str]:
     """(host, port, database name) of the server the session talks to: a key for values cached per database in a process."""
-    info = driver_connection(statement_target(session)).info
+    info = psycopg_connection(session).info
     return info.host, info.port, info.dbname
 
 

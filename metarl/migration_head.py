@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import migrations
+
+if TYPE_CHECKING:
+    import psycopg
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 _REVISION_LINE = re.compile(r"^(revision|down_revision)\s*=\s*(?:'([^']*)'|\"([^\"]*)\"|None)\s*$", re.MULTILINE)
@@ -46,7 +49,7 @@ def head_revision() -> str | None:
     return heads.pop() if len(heads) == 1 else None
 
 
-def revision_of(connection: Any) -> str | None:
+def revision_of(connection: psycopg.Connection) -> str | None:
     """The revision a database is at, on a psycopg connection (None: never migrated)."""
     if connection.execute("SELECT to_regclass('alembic_version')").fetchone()[0] is None:
         return None
@@ -58,4 +61,3 @@ def libpq_uri(database_url: str) -> str:
     """A SQLAlchemy PostgreSQL URL as the URI libpq reads (the `+driver` part dropped; percent-encoded parts stay as they are)."""
     scheme, _, rest = normalise_url(database_url).partition("://")
     return f"postgresql://{rest}" if scheme.startswith("postgresql") else database_url
-

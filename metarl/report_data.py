@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
-from metarl.db import driver_connection, statement_target
+from metarl.db import psycopg_connection
 from metarl.report_tables import STAGES, CostLine, ReportData, RunInfo, StageDuration, StepRecord, pick_metrics
 from orchestrator.status import run_status
 from schemas.records import ClaimStatus, CostEntry, Episode, EpisodeGroup, Evaluation, InnerJob, OuterStep, Run, Stage, StageClaim
@@ -13,7 +13,7 @@ from schemas.records import ClaimStatus, CostEntry, Episode, EpisodeGroup, Evalu
 
 def load_report_data(session: Session, run_id: str) -> ReportData:
     """Header, costs, outer steps and stage durations of one run; LookupError if there is no such run."""
-    status = run_status(driver_connection(statement_target(session)), run_id)  # in the session's transaction
+    status = run_status(psycopg_connection(session), run_id)  # in the session's transaction
     run = session.get(Run, run_id)
     steps = session.execute(select(OuterStep).where(OuterStep.run_id == run_id).order_by(OuterStep.step)).scalars().all()
     held_out = {line["step"]: line["held_out_reward"] for line in status["outer_steps"]}

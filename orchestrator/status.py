@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 from pathlib import Path
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
@@ -148,6 +149,11 @@ GROUP BY e.policy_version
 `orchestrator.step_metrics.held_out_reward_by_version` runs it on an ORM session."""
 
 
+def held_out_means(found: Iterable[tuple[Any, Any]]) -> dict[int, float]:
+    """HELD_OUT_REWARD_SQL's rows as {policy version: mean reward} (pure)."""
+    return {int(version): float(mean) for version, mean in found}
+
+
 def run_status(connection: psycopg.Connection, run_id: str, broker_url: str | None = None) -> dict[str, Any]:
     """Everything `metarl status RUN_ID` shows, as plain data (JSON-ready), read on a psycopg connection.
 
@@ -167,7 +173,7 @@ def run_status(connection: psycopg.Connection, run_id: str, broker_url: str | No
     failures = rows(FAILURES_SQL)
     costs = rows(COSTS_SQL)
     steps = rows(OUTER_STEPS_SQL)
-    held_out = {int(version): float(mean) for version, mean in rows(HELD_OUT_REWARD_SQL, version=None)}
+    held_out = held_out_means(rows(HELD_OUT_REWARD_SQL, version=None))
     rewards, = rows(REWARDS_SQL)
     jobs = dict(rows(INNER_JOBS_SQL))
     attempts, = rows(PROBE_ATTEMPTS_SQL)
@@ -232,20 +238,24 @@ def status_document(
             }
             for e, t, s, v, total, job, val, eff, speed in recent
         ],
-        "outer_steps": [
-            {
-                "step": step,
-                "status": step_status,
-                "version": after,
-                "groups": groups,
-                "episodes": episodes,
-                "dropped_stale": dropped,
-                "reward_mean": (metrics or {}).get("reward_mean"),
-                "held_out_reward": held_out.get(before, (metrics or {}).get("held_out_reward_mean")),
-                "cost_usd": (metrics or {}).get("cost_usd_total"),
-            }
-            for step, step_status, before, after, groups, episodes, dropped, metrics in steps
-        ],
+        "outer_steps": [outer_step_line(step, held_out) for step in steps],
+    }
+
+
+def outer_step_line(step_row: tuple[Any, ...], held_out: dict[int, float]) -> dict[str, Any]:
+    """One row of OUTER_STEPS_SQL as the status shows it; a held-out reward found in the records wins over the stored one (pure)."""
+    step, status, before, after, groups, episodes, dropped, metrics = step_row
+    metrics = metrics or {}
+    return {
+        "step": step,
+        "status": status,
+        "version": after,
+        "groups": groups,
+        "episodes": episodes,
+        "dropped_stale": dropped,
+        "reward_mean": metrics.get("reward_mean"),
+        "held_out_reward": held_out.get(before, metrics.get("held_out_reward_mean")),
+        "cost_usd": metrics.get("cost_usd_total"),
     }
 
 

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from metarl.db import run_sql
 from metarl.ledger import run_total_usd
-from orchestrator.status import HELD_OUT_REWARD_SQL
+from orchestrator.status import HELD_OUT_REWARD_SQL, held_out_means
 
 LARGE_MODELS = ("Qwen/Qwen3-1.7B",)
 
@@ -103,5 +103,4 @@ def held_out_reward_by_version(session: Session, run_id: str, version: int | Non
     An outer step stores the value known when its update ran; a held-out group evaluated later is
     only found here, so `metarl status` and the report read this, not the stored step metrics.
     """
-    found = run_sql(session, HELD_OUT_REWARD_SQL, {"run_id": run_id, "version": version})
-    return {int(policy_version): float(mean_reward) for policy_version, mean_reward in found}
+    return held_out_means(run_sql(session, HELD_OUT_REWARD_SQL, {"run_id": run_id, "version": version}))

@@ -79,18 +79,25 @@ redispatch_after_s = {redispatch_after_s}
     return path
 
 
-def finished_episode(url: str, reward_run_id: str | None = None) -> tuple[str, int]:
-    """A run with one done episode, one passed attempt and its reward (under `reward_run_id` when given, else the run's own)."""
+def new_episode(url: str, stage: Stage = Stage.agent, name: str = "test") -> tuple[str, int]:
+    """A run with one group of one episode at `stage`, first attempt: (run id, episode id)."""
     run_id = str(uuid.uuid4())
     with session_scope(url) as session:
-        session.add(Run(id=run_id, name="run-id-rows", config={}, task_specs={}))
+        session.add(Run(id=run_id, name=name, config={}, task_specs={}))
         session.flush()
         group = EpisodeGroup(run_id=run_id, task_id="addition", policy_version=0, size=1)
         session.add(group)
         session.flush()
-        episode = Episode(run_id=run_id, group_id=group.id, index_in_group=0, task_id="addition", policy_version=0, stage=Stage.done, probe_attempt=1)
+        episode = Episode(run_id=run_id, group_id=group.id, index_in_group=0, task_id="addition", policy_version=0, stage=stage, probe_attempt=1)
         session.add(episode)
         session.flush()
-        session.add(ProbeAttempt(episode_id=episode.id, run_id=run_id, attempt=1, job_toml="", agent_backend="sim", passed=True))
-        session.add(Reward(episode_id=episode.id, run_id=reward_run_id or run_id, total=0.5, job=0.5, validation=1.0, efficiency=0.0, speed=0.0, weights={}))
         return run_id, episode.id
+
+
+def finished_episode(url: str, reward_run_id: str | None = None) -> tuple[str, int]:
+    """A run with one done episode, one passed attempt and its reward (under `reward_run_id` when given, else the run's own)."""
+    run_id, episode_id = new_episode(url, Stage.done, name="run-id-rows")
+    with session_scope(url) as session:
+        session.add(ProbeAttempt(episode_id=episode_id, run_id=run_id, attempt=1, job_toml="", agent_backend="sim", passed=True))
+        session.add(Reward(episode_id=episode_id, run_id=reward_run_id or run_id, total=0.5, job=0.5, validation=1.0, efficiency=0.0, speed=0.0, weights={}))
+    return run_id, episode_id

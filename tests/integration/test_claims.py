@@ -14,22 +14,13 @@ from metarl.episodes import StaleTransition, finish_and_move, stage_row_and_clai
 from orchestrator.transitions import Transition
 from metarl.stage_records import submission_record
 from schemas.records import ClaimStatus, Episode, EpisodeGroup, GroupStatus, ProbeAttempt, Run, RunStatus, Stage, StageClaim
+from tests.integration.helpers import new_episode
 
 pytestmark = pytest.mark.integration
 
 
 def make_episode(url: str) -> tuple[str, int]:
-    run_id = str(uuid.uuid4())
-    with session_scope(url) as session:
-        session.add(Run(id=run_id, name="claims", config={}, task_specs={}))
-        session.flush()
-        group = EpisodeGroup(run_id=run_id, task_id="addition", policy_version=0, size=1)
-        session.add(group)
-        session.flush()
-        episode = Episode(run_id=run_id, group_id=group.id, index_in_group=0, task_id="addition", policy_version=0)
-        session.add(episode)
-        session.flush()
-        return run_id, episode.id
+    return new_episode(url, name="claims")
 
 
 def claim(url: str, run_id: str, episode_id: int, worker: str, lease_s: float, token: str | None = None):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from metarl import db
-from metarl.db import driver_connection, session_scope, statement_target
+from metarl.db import psycopg_connection, session_scope
 from metarl.migration_head import head_revision, libpq_uri, revision_of
 from orchestrator.status import run_status
 from tests.conftest import REPO, metarl_cli
@@ -48,7 +48,7 @@ def test_status_of_a_run_imports_no_sqlalchemy_and_shows_what_the_orm_path_shows
     assert shown["rewards"]["episodes"] == 1 and shown["rewards"]["total_mean"] == 0.5
     assert [episode["episode"] for episode in shown["recent_episodes"]] == [episode_id]
     with session_scope(pg_url) as session:  # the report reads the same function inside an ORM session's transaction
-        through_session = run_status(driver_connection(statement_target(session)), run_id)
+        through_session = run_status(psycopg_connection(session), run_id)
     assert json.loads(json.dumps(through_session, default=str)) == shown
 
     tables = metarl_cli(["status", run_id], status_env(tmp_path, pg_url), timeout=120)
