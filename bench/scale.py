@@ -1,6 +1,6 @@
 """Scale benchmark: 100,000 simulated episodes in one run; orchestrator memory, database size, `metarl status` time.
 
-    python -m bench.scale [--episodes 100000] [--pipeline-episodes 600] [--status-repeats 5]
+    python -m bench.scale [--episodes 100000] [--pipeline-episodes 600] [--min-part-s 30] [--status-repeats 5]
 
 What is measured, precisely:
 
@@ -8,8 +8,9 @@ What is measured, precisely:
    scorer and outer update; 6 task families, groups of 8, 16 groups per outer step, 128 episodes in
    flight) goes through the real system: five Celery worker pools and the orchestrator
    (`metarl run --no-workers`), each its own process, on a real Redis and a real PostgreSQL.
-   Once half of `--pipeline-episodes` episodes have ended, `metarl stop` drains it. The
-   orchestrator's resident memory (VmRSS) is sampled every 0.5 s.
+   Once half of `--pipeline-episodes` episodes have ended and at least `--min-part-s` seconds have
+   passed, `metarl stop` drains it. The orchestrator's resident memory (VmRSS) is sampled every
+   0.5 s; the first 10 s of each orchestrator process (its start) are left out of the memory figures.
 2. Fill. The full size does not go through the pipeline on 2 cores within 15 minutes (the
    pipeline's rate is printed), so the run is grown to `--episodes` by copying the records that
    part 1 wrote: every finished group with its episodes, stage claims, submissions, inner jobs,
@@ -18,7 +19,7 @@ What is measured, precisely:
    the unique keys (inner-job names, idempotency keys) suffixed. The copies are row-for-row what the
    pipeline writes, but carry no dead tuples from the pipeline's updates.
 3. Pipeline, part 2. `metarl resume` continues the same run on the grown database for the other
-   half of `--pipeline-episodes`, with the same memory sampling, then it is drained again.
+   half of `--pipeline-episodes` (and at least `--min-part-s`), with the same memory sampling, then it is drained again.
 4. `metarl status RUN_ID` and `metarl status RUN_ID --json`, each run `--status-repeats` times as
    a new process (what an operator types; process start and imports included), plus the time of
    the status queries alone (orchestrator.status.run_status in this process).
@@ -67,9 +68,16 @@ TABLES = (
     "baseline_scores",
     "rewards",
     "cost_ledger",
+    "run_spend",
     "outer_steps",
 )
 STATUS_TARGET_S = 1.0
+WARM_UP_S = 10.0
+"""Seconds of each orchestrator process's start (imports, first ticks, caches filling) left out of the memory figures."""
+MIN_PART_S = 30.0
+"""Each pipeline part runs at least this long, so that it has samples after its warm-up even on a fast machine."""
+FLAT_KIB_PER_1000 = 1024.0
+"""The memory target: under 1 MiB of growth per 1,000 episodes."""
 
 
 def rss_kib(pid: int) -> int | None:
@@ -144,8 +152,11 @@ class PipelinePart:
         return self.episodes / self.seconds if self.seconds > 0 else 0.0
 
 
-def drive_pipeline(name: str, args_: list[str], env: dict[str, str], url: str, run_id: str | None, until_more: int, log: Path) -> tuple[str, PipelinePart]:
-    """Start the orchestrator (`run` or `resume`), wait for `until_more` more ended episodes, `metarl stop`, wait for the drain."""
+def drive_pipeline(
+    name: str, args_: list[str], env: dict[str, str], url: str, run_id: str | None, until_more: int, log: Path, min_seconds: float = MIN_PART_S
+) -> tuple[str, PipelinePart]:
+    """Start the orchestrator (`run` or `resume`), wait for `until_more` more ended episodes and at least `min_seconds`, `metarl stop`,
+    wait for the drain."""
     orchestrator = start_orchestrator(args_, env, log_path=None if run_id is None else log)
     try:
         if run_id is None:
@@ -155,7 +166,7 @@ def drive_pipeline(name: str, args_: list[str], env: dict[str, str], url: str, r
         sampler = Sampler(orchestrator.pid, url, run_id)
         sampler.start()
         started = time.monotonic()
-        while ended_episodes(url, run_id) - before < until_more:
+        while ended_episodes(url, run_id) - before < until_more or time.monotonic() - started < min_seconds:
             if orchestrator.poll() is not None:
                 raise RuntimeError(f"the orchestrator exited early with {orchestrator.returncode}; see {log}")
             time.sleep(1.0)
@@ -311,24 +322,40 @@ def time_status_queries(url: str, broker: str, run_id: str, repeats: int) -> lis
     return times
 
 
+def measured_samples(part: PipelinePart, warm_up_s: float = WARM_UP_S) -> list[tuple[float, int, int]]:
+    """The part's (seconds, RSS KiB, ended episodes) samples after its process's warm-up."""
+    return [sample for sample in part.samples if sample[0] >= warm_up_s]
+
+
 def memory_summary(part: PipelinePart) -> tuple[float, float, float, float]:
-    """(first, median, max, last) RSS in MiB over the part, after a 10 s warm-up."""
-    samples = [rss for t, rss, _ in part.samples if t >= 10.0] or [rss for _, rss, _ in part.samples]
+    """(first, median, max, last) RSS in MiB over the part, after its warm-up (all samples when none came after it)."""
+    samples = [rss for _, rss, _ in measured_samples(part) or part.samples]
     mib = [s / 1024 for s in samples]
     return mib[0], statistics.median(mib), max(mib), mib[-1]
 
 
 def slope_kib_per_1000(parts: list[PipelinePart]) -> float:
-    """Least-squares slope of RSS against ended episodes over all parts' samples after warm-up, in KiB per 1000 episodes."""
-    points = [(ended, rss) for part in parts for t, rss, ended in part.samples if t >= 10.0]
-    if len(points) < 3:
+    """Least-squares slope of RSS against the run's ended episodes over all parts' samples after warm-up, in KiB per 1000 episodes.
+
+    NaN (not measured) unless every part has at least three samples after its warm-up: a part
+    without them would leave the slope to one process's start alone.
+    """
+    if any(len(measured_samples(part)) < 3 for part in parts):
         return float("nan")
+    points = [(ended, rss) for part in parts for _, rss, ended in measured_samples(part)]
     mean_x = statistics.fmean(x for x, _ in points)
     mean_y = statistics.fmean(y for _, y in points)
     var = sum((x - mean_x) ** 2 for x, _ in points)
     if var == 0:
         return float("nan")
     return 1000 * sum((x - mean_x) * (y - mean_y) for x, y in points) / var
+
+
+def memory_verdict(slope: float) -> str:
+    """The memory target's verdict for a slope in KiB per 1000 episodes (pure)."""
+    if math.isnan(slope):
+        return f"NOT MEASURED (a part had fewer than 3 samples after its {WARM_UP_S:.0f} s warm-up; raise --min-part-s)"
+    return "met" if slope < FLAT_KIB_PER_1000 else "MISSED"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -338,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline-episodes", type=int, default=600, help="episodes that go through the real pipeline (half before, half after the fill)")
     parser.add_argument("--status-repeats", type=int, default=5, help="timed `metarl status` calls of each kind")
     parser.add_argument("--in-flight", type=int, default=128, help="episodes the orchestrator keeps in flight")
+    parser.add_argument("--min-part-s", type=float, default=MIN_PART_S, help="each pipeline part runs at least this many seconds (memory is read after a 10 s warm-up)")
     parser.add_argument("--keep", type=Path, help="keep configs and logs in this folder")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds: pools, private servers and folders are cleaned up
@@ -374,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         pools.start()
         try:
             half = max(1, args.pipeline_episodes // 2)
-            run_id, part1 = drive_pipeline("part 1 (empty database)", ["run", str(config)], env, url, None, half, work / "logs" / "orchestrator-1.log")
+            run_id, part1 = drive_pipeline("part 1 (empty database)", ["run", str(config)], env, url, None, half, work / "logs" / "orchestrator-1.log", args.min_part_s)
             print(f"  part 1: {part1.episodes} episodes in {part1.seconds:.0f} s ({part1.rate:.1f}/s)", flush=True)
             pipeline_rows = all_episodes(url, run_id)
             sizes_pipeline = table_sizes(url)
@@ -382,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
             total = all_episodes(url, run_id)
             print(f"  fill: {copies} copies of the finished records, +{added} episodes in {fill_s:.0f} s; run has {total} episodes", flush=True)
             sizes = table_sizes(url)
-            _, part2 = drive_pipeline(f"part 2 ({total} episodes in the run)", ["resume", run_id], env, url, run_id, args.pipeline_episodes - half, work / "logs" / "orchestrator-2.log")
+            _, part2 = drive_pipeline(
+                f"part 2 ({total} episodes in the run)", ["resume", run_id], env, url, run_id, args.pipeline_episodes - half, work / "logs" / "orchestrator-2.log", args.min_part_s
+            )
             print(f"  part 2: {part2.episodes} episodes in {part2.seconds:.0f} s ({part2.rate:.1f}/s)", flush=True)
         finally:
             pools.stop()
@@ -403,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         first, median, peak, last = memory_summary(part)
         print(f"{part.name:<40} {part.episodes:>9} {part.seconds:>8.0f} {part.rate:>11.1f} {first:>14.1f} {median:>7.1f} {peak:>7.1f} {last:>7.1f}")
     slope = slope_kib_per_1000([part1, part2])
-    print(f"orchestrator RSS slope over both parts (after 10 s warm-up): {slope:+.1f} KiB per 1000 episodes")
+    print(f"orchestrator RSS slope over both parts (after each {WARM_UP_S:.0f} s warm-up): {slope:+.1f} KiB per 1000 episodes; flat (< {FLAT_KIB_PER_1000:.0f}): {memory_verdict(slope)}")
     print()
     print(f"{'table':<18} {'bytes (all rows)':>17} {'bytes/episode':>14} {'pipeline rows only: bytes/episode':>34}")
     for table in TABLES:
@@ -416,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:<44} {statistics.median(walls):>14.2f} {max(walls):>11.2f} {statistics.median(cpus):>13.2f} {'< 1':>8}")
     print(f"{'status queries alone (in process)':<44} {statistics.median(queries):>14.3f} {max(queries):>11.3f} {'':>13} {'':>8}")
     print("(CPU: user + system seconds of the status process itself; wall includes waiting for the database and for the CPU)")
-    flat = slope < 1024  # under 1 MiB of growth per 1000 episodes
+    flat = memory_verdict(slope) == "met"
     fast = statistics.median(status_tables[0]) < STATUS_TARGET_S and statistics.median(status_json[0]) < STATUS_TARGET_S
     return 0 if flat and fast else 1
 

@@ -45,8 +45,9 @@ def cost_params(
     }
 
 
-RUN_SPEND_SQL = "SELECT coalesce(sum(amount_usd), 0) FROM cost_ledger WHERE run_id = %(run_id)s"
-"""The run's spend so far; larger statements embed it as a subquery to save a round trip."""
+RUN_SPEND_SQL = "SELECT coalesce((SELECT amount_usd FROM run_spend WHERE run_id = %(run_id)s), 0)"
+"""The run's spend so far: its `run_spend` row, which a trigger keeps equal to the ledger's sum (migration 0008), so the read
+does not grow with the run. Larger statements embed it as a subquery to save a round trip."""
 
 
 def run_total_usd(session: SqlTarget, run_id: str) -> float:

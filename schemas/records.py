@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -290,6 +291,17 @@ class CostEntry(Base):
     simulated: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
     idempotency_key: Mapped[str] = mapped_column(String(255), nullable=False)
     created_at: Mapped[dt.datetime] = _now_column()
+
+
+class RunSpend(Base):
+    """A run's total of the cost ledger and its number of lines, kept equal to the ledger's sum by a trigger on
+    `cost_ledger` (migration 0008): the budget checks read this one row instead of summing the ledger."""
+
+    __tablename__ = "run_spend"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    amount_usd: Mapped[Decimal] = mapped_column(Numeric(), nullable=False)
+    entries: Mapped[int] = mapped_column(BigInteger, nullable=False)
 
 
 class OuterStep(Base):

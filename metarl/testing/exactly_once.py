@@ -5,7 +5,7 @@ failed); one claim per (episode, stage, probe attempt), none left open; one prob
 attempt (one fewer when the episode failed in the agent stage); at most one inner job per episode,
 launched at most once, and exactly the jobs the simulated cloud saw launched (when its folder is
 given); one reward per finished episode; probe attempts and rewards under their episode's run id; no
-idempotency key billed twice; outer steps numbered 1..n without gaps.
+idempotency key billed twice; the run's spend total equal to its ledger; outer steps numbered 1..n without gaps.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from schemas.records import ClaimStatus, CostEntry, Episode, InnerJob, OuterStep, ProbeAttempt, Reward, Stage, StageClaim
+from schemas.records import ClaimStatus, CostEntry, Episode, InnerJob, OuterStep, ProbeAttempt, Reward, RunSpend, Stage, StageClaim
 
 
 def sim_cloud_launches(artifacts_root: Path) -> list[str]:
@@ -77,6 +77,7 @@ def exactly_once_violations(session: Session, run_id: str, artifacts_root: Path 
     keys = session.execute(select(CostEntry.idempotency_key).where(CostEntry.run_id == run_id)).scalars().all()
     if len(keys) != len(set(keys)):
         problems.append(f"{len(keys) - len(set(keys))} charge(s) billed twice under the same idempotency key")
+    problems.extend(spend_violations(session, run_id))
     names = session.execute(select(InnerJob.name).where(InnerJob.run_id == run_id)).scalars().all()
     if len(names) != len(set(names)):
         problems.append("two inner jobs share a name")
@@ -89,6 +90,18 @@ def exactly_once_violations(session: Session, run_id: str, artifacts_root: Path 
     if steps != list(range(1, len(steps) + 1)):
         problems.append(f"outer steps are not numbered 1..n: {steps[:10]}")
     return problems
+
+
+def spend_violations(session: Session, run_id: str) -> list[str]:
+    """The run's `run_spend` row against the sum and count of its ledger lines (they must agree; migration 0008's trigger keeps them so)."""
+    ledger_usd, ledger_lines = session.execute(
+        select(func.coalesce(func.sum(CostEntry.amount_usd), 0), func.count()).where(CostEntry.run_id == run_id)
+    ).one()
+    kept = session.execute(select(RunSpend.amount_usd, RunSpend.entries).where(RunSpend.run_id == run_id)).one_or_none()
+    kept_usd, kept_lines = kept if kept is not None else (0, 0)
+    if (kept_usd, kept_lines) != (ledger_usd, ledger_lines):
+        return [f"run_spend holds ${kept_usd} over {kept_lines} line(s), the ledger ${ledger_usd} over {ledger_lines}"]
+    return []
 
 
 def assert_exactly_once(session: Session, run_id: str, artifacts_root: Path | None = None) -> None:
