@@ -140,13 +140,13 @@ FROM episodes e LEFT JOIN rewards r ON r.episode_id = e.id
 WHERE e.run_id = %(run_id)s ORDER BY e.id DESC LIMIT 12
 """
 HELD_OUT_REWARD_SQL = """
-SELECT e.policy_version, avg(r.total)
+SELECT g.policy_version, avg(r.total)
 FROM episode_groups g JOIN episodes e ON e.group_id = g.id JOIN rewards r ON r.episode_id = e.id
-WHERE g.run_id = %(run_id)s AND g.held_out AND g.status = 'evaluated' AND (%(version)s::integer IS NULL OR e.policy_version = %(version)s::integer)
-GROUP BY e.policy_version
+WHERE g.run_id = %(run_id)s AND g.held_out AND g.status = 'evaluated' AND (%(version)s::integer IS NULL OR g.policy_version = %(version)s::integer)
+GROUP BY g.policy_version
 """
-"""Mean reward of the evaluated held-out groups per policy version they were sampled under (all versions when `version` is NULL);
-`orchestrator.step_metrics.held_out_reward_by_version` runs it on an ORM session."""
+"""Mean reward of the evaluated held-out groups per policy version they were sampled under (a group's episodes share its version;
+all versions when `version` is NULL); `orchestrator.step_metrics.held_out_reward_by_version` runs it on an ORM session."""
 
 
 def held_out_means(found: Iterable[tuple[Any, Any]]) -> dict[int, float]:

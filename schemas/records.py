@@ -96,7 +96,7 @@ class EpisodeGroup(Base):
     """Episodes of one task spec sampled under one policy version."""
 
     __tablename__ = "episode_groups"
-    __table_args__ = (Index("ix_episode_groups_run_status", "run_id", "status"),)
+    __table_args__ = (Index("ix_episode_groups_run_status", "run_id", "status"), Index("ix_episode_groups_run_version", "run_id", "policy_version"))
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), nullable=False)
