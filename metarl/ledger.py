@@ -46,7 +46,7 @@ def cost_params(
 
 
 RUN_SPEND_SQL = "SELECT coalesce((SELECT amount_usd FROM run_spend WHERE run_id = %(run_id)s), 0)"
-"""The run's spend so far: its `run_spend` row, which a trigger keeps equal to the ledger's sum (migration 0008), so the read
+"""The run's spend so far: its `run_spend` row, which triggers on the ledger keep equal to its sum (migration 0008), so the read
 does not grow with the run. Larger statements embed it as a subquery to save a round trip."""
 
 

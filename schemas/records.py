@@ -294,7 +294,7 @@ class CostEntry(Base):
 
 
 class RunSpend(Base):
-    """A run's total of the cost ledger and its number of lines, kept equal to the ledger's sum by a trigger on
+    """A run's total of the cost ledger and its number of lines, kept equal to the ledger's sum by triggers on
     `cost_ledger` (migration 0008): the budget checks read this one row instead of summing the ledger."""
 
     __tablename__ = "run_spend"

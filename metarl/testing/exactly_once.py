@@ -93,7 +93,7 @@ def exactly_once_violations(session: Session, run_id: str, artifacts_root: Path 
 
 
 def spend_violations(session: Session, run_id: str) -> list[str]:
-    """The run's `run_spend` row against the sum and count of its ledger lines (they must agree; migration 0008's trigger keeps them so)."""
+    """The run's `run_spend` row against the sum and count of its ledger lines (they must agree; migration 0008's triggers keep them so)."""
     ledger_usd, ledger_lines = session.execute(
         select(func.coalesce(func.sum(CostEntry.amount_usd), 0), func.count()).where(CostEntry.run_id == run_id)
     ).one()
