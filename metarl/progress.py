@@ -20,6 +20,20 @@ from orchestrator.step_metrics import held_out_reward_by_version
 from orchestrator.transitions import TERMINAL_STAGES
 from schemas.records import Episode, OuterStep, OuterStatus, Run
 
+LIVE_REFRESH_S = 0.5
+"""Seconds between refreshes of the table on a terminal."""
+LINE_EVERY_S = 5.0
+"""Seconds between progress lines when stderr is not a terminal (a log file, a service's journal)."""
+
+
+def display_due(now: float, last_shown: float | None, live: bool, finished: bool) -> bool:
+    """Whether to read the run and show it now (pure): the table every LIVE_REFRESH_S, a line every LINE_EVERY_S and at the end."""
+    if last_shown is None:
+        return True
+    if live:
+        return now - last_shown >= LIVE_REFRESH_S
+    return finished or now - last_shown >= LINE_EVERY_S
+
 
 def latest_held_out_reward(session: Session, run_id: str) -> float | None:
     """Mean reward of the newest policy version whose held-out groups were evaluated (from the records, as `metarl status` reads it)."""
@@ -28,7 +42,10 @@ def latest_held_out_reward(session: Session, run_id: str) -> float | None:
 
 
 class ProgressDisplay:
-    """Refreshed from the database at most twice a second."""
+    """The run's progress from the database: a table refreshed twice a second on a terminal, else a line every five seconds.
+
+    Its reads run in the orchestrator's tick loop, so nothing is read that is not shown.
+    """
 
     def __init__(self, database_url: str, run_id: str, enabled: bool = True):
         self.database_url = database_url
@@ -36,16 +53,14 @@ class ProgressDisplay:
         self.enabled = enabled
         self.console = Console(stderr=True)
         self.live: Live | None = None
-        self._last = 0.0
-        self._last_line = 0.0
+        self._last_shown: float | None = None
 
     def snapshot(self) -> dict[str, Any]:
         with session_scope(self.database_url) as session:
             run = session.get(Run, self.run_id)
-            total = session.execute(select(func.count()).select_from(Episode).where(Episode.run_id == self.run_id)).scalar_one()
-            done = session.execute(
-                select(func.count()).select_from(Episode).where(Episode.run_id == self.run_id, Episode.stage.in_(TERMINAL_STAGES))
-            ).scalar_one()
+            total, done = session.execute(
+                select(func.count(), func.count().filter(Episode.stage.in_(TERMINAL_STAGES))).where(Episode.run_id == self.run_id)
+            ).one()
             last = session.execute(
                 select(OuterStep).where(OuterStep.run_id == self.run_id, OuterStep.status == OuterStatus.done).order_by(OuterStep.step.desc()).limit(1)
             ).scalar_one_or_none()
@@ -75,14 +90,15 @@ class ProgressDisplay:
         return table
 
     def update(self, report: TickReport) -> None:
-        if not self.enabled or time.monotonic() - self._last < 0.5:
+        """Called after every tick: show the run when due (see display_due)."""
+        now = time.monotonic()
+        if not self.enabled or not display_due(now, self._last_shown, self.live is not None, report.finished):
             return
-        self._last = time.monotonic()
+        self._last_shown = now
         snap = self.snapshot()
         if self.live is not None:
             self.live.update(self.render(snap))
-        elif time.monotonic() - self._last_line > 5.0 or report.finished:
-            self._last_line = time.monotonic()
+        else:
             print(
                 f"[{snap['status']}] episodes {snap['episodes_done']}/{snap['episodes_total']} outer step {snap['outer_step']}/{snap['max_outer_steps']} "
                 f"reward {snap['reward']} cost ${snap['cost_usd']:.4f}",

@@ -1,0 +1,64 @@
+"""The live progress of `metarl run` reads the run's records and, off a terminal, prints a line only when one is due."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import update
+
+from metarl.backends.base import CostItem
+from metarl.db import session_scope, sql_transaction
+from metarl.episodes import record_costs
+from metarl.progress import ProgressDisplay
+from orchestrator.loop import TickReport
+from schemas.records import Episode, OuterStatus, OuterStep, Run, Stage
+from tests.integration.helpers import new_episode
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_snapshot_is_the_run_s_records(pg_url: str) -> None:
+    run_id, episode_id = new_episode(pg_url, Stage.done)
+    with session_scope(pg_url) as session:
+        session.execute(update(Run).where(Run.id == run_id).values(config={"run": {"max_outer_steps": 3}}))
+        session.add(Episode(run_id=run_id, group_id=session.get(Episode, episode_id).group_id, index_in_group=1, task_id="addition", policy_version=0, stage=Stage.train, probe_attempt=1))
+        session.add(OuterStep(run_id=run_id, step=1, status=OuterStatus.done, policy_version_before=0, policy_version_after=1, n_groups=1, n_episodes=1, metrics={"reward_mean": 0.25}))
+    with sql_transaction(pg_url, autocommit=True) as session:
+        record_costs(session, run_id, episode_id, [CostItem(source="sim", description="d", quantity=4, unit="s", unit_price_usd=0.5, key="c1")], simulated=True)
+    snap = ProgressDisplay(pg_url, run_id).snapshot()
+    assert snap == {
+        "status": "running",
+        "episodes_done": 1,
+        "episodes_total": 2,
+        "outer_step": 1,
+        "max_outer_steps": 3,
+        "reward": 0.25,
+        "held_out": None,
+        "cost_usd": 2.0,
+    }
+
+
+def test_off_a_terminal_a_line_is_printed_at_the_start_every_five_seconds_and_at_the_end(pg_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id, _ = new_episode(pg_url, Stage.agent)
+    with session_scope(pg_url) as session:
+        session.execute(update(Run).where(Run.id == run_id).values(config={"run": {"max_outer_steps": 2}}))
+    display = ProgressDisplay(pg_url, run_id)
+    reads: list[float] = []
+    clock = [1000.0]
+    read_run = display.snapshot
+
+    def counted_snapshot() -> dict[str, object]:
+        reads.append(clock[0])
+        return read_run()
+
+    monkeypatch.setattr("metarl.progress.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr(display, "snapshot", counted_snapshot)
+    with display:
+        assert display.live is None  # pytest's stderr is not a terminal
+        for step in range(12):  # ticks every 0.5 s for 6 s
+            clock[0] = 1000.0 + 0.5 * step
+            display.update(TickReport())
+        clock[0] += 0.1
+        display.update(TickReport(finished=True))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+    assert reads == [1000.0, 1005.0, 1005.6]
+    assert len(lines) == 3 and lines[0] == "[running] episodes 0/1 outer step 0/2 reward None cost $0.0000"
