@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline-episodes", type=int, default=600, help="episodes that go through the real pipeline (half before, half after the fill)")
     parser.add_argument("--status-repeats", type=int, default=5, help="timed `metarl status` calls of each kind")
     parser.add_argument("--in-flight", type=int, default=128, help="episodes the orchestrator keeps in flight")
-    parser.add_argument("--min-part-s", type=float, default=MIN_PART_S, help="each pipeline part runs at least this many seconds (memory is read after a 10 s warm-up)")
+    parser.add_argument("--min-part-s", type=float, default=MIN_PART_S, help=f"each pipeline part runs at least this many seconds (memory is read after a {WARM_UP_S:.0f} s warm-up)")
     parser.add_argument("--keep", type=Path, help="keep configs and logs in this folder")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds: pools, private servers and folders are cleaned up

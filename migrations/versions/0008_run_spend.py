@@ -1,4 +1,4 @@
-"""run_spend: each run's total of the cost ledger, kept by a trigger, so the budget checks stop summing the ledger
+"""run_spend: each run's total of the cost ledger, kept by triggers on the ledger, so the budget checks stop summing the ledger
 
 Revision ID: 0008
 Revises: 0007
