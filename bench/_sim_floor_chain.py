@@ -10,7 +10,7 @@ stage in PostgreSQL costs on the same machine, apart from how our pipeline does 
 
 Two round trips and two commits per task message, on one psycopg connection per worker process;
 no ORM, no run config, no records beyond these two rows. Everything else (queues, chain, counters,
-the outer task per batch) is the plain chain's, from `bench._sim_plain_chain`.
+the outer task per batch, kombu's own Redis transport) is the plain chain's, from `bench._sim_plain_chain`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import uuid
 
 import psycopg
 
-from bench._sim_plain_chain import count_episode, count_outer
+from bench._sim_plain_chain import chain_app, count_episode, count_outer
 from metarl.settings import DATABASE_ENV
 from metarl.migration_head import libpq_uri
-from workers.app import make_app
 
 TASK_PREFIX = "bench.floor"
 SETUP_SQL = """
@@ -49,7 +48,7 @@ RETURNING id
 STEPS = ("agent", "probe", "train", "poll", "eval", "done")
 """The steps an episode goes through, in order; each task moves its episode from its step to the next."""
 
-app = make_app()
+app = chain_app()
 _connection: list[psycopg.Connection] = []
 
 

@@ -2,9 +2,11 @@
 
 Worker side: `celery -A bench._sim_plain_chain:app worker -Q <queue> -c 1 ...`, one process per
 queue, exactly as `metarl.pools.worker_command` starts our pools. The app is our own
-`workers.app.make_app()` (same broker, serializer, late acks, prefetch 1, events), so the only
-difference from our pipeline is what the tasks do: here nothing, there the claims, records and
-orchestrator bookkeeping.
+`workers.app.make_app()` (same broker, serializer, late acks, prefetch 1, events) on kombu's own
+Redis transport, stock Celery; with METARL_BENCH_CHAIN_TRANSPORT=ours (the bench's `reuse` pass)
+it runs on our client-reusing transport instead (`workers.redis_broker`), as our pipeline does, so
+that the only difference from our pipeline is what the tasks do: here nothing, there the claims,
+records and orchestrator bookkeeping.
 
 One episode is the chain agent -> probe -> train (submit) -> train (poll) -> eval on the queues of
 the same names; the poll link is sent with `countdown = poll_countdown_s`, as our train stage
@@ -16,6 +18,8 @@ see the end without a result backend) and every `episodes_per_batch`-th completi
 
 from __future__ import annotations
 
+import os
+
 import redis
 from celery import Celery
 
@@ -24,8 +28,20 @@ from workers.app import make_app
 TASK_PREFIX = "bench.plain"
 DONE_KEY = "bench-plain:episodes-done"
 OUTER_KEY = "bench-plain:outer-done"
+CHAIN_TRANSPORT_ENV = "METARL_BENCH_CHAIN_TRANSPORT"
+CHAIN_TRANSPORTS = ("stock", "ours")
 
-app = make_app()
+
+def chain_app(transport: str | None = None, broker_url: str | None = None) -> Celery:
+    """Our app (on `broker_url`, default METARL_BROKER_URL) with kombu's Redis transport (`stock`, the default) or ours (`ours`);
+    the choice comes from CHAIN_TRANSPORT_ENV unless given."""
+    choice = transport or os.environ.get(CHAIN_TRANSPORT_ENV) or "stock"
+    if choice not in CHAIN_TRANSPORTS:
+        raise SystemExit(f"error: {CHAIN_TRANSPORT_ENV} must be one of {', '.join(CHAIN_TRANSPORTS)}, not {choice!r}")
+    return make_app(broker_url, stock_redis_transport=choice == "stock")
+
+
+app = chain_app()
 _client: list[redis.Redis] = []
 
 

@@ -1,6 +1,6 @@
 """Pipeline overhead: our bookkeeping against a plain Celery chain of the same no-op tasks.
 
-    python -m bench.pipeline_overhead [--episodes 200] [--repeats 2] [--tick-s 0.5] [--no-floor]
+    python -m bench.pipeline_overhead [--episodes 200] [--repeats 2] [--tick-s 0.5] [--no-floor] [--no-reuse]
 
 Needs Redis and PostgreSQL on 127.0.0.1 (METARL_BENCH_PG_ADMIN_URL and METARL_BENCH_REDIS_URL
 override). It creates a scratch database (dropped afterwards), reserves a Redis database number with
@@ -18,6 +18,9 @@ the tests' lock scheme, and then, in the same process and on the same broker:
 * **floor** (skip with --no-floor): the plain chain whose every task also claims its step and
   moves its episode in PostgreSQL with two autocommit statements (`bench._sim_floor_chain`): the
   least any design that records every stage durably pays on this machine.
+* **reuse** (skip with --no-reuse): the plain chain on the Redis transport our pipeline runs on
+  (`workers.redis_broker`, one redis-py client per channel), where plain and floor run on kombu's
+  own (one client per publish, ack and event): ours over reuse is the bookkeeping alone.
 
 The ratio is ours' wall time over the plain chain's for the same N (target: at most 1.5). The
 table also gives where the time goes: mean worker time per task (from the workers' logs), CPU
@@ -365,8 +368,10 @@ def reserved_redis(base_url: str) -> Iterator[str]:
         registry.close()
 
 
-CHAIN_MODULES = {"plain": "bench._sim_plain_chain", "floor": "bench._sim_floor_chain"}
-"""The Celery chains the bench runs beside ours: no-op tasks, and the same with the least durable bookkeeping."""
+CHAIN_MODULES = {"plain": "bench._sim_plain_chain", "floor": "bench._sim_floor_chain", "reuse": "bench._sim_plain_chain"}
+"""The Celery chains the bench runs beside ours: no-op tasks, the same with the least durable bookkeeping, and no-op tasks on our transport."""
+CHAIN_TRANSPORT = {"plain": "stock", "floor": "stock", "reuse": "ours"}
+"""Each chain's Redis transport (`bench._sim_plain_chain.chain_app`): kombu's own, or ours (`workers.redis_broker`) as our pipeline uses."""
 
 
 def chain_worker_command(pool: str, chain: str = "plain") -> list[str]:
@@ -395,7 +400,10 @@ def start_chain_pools(database_url: str, broker_url: str, log_dir: Path, chain: 
             self.processes[pool] = process
             return process
 
+    from bench._sim_plain_chain import CHAIN_TRANSPORT_ENV
+
     pools = ChainPools(database_url, broker_url, log_dir)
+    pools.env[CHAIN_TRANSPORT_ENV] = CHAIN_TRANSPORT[chain]
     pools.start()
     return pools
 
@@ -574,7 +582,7 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
 
 
 def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work: Path, chain: str = "plain") -> PhaseResult:
-    """N Celery chains of the plain or floor tasks on the same broker, same queues, same worker processes."""
+    """N Celery chains of the plain, floor or reuse tasks on the same broker, same queues, same worker processes."""
     import importlib
 
     import psycopg
@@ -582,9 +590,9 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
     from celery import chain as celery_chain
 
     from bench._sim_floor_chain import finished_floor_episodes, prepare
-    from bench._sim_plain_chain import DONE_KEY, OUTER_KEY
+    from bench._sim_plain_chain import DONE_KEY, OUTER_KEY, chain_app
     from metarl.migration_head import libpq_uri
-    from workers.app import QUEUES, make_app
+    from workers.app import QUEUES
 
     prefix = importlib.import_module(CHAIN_MODULES[chain]).TASK_PREFIX
     log_dir = work / f"logs-{chain}"
@@ -596,7 +604,7 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
     try:
         wait_for_workers(broker_url, {f"{chain}-{q}" for q in QUEUES})
         client.delete(DONE_KEY, OUTER_KEY)
-        app = make_app(broker_url)
+        app = chain_app(CHAIN_TRANSPORT[chain], broker_url)
         pgids = {process.pid for process in pools.processes.values()}
         pg_before = pids_cpu(postgres_backends(database_url)) if chain == "floor" else {}
         cpu_before, driver_before, machine_before = group_cpu_s(pgids), time.process_time(), machine_cpu()
@@ -761,7 +769,12 @@ def cpu_ms_per_episode(result: PhaseResult) -> float:
 
 
 def render(
-    settings: BenchSettings, plain: list[PhaseResult], ours: list[PhaseResult], profiles: dict[str, StageProfile] | None = None, floor: list[PhaseResult] | None = None
+    settings: BenchSettings,
+    plain: list[PhaseResult],
+    ours: list[PhaseResult],
+    profiles: dict[str, StageProfile] | None = None,
+    floor: list[PhaseResult] | None = None,
+    reuse: list[PhaseResult] | None = None,
 ) -> str:
     """The printed report: machine, settings, throughput table, ratio, and where the time goes."""
     best_plain = min(plain, key=lambda r: r.wall_s)
@@ -778,7 +791,7 @@ def render(
         f"{'pass':<8}{'wall s':>9}{'episodes/s':>12}{'tasks/s':>10}{'tasks':>8}{'worker CPU s':>14}{'driver CPU s':>14}{'PG CPU s':>10}"
         f"{'machine busy s':>16}{'idle s':>8}{'steal s':>9}",
     ]
-    for result in [r for passes in zip(plain, floor or [None] * len(plain), ours) for r in passes if r is not None]:
+    for result in [r for passes in zip(plain, floor or [None] * len(plain), ours, reuse or [None] * len(plain)) for r in passes if r is not None]:
         pg = f"{result.postgres_cpu_s:.1f}" if result.postgres_cpu_s is not None else "-"
         machine = f"{result.machine.busy_s:>16.1f}{result.machine.idle_s:>8.1f}{result.machine.steal_s:>9.2f}" if result.machine else f"{'-':>16}{'-':>8}{'-':>9}"
         lines.append(
@@ -803,6 +816,13 @@ def render(
             "  floor = the plain chain plus the least durable bookkeeping of an exactly-once stage (a claim and a compare-and-set",
             "  move, two autocommit statements per task; bench/_sim_floor_chain.py): what any design recording every stage costs here",
         ]
+    if reuse:
+        reuse_ratio = overhead_ratio(statistics.median(r.wall_s for r in ours), statistics.median(r.wall_s for r in reuse))
+        lines += [
+            f"ratio ours/reuse (median wall time): {reuse_ratio:.2f}x; of each pair: " + ", ".join(f"{pair:.2f}x" for pair in pair_ratios(reuse, ours)),
+            "  reuse = the plain chain on the Redis transport ours runs on (workers/redis_broker.py: one redis-py client per channel;",
+            "  plain and floor run on kombu's own, a client per publish, ack and event): ours/reuse is the bookkeeping alone",
+        ]
     lines += [
         "",
         "where the time goes (best pass of each):",
@@ -813,7 +833,8 @@ def render(
         lines.append(f"{stage:<8}{plain_ms.get(stage, 0.0):>15.2f}{ours_ms.get(stage, 0.0):>14.2f}")
     episodes = max(1, best_ours.episodes)
     best_floor = min(floor, key=lambda r: r.wall_s) if floor else None
-    best_passes = [best_plain, *([best_floor] if best_floor else []), best_ours]
+    best_reuse = min(reuse, key=lambda r: r.wall_s) if reuse else None
+    best_passes = [best_plain, *([best_floor] if best_floor else []), *([best_reuse] if best_reuse else []), best_ours]
     lines += [
         f"orchestrator: {best_ours.ticks} ticks, {best_ours.tick_ms_mean:.1f} ms mean tick, {best_ours.tick_sql} SQL statements "
         f"({(best_ours.tick_sql or 0) / episodes:.1f} per episode), {best_ours.driver_cpu_s:.1f} CPU s",
@@ -821,6 +842,7 @@ def render(
         f"PostgreSQL backends {best_ours.postgres_cpu_s or 0.0:.1f} CPU s",
         f"CPU per episode: ours {cpu_ms_per_episode(best_ours):.1f} ms (workers + orchestrator + PostgreSQL), "
         + (f"floor {cpu_ms_per_episode(best_floor):.1f} ms (workers + driver + PostgreSQL), " if best_floor else "")
+        + (f"reuse {cpu_ms_per_episode(best_reuse):.1f} ms, " if best_reuse else "")
         + f"plain {cpu_ms_per_episode(best_plain):.1f} ms (workers + driver; Redis not counted in any)",
         "worker CPU per task message, Celery's consumer (receive, ack, events) + the task process (task, next message): "
         + ", ".join(f"{r.name} " + "{:.2f} + {:.2f} ms".format(*cpu_ms_per_message(r)) for r in best_passes if r.consumer_cpu_s is not None),
@@ -849,6 +871,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--groups-per-batch", type=int, default=2)
     parser.add_argument("--no-floor", action="store_true", help="skip the floor chain's pass (see bench/_sim_floor_chain.py)")
+    parser.add_argument("--no-reuse", action="store_true", help="skip the pass of the plain chain on our Redis transport (see workers/redis_broker.py)")
     args = parser.parse_args(argv)
     settings = BenchSettings(
         episodes=args.episodes, repeats=args.repeats, tick_s=args.tick_s, window=args.window, group_size=args.group_size, groups_per_batch=args.groups_per_batch
@@ -863,6 +886,7 @@ def main(argv: list[str] | None = None) -> int:
     plain: list[PhaseResult] = []
     floor: list[PhaseResult] = []
     ours: list[PhaseResult] = []
+    reuse: list[PhaseResult] = []
     with scratch_database(os.environ.get(PG_ADMIN_ENV, DEFAULT_PG_ADMIN)) as database_url, reserved_redis(
         os.environ.get(REDIS_ENV, DEFAULT_REDIS)
     ) as broker_url, tempfile.TemporaryDirectory(prefix="metarl-bench-") as folder:
@@ -880,8 +904,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{index + 1}/{settings.repeats}] floor {floor[-1].wall_s:.2f}s", file=sys.stderr, flush=True)
             ours.append(run_ours(settings, database_url, broker_url, work))
             print(f"[{index + 1}/{settings.repeats}] ours {ours[-1].wall_s:.2f}s", file=sys.stderr, flush=True)
+            if not args.no_reuse:
+                reuse.append(run_chain(settings, database_url, broker_url, work, "reuse"))
+                print(f"[{index + 1}/{settings.repeats}] reuse {reuse[-1].wall_s:.2f}s", file=sys.stderr, flush=True)
         profiles = profile_stages(settings, database_url, broker_url, Path(folder))
-    print(render(settings, plain, ours, profiles, floor))
+    print(render(settings, plain, ours, profiles, floor, reuse))
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from urllib.parse import urlparse
 
 from celery import Celery
 from celery.signals import worker_process_init
@@ -20,6 +21,10 @@ __all__ = ["QUEUES", "VISIBILITY_TIMEOUT_S", "app", "filesystem_folder", "make_a
 log = logging.getLogger("metarl.worker")
 
 VISIBILITY_TIMEOUT_S = 12 * 3600
+REDIS_TRANSPORT = "workers.redis_broker:ClientReusingRedisTransport"
+"""The transport of `redis://` broker URLs: kombu's, with one redis-py client per channel (see workers.redis_broker)."""
+KOMBU_REDIS_TRANSPORT = "kombu.transport.redis:Transport"
+"""kombu's own Redis transport, which `make_app(stock_redis_transport=True)` names for the benchmarks' plain Celery chains."""
 
 
 def transport_options(broker_url: str) -> dict[str, object]:
@@ -34,12 +39,21 @@ def transport_options(broker_url: str) -> dict[str, object]:
 
 FILESYSTEM_TRANSPORT = "workers.fs_broker:AtomicFilesystemTransport"
 TRANSPORT_ALIASES["filesystem"] = FILESYSTEM_TRANSPORT  # filesystem:// URLs publish whole messages (see workers.fs_broker)
+TRANSPORT_ALIASES["redis"] = REDIS_TRANSPORT  # redis:// URLs keep one client per channel (see workers.redis_broker)
 
 
-def make_app(broker_url: str | None = None) -> Celery:
+def broker_transport(broker_url: str, stock_redis_transport: bool = False) -> str | None:
+    """The kombu transport to name for a broker URL: None for the one its scheme's alias gives (ours for `redis://`),
+    or kombu's own Redis transport when asked for stock (pure)."""
+    return KOMBU_REDIS_TRANSPORT if stock_redis_transport and urlparse(broker_url).scheme == "redis" else None
+
+
+def make_app(broker_url: str | None = None, *, stock_redis_transport: bool = False) -> Celery:
+    """Our Celery app; `stock_redis_transport` keeps kombu's own Redis transport (the benchmarks' plain Celery chains)."""
     url = broker_url or os.environ.get(BROKER_ENV) or "redis://127.0.0.1:6379/0"
     celery_app = Celery("metarl", broker=url, include=["workers.stages", "workers.outer"])
     celery_app.conf.update(
+        broker_transport=broker_transport(url, stock_redis_transport),
         broker_transport_options=transport_options(url),
         broker_connection_retry_on_startup=True,
         task_serializer="json",

@@ -10,6 +10,7 @@ import pytest
 from bench.pipeline_overhead import (
     BenchSettings,
     CHAIN_MODULES,
+    CHAIN_TRANSPORT,
     PhaseResult,
     StageProfile,
     TaskStat,
@@ -188,3 +189,23 @@ def test_machine_busy_ratio_uses_medians_and_is_shown_only_with_readings() -> No
     text = render(settings, plains, ourses)
     assert "busy CPU (medians; every process, Redis and the kernel included): 1.60x" in text
     assert "0.25" in text.splitlines()[[i for i, line in enumerate(text.splitlines()) if line.startswith("ours")][0]]
+
+
+def test_the_reuse_pass_is_the_plain_chain_on_our_transport_and_is_reported_beside_it() -> None:
+    from bench._sim_plain_chain import CHAIN_TRANSPORT_ENV, chain_app
+    from workers.redis_broker import ClientReusingRedisTransport
+
+    assert CHAIN_MODULES["reuse"] == CHAIN_MODULES["plain"]
+    assert CHAIN_TRANSPORT == {"plain": "stock", "floor": "stock", "reuse": "ours"}
+    assert type(chain_app("ours", "redis://127.0.0.1:1/0").connection_for_write().transport) is ClientReusingRedisTransport
+    assert type(chain_app("stock", "redis://127.0.0.1:1/0").connection_for_write().transport) is not ClientReusingRedisTransport
+    with pytest.raises(SystemExit, match=CHAIN_TRANSPORT_ENV):
+        chain_app("fast", "redis://127.0.0.1:1/0")
+    settings = BenchSettings(episodes=40)
+    plain = PhaseResult(name="plain", episodes=40, outer_steps=5, wall_s=2.0, tasks=205, worker_cpu_s=2.0, driver_cpu_s=0.2)
+    reuse = plain.model_copy(update={"name": "reuse", "wall_s": 1.6})
+    ours = plain.model_copy(update={"name": "ours", "wall_s": 2.8, "postgres_cpu_s": 0.5, "ticks": 10, "tick_ms_mean": 5.0, "tick_sql": 50, "db_commits": 100})
+    text = render(settings, [plain], [ours], reuse=[reuse])
+    assert "ratio ours/plain (median wall time): 1.40x  target <= 1.5x: MEETS" in text
+    assert "ratio ours/reuse (median wall time): 1.75x; of each pair: 1.75x" in text and "\nreuse " in text
+    assert "ours/reuse" not in render(settings, [plain], [ours])
