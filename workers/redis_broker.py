@@ -33,6 +33,10 @@ class ClientReusingChannel(kombu_redis.Channel):
             shared = self._shared_client = (pool, super()._create_client())
         return shared[1]
 
+    def _disconnect_pools(self) -> None:
+        self._shared_client = None  # its pool is being disconnected and dropped (channel close, fork)
+        super()._disconnect_pools()
+
 
 class ClientReusingRedisTransport(kombu_redis.Transport):
     """kombu's Redis transport with `ClientReusingChannel`."""
