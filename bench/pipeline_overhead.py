@@ -768,6 +768,12 @@ def cpu_ms_per_episode(result: PhaseResult) -> float:
     return 1000 * (result.worker_cpu_s + result.driver_cpu_s + (result.postgres_cpu_s or 0.0)) / max(1, result.episodes)
 
 
+def comparison_lines(label: str, slower: list[PhaseResult], faster: list[PhaseResult], *notes: str) -> list[str]:
+    """A ratio line (`label`: median wall times of `slower` over `faster`, then each pair's) and the notes that explain it."""
+    ratio = overhead_ratio(statistics.median(r.wall_s for r in slower), statistics.median(r.wall_s for r in faster))
+    return [f"ratio {label} (median wall time): {ratio:.2f}x; of each pair: " + ", ".join(f"{pair:.2f}x" for pair in pair_ratios(faster, slower)), *notes]
+
+
 def render(
     settings: BenchSettings,
     plain: list[PhaseResult],
@@ -810,19 +816,17 @@ def render(
             f"(a diagnostic beside the wall-time target: it leaves out idle cores and the machine's drift in speed)"
         )
     if floor:
-        floor_ratio = overhead_ratio(statistics.median(r.wall_s for r in floor), statistics.median(r.wall_s for r in plain))
-        lines += [
-            f"ratio floor/plain (median wall time): {floor_ratio:.2f}x; of each pair: " + ", ".join(f"{pair:.2f}x" for pair in pair_ratios(plain, floor)),
+        lines += comparison_lines(
+            "floor/plain", floor, plain,
             "  floor = the plain chain plus the least durable bookkeeping of an exactly-once stage (a claim and a compare-and-set",
             "  move, two autocommit statements per task; bench/_sim_floor_chain.py): what any design recording every stage costs here",
-        ]
+        )
     if reuse:
-        reuse_ratio = overhead_ratio(statistics.median(r.wall_s for r in ours), statistics.median(r.wall_s for r in reuse))
-        lines += [
-            f"ratio ours/reuse (median wall time): {reuse_ratio:.2f}x; of each pair: " + ", ".join(f"{pair:.2f}x" for pair in pair_ratios(reuse, ours)),
+        lines += comparison_lines(
+            "ours/reuse", ours, reuse,
             "  reuse = the plain chain on the Redis transport ours runs on (workers/redis_broker.py: one redis-py client per channel;",
             "  plain and floor run on kombu's own, a client per publish, ack and event): ours/reuse is the bookkeeping alone",
-        ]
+        )
     lines += [
         "",
         "where the time goes (best pass of each):",
