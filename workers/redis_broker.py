@@ -4,10 +4,10 @@ kombu 5.7's Redis channel builds a new redis-py client for every publish, ack an
 (`Channel.conn_or_acquire`), on the channel's shared connection pool; with redis-py 8 each client
 builds its table of response callbacks, about 0.1 ms of CPU, and a task message costs about seven
 of them between its sender and its worker. A redis-py client holds no connection of its own (its
-commands check one out of the pool), so this channel keeps one client per pool and hands it out
-instead: the same commands on the same connections. A new pool (after a fork, or a reconnection
-that drops the old one) gets a new client. The consumer's blocking client (`asynchronous=True`)
-is kombu's, unchanged.
+commands check one out of the pool), so this channel keeps one client and hands it out instead:
+the same commands on the same connections. When kombu drops the channel's pools (a close, a fork)
+the client goes with them, and the next one is built on the new pool. The consumer's blocking
+client (`asynchronous=True`) is kombu's, unchanged.
 
 `workers.app` registers this class for `redis://` broker URLs (kombu's transport alias `redis`).
 """
@@ -20,21 +20,19 @@ from kombu.transport import redis as kombu_redis
 
 
 class ClientReusingChannel(kombu_redis.Channel):
-    """A Redis channel whose synchronous commands share one redis-py client per connection pool."""
+    """A Redis channel whose synchronous commands share one redis-py client on the channel's connection pool."""
 
-    _shared_client: tuple[Any, Any] | None = None
+    _shared_client: Any = None
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:
             return super()._create_client(asynchronous=True)
-        pool = self.pool
-        shared = self._shared_client
-        if shared is None or shared[0] is not pool:
-            shared = self._shared_client = (pool, super()._create_client())
-        return shared[1]
+        if self._shared_client is None:
+            self._shared_client = super()._create_client()
+        return self._shared_client
 
     def _disconnect_pools(self) -> None:
-        self._shared_client = None  # its pool is being disconnected and dropped (channel close, fork)
+        self._shared_client = None  # kombu drops the channel's pools here (channel close, fork): the next client gets the new pool
         super()._disconnect_pools()
 
 
