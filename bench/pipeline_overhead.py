@@ -1,6 +1,6 @@
 """Pipeline overhead: our bookkeeping against a plain Celery chain of the same no-op tasks.
 
-    python -m bench.pipeline_overhead [--episodes 200] [--repeats 2] [--tick-s 0.5] [--no-floor] [--no-reuse]
+    python -m bench.pipeline_overhead [--episodes 200] [--repeats 2] [--tick-s 0.5] [--train-processes 1] [--no-floor] [--no-reuse]
 
 Needs Redis and PostgreSQL on 127.0.0.1 (METARL_BENCH_PG_ADMIN_URL and METARL_BENCH_REDIS_URL
 override). It creates a scratch database (dropped afterwards), reserves a Redis database number with
@@ -78,6 +78,7 @@ class BenchSettings(BaseModel):
     poll_interval_s: float = Field(default=0.01, ge=0.01, le=60.0, description="Train poll countdown in both pipelines")
     window: int | None = Field(default=None, ge=1, le=100_000, description="Episodes in flight (default: all of them)")
     repeats: int = Field(default=2, ge=1, le=10, description="Alternating plain/ours pairs")
+    train_processes: int = Field(default=1, ge=1, le=8, description="Worker processes of the train pool in every pass (the other pools have one)")
 
     @property
     def episodes_per_batch(self) -> int:
@@ -374,18 +375,18 @@ CHAIN_TRANSPORT = {"plain": "stock", "floor": "stock", "reuse": "ours"}
 """Each chain's Redis transport (`bench._sim_plain_chain.chain_app`): kombu's own, or ours (`workers.redis_broker`) as our pipeline uses."""
 
 
-def chain_worker_command(pool: str, chain: str = "plain") -> list[str]:
+def chain_worker_command(pool: str, chain: str = "plain", processes: int = 1) -> list[str]:
     """Our pools' worker command line with a chain's app and node name (`plain-agent@host`, ...)."""
     from metarl.pools import worker_command
 
-    command = worker_command(pool)
+    command = worker_command(pool, processes)
     command[command.index("-A") + 1] = f"{CHAIN_MODULES[chain]}:app"
     command[command.index("-n") + 1] = f"{chain}-{pool}@%h"
     return command
 
 
-def start_chain_pools(database_url: str, broker_url: str, log_dir: Path, chain: str):  # type: ignore[no-untyped-def]
-    """WorkerPools whose processes run a chain's app (same flags, one process per queue)."""
+def start_chain_pools(database_url: str, broker_url: str, log_dir: Path, chain: str, train_processes: int = 1):  # type: ignore[no-untyped-def]
+    """WorkerPools whose processes run a chain's app (same flags and processes per queue as ours)."""
     from metarl.pools import WorkerPools
 
     class ChainPools(WorkerPools):
@@ -394,7 +395,7 @@ def start_chain_pools(database_url: str, broker_url: str, log_dir: Path, chain: 
         def start_pool(self, pool: str) -> subprocess.Popen[bytes]:
             log_file = open(self.log_dir / f"worker-{pool}.log", "ab")
             process = subprocess.Popen(
-                chain_worker_command(pool, chain), env=self.env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO
+                chain_worker_command(pool, chain, self.concurrency[pool]), env=self.env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO
             )
             log_file.close()
             self.processes[pool] = process
@@ -402,7 +403,7 @@ def start_chain_pools(database_url: str, broker_url: str, log_dir: Path, chain: 
 
     from bench._sim_plain_chain import CHAIN_TRANSPORT_ENV
 
-    pools = ChainPools(database_url, broker_url, log_dir)
+    pools = ChainPools(database_url, broker_url, log_dir, concurrency={"train": train_processes})
     pools.env[CHAIN_TRANSPORT_ENV] = CHAIN_TRANSPORT[chain]
     pools.start()
     return pools
@@ -513,7 +514,7 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
     config_path.write_text(run_config_toml(settings, REPO / "tasks_specs", work / "artifacts"), encoding="utf-8")
     config, specs = load_run(config_path)
     log_dir = work / "logs-ours"
-    pools = WorkerPools(database_url, broker_url, log_dir)
+    pools = WorkerPools(database_url, broker_url, log_dir, concurrency={"train": settings.train_processes})
     pools.start()
     try:
         wait_for_workers(broker_url, set(QUEUES))
@@ -599,7 +600,7 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
     if chain == "floor":
         with psycopg.connect(libpq_uri(database_url), autocommit=True) as connection:
             prepare(connection, settings.episodes)
-    pools = start_chain_pools(database_url, broker_url, log_dir, chain)
+    pools = start_chain_pools(database_url, broker_url, log_dir, chain, settings.train_processes)
     client = redis.Redis.from_url(broker_url)
     try:
         wait_for_workers(broker_url, {f"{chain}-{q}" for q in QUEUES})
@@ -774,6 +775,13 @@ def comparison_lines(label: str, slower: list[PhaseResult], faster: list[PhaseRe
     return [f"ratio {label} (median wall time): {ratio:.2f}x; of each pair: " + ", ".join(f"{pair:.2f}x" for pair in pair_ratios(faster, slower)), *notes]
 
 
+def worker_processes_line(train_processes: int) -> str:
+    """How many worker processes each pass ran (the same in every pass)."""
+    if train_processes == 1:
+        return "5 worker processes (-c 1), one per queue, in every pass"
+    return f"one worker per queue, -c 1 except the train pool's -c {train_processes}, in every pass"
+
+
 def render(
     settings: BenchSettings,
     plain: list[PhaseResult],
@@ -792,7 +800,7 @@ def render(
         f"episodes {settings.episodes}  group_size {settings.group_size}  groups_per_batch {settings.groups_per_batch}  outer steps {settings.outer_steps}  "
         f"window {settings.window or settings.episodes}  tick_s {settings.tick_s}  poll countdown {settings.poll_interval_s}s  repeats {settings.repeats}",
         f"tasks per pass: 5 per episode (agent, probe, train submit, train poll, eval) + 1 outer per batch = {expected_tasks(settings.episodes, settings.episodes_per_batch)}; "
-        "5 worker processes (-c 1), one per queue, in both",
+        + worker_processes_line(settings.train_processes),
         "",
         f"{'pass':<8}{'wall s':>9}{'episodes/s':>12}{'tasks/s':>10}{'tasks':>8}{'worker CPU s':>14}{'driver CPU s':>14}{'PG CPU s':>10}"
         f"{'machine busy s':>16}{'idle s':>8}{'steal s':>9}",
@@ -874,11 +882,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=None, help="episodes in flight (default: all)")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--groups-per-batch", type=int, default=2)
+    parser.add_argument(
+        "--train-processes", type=int, default=1, help="worker processes of the train pool in every pass (default 1: its messages then run one after another)"
+    )
     parser.add_argument("--no-floor", action="store_true", help="skip the floor chain's pass (see bench/_sim_floor_chain.py)")
     parser.add_argument("--no-reuse", action="store_true", help="skip the pass of the plain chain on our Redis transport (see workers/redis_broker.py)")
     args = parser.parse_args(argv)
     settings = BenchSettings(
-        episodes=args.episodes, repeats=args.repeats, tick_s=args.tick_s, window=args.window, group_size=args.group_size, groups_per_batch=args.groups_per_batch
+        episodes=args.episodes, repeats=args.repeats, tick_s=args.tick_s, window=args.window, group_size=args.group_size, groups_per_batch=args.groups_per_batch,
+        train_processes=args.train_processes,
     )
     problems = validate_settings(settings)
     if problems:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from metarl.settings import BROKER_ENV, DATABASE_ENV
@@ -28,6 +29,22 @@ def worker_command(pool: str, concurrency: int = 1, autoscale: str | None = None
     command = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", pool, "-n", f"{pool}@%h", "-l", loglevel, "-E", "--without-mingle"]
     command += ["--autoscale", autoscale] if autoscale else ["-c", str(concurrency)]
     return command
+
+
+MAX_POOL_PROCESSES = 64
+"""Most worker processes `WorkerPools` starts for one pool."""
+
+
+def pool_processes(pools: tuple[str, ...], concurrency: Mapping[str, int] | None) -> dict[str, int]:
+    """Worker processes per pool: 1 unless `concurrency` names the pool (pure; ValueError names a bad pool or count and the fix)."""
+    asked = dict(concurrency or {})
+    unknown = sorted(set(asked) - set(pools))
+    if unknown:
+        raise ValueError(f"concurrency names pool(s) {', '.join(unknown)} that are not started here: use some of {', '.join(pools)}")
+    for pool, count in asked.items():
+        if not 1 <= count <= MAX_POOL_PROCESSES:
+            raise ValueError(f"concurrency of pool {pool} is {count}: give 1 to {MAX_POOL_PROCESSES} worker processes")
+    return {pool: asked.get(pool, 1) for pool in pools}
 
 
 def signal_group(pgid: int, signum: int) -> None:
@@ -51,7 +68,7 @@ def stop_process_group(process: subprocess.Popen[bytes] | subprocess.Popen[str],
 
 
 class WorkerPools:
-    """One worker process per pool, each in its own process group; stopped warm, then killed.
+    """One Celery worker per pool (one process, or `concurrency[pool]`), each in its own process group; stopped warm, then killed.
 
     A supervisor thread restarts a pool whose worker exits on its own, as Docker's `restart:
     unless-stopped` does in services mode: Celery workers can die of a broker outage (kombu fails
@@ -60,12 +77,21 @@ class WorkerPools:
     or stopped through this object are not restarted.
     """
 
-    def __init__(self, database_url: str, broker_url: str, log_dir: Path, pools: tuple[str, ...] = QUEUES, supervise_interval_s: float | None = 1.0):
+    def __init__(
+        self,
+        database_url: str,
+        broker_url: str,
+        log_dir: Path,
+        pools: tuple[str, ...] = QUEUES,
+        supervise_interval_s: float | None = 1.0,
+        concurrency: Mapping[str, int] | None = None,
+    ):
         self.env = dict(os.environ)
         self.env[DATABASE_ENV] = database_url
         self.env[BROKER_ENV] = broker_url
         self.log_dir = log_dir
         self.pools = pools
+        self.concurrency = pool_processes(pools, concurrency)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, int] = {}
         self.supervise_interval_s = supervise_interval_s
@@ -74,8 +100,8 @@ class WorkerPools:
         self._supervisor: threading.Thread | None = None
 
     def command(self, pool: str) -> list[str]:
-        """The command line of one pool's worker."""
-        return worker_command(pool)
+        """The command line of one pool's worker (its `concurrency` processes)."""
+        return worker_command(pool, self.concurrency.get(pool, 1))
 
     def start(self) -> None:
         """Start every pool (and the supervisor)."""

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from bench.pipeline_overhead import (
     BenchSettings,
@@ -121,6 +122,20 @@ def test_chain_workers_start_like_ours_with_another_app(chain: str) -> None:
     assert [a for a in theirs if a not in (app, node)] == [a for a in ours if a not in ("workers.app", "train@%h")]
 
 
+@pytest.mark.parametrize("chain", sorted(CHAIN_MODULES))
+def test_chain_train_pool_runs_as_many_processes_as_ours(chain: str) -> None:
+    from metarl.pools import worker_command
+
+    theirs = chain_worker_command("train", chain, 3)
+    assert theirs[theirs.index("-c") + 1] == "3" == worker_command("train", 3)[worker_command("train", 3).index("-c") + 1]
+
+
+def test_train_processes_are_bounded() -> None:
+    assert BenchSettings(episodes=200, train_processes=2).train_processes == 2
+    with pytest.raises(ValidationError):
+        BenchSettings(episodes=200, train_processes=0)
+
+
 def test_floor_chain_moves_each_episode_through_every_step_once() -> None:
     from bench._sim_floor_chain import STEPS, next_step
 
@@ -155,6 +170,8 @@ def test_cpu_per_message_splits_celery_consumer_from_task_process() -> None:
     assert cpu_ms_per_message(plain.model_copy(update={"tasks": 0})) == (0.0, 0.0)
     ours = plain.model_copy(update={"name": "ours", "worker_cpu_s": 4.0, "consumer_cpu_s": 1.6, "postgres_cpu_s": 1.0, "ticks": 10, "tick_ms_mean": 5.0, "tick_sql": 50, "db_commits": 100})
     assert "plain 7.50 + 2.50 ms, ours 8.00 + 12.00 ms" in render(BenchSettings(episodes=40), [plain], [ours])
+    assert "5 worker processes (-c 1)" in render(BenchSettings(episodes=40), [plain], [ours])
+    assert "the train pool's -c 2, in every pass" in render(BenchSettings(episodes=40, train_processes=2), [plain], [ours])
 
 
 def test_group_cpu_counts_this_process_group_and_its_leader() -> None:
