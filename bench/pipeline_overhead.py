@@ -37,7 +37,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -392,19 +391,14 @@ def start_chain_pools(database_url: str, broker_url: str, log_dir: Path, chain: 
     class ChainPools(WorkerPools):
         """One chain worker per queue, started and stopped like ours."""
 
-        def start_pool(self, pool: str) -> subprocess.Popen[bytes]:
-            log_file = open(self.log_dir / f"worker-{pool}.log", "ab")
-            process = subprocess.Popen(
-                chain_worker_command(pool, chain, self.concurrency[pool]), env=self.env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO
-            )
-            log_file.close()
-            self.processes[pool] = process
-            return process
+        def command(self, pool: str) -> list[str]:
+            return chain_worker_command(pool, chain, self.concurrency[pool])
 
     from bench._sim_plain_chain import CHAIN_TRANSPORT_ENV
 
     pools = ChainPools(database_url, broker_url, log_dir, concurrency={"train": train_processes})
     pools.env[CHAIN_TRANSPORT_ENV] = CHAIN_TRANSPORT[chain]
+    pools.cwd = REPO
     pools.start()
     return pools
 

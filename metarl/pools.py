@@ -92,6 +92,8 @@ class WorkerPools:
         self.log_dir = log_dir
         self.pools = pools
         self.concurrency = pool_processes(pools, concurrency)
+        self.cwd: Path | None = None
+        """The workers' working directory (None: this process's)."""
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, int] = {}
         self.supervise_interval_s = supervise_interval_s
@@ -117,7 +119,9 @@ class WorkerPools:
         """Start (or restart) one pool."""
         with self._lock:
             log_file = open(self.log_dir / f"worker-{pool}.log", "ab")
-            process = subprocess.Popen(self.command(pool), env=self.env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            process = subprocess.Popen(
+                self.command(pool), env=self.env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd
+            )
             log_file.close()
             self.processes[pool] = process
             return process

@@ -126,8 +126,8 @@ def test_chain_workers_start_like_ours_with_another_app(chain: str) -> None:
 def test_chain_train_pool_runs_as_many_processes_as_ours(chain: str) -> None:
     from metarl.pools import worker_command
 
-    theirs = chain_worker_command("train", chain, 3)
-    assert theirs[theirs.index("-c") + 1] == "3" == worker_command("train", 3)[worker_command("train", 3).index("-c") + 1]
+    ours, theirs = worker_command("train", 3), chain_worker_command("train", chain, 3)
+    assert theirs[theirs.index("-c") + 1] == "3" == ours[ours.index("-c") + 1]
 
 
 def test_train_processes_are_bounded() -> None:
