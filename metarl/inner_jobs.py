@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from metarl.backends.base import LaunchResult, PollResult
 from metarl.db import SqlTarget, json_param, run_sql
-from metarl.stage_records import StageRecord
+from metarl.stage_records import WHEN_HELD, StageRecord
 from schemas.records import InnerJobStatus
 
 INNER_JOB_COLUMNS = ("id", "name", "backend", "external_id", "status", "backend_state", "checkpoint_uri", "error", "train_seconds")
@@ -37,6 +37,13 @@ SET backend_state = %(state)s, status = %(status)s, finished_at = now(), checkpo
     train_seconds = %(train_seconds)s, error = %(error)s
 WHERE episode_id = %(episode_id)s
 """
+
+
+LOST_SQL = f"""
+UPDATE inner_jobs SET status = %(lost)s, finished_at = now(), error = %(error)s
+WHERE episode_id = %(episode_id)s AND status IN (%(launching)s, %(running)s) AND {WHEN_HELD}
+"""
+"""An unfinished job whose episode the train stage gave up on: no one polls it again, so it no longer holds a slot of its backend."""
 
 
 @dataclass(frozen=True)
@@ -107,3 +114,18 @@ def poll_record(episode_id: int, polled: PollResult, ended: InnerJobStatus | Non
         "episode_id": episode_id,
     }
     return "polled", ENDED_SQL, params
+
+
+def lost_record(episode_id: int, error: str) -> StageRecord:
+    """The episode's unfinished inner job (launching or running) marked `lost` with `error`, written only with the move that
+    fails the episode at train: its backend's capacity count (`metarl_create_inner_job`) no longer counts it (it counts every
+    run's jobs, so a left-over one would hold its slot for good), and the Runpod reaper terminates its pod as an orphan. A job
+    that already ended keeps its outcome."""
+    params = {
+        "lost": InnerJobStatus.lost.value,
+        "launching": InnerJobStatus.launching.value,
+        "running": InnerJobStatus.running.value,
+        "error": error,
+        "episode_id": episode_id,
+    }
+    return "lost_job", LOST_SQL, params

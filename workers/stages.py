@@ -38,7 +38,7 @@ from metarl.episodes import (
     unscored_reward_record,
 )
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
-from metarl.inner_jobs import InnerJobRow, create_within_limits, launch_record, poll_record
+from metarl.inner_jobs import InnerJobRow, create_within_limits, launch_record, lost_record, poll_record
 from metarl.probe import probe_job_text
 from metarl.stage_records import StageRecord, evaluation_record, submission_record, verdict_record
 from orchestrator.transitions import Transition, after_agent, after_eval, after_probe, after_train
@@ -160,10 +160,12 @@ def note_stage_failure(sender: Any = None, exception: BaseException | None = Non
 
 
 def fail_episode(job: StageJob, stage: Stage, message: str) -> None:
-    """Record a permanent failure of the episode (after retry caps or a permanent error)."""
+    """Record a permanent failure of the episode (after retry caps or a permanent error); at train, its unfinished inner job is lost with it."""
+    records = [lost_record(job.ctx.episode_id, f"abandoned: {message}")] if stage == Stage.train else []
     with sql_transaction(database_url(), autocommit=True) as session:
         try:
-            if not finish_and_move(session, job.claim, ClaimStatus.failed, Transition(Stage.failed, job.ctx.probe_attempt), episode_error=message, claim_error=message):
+            failed = Transition(Stage.failed, job.ctx.probe_attempt)
+            if not finish_and_move(session, job.claim, ClaimStatus.failed, failed, episode_error=message, claim_error=message, records=records):
                 return
         except StaleTransition:
             pass  # the episode moved on: nothing was written

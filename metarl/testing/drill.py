@@ -54,9 +54,12 @@ def sim_run_config(
     max_stage_attempts: int = 3,
     max_run_usd: float = 100.0,
     eval_deadline_s: float | None = None,
+    train_deadline_s: float | None = None,
 ) -> Path:
     """Write a simulator run config (every backend `sim`) to `path` and return it."""
-    deadlines = f"\n[deadlines]\neval_s = {eval_deadline_s}\n" if eval_deadline_s is not None else ""
+    limits = {"eval_s": eval_deadline_s, "train_s": train_deadline_s}
+    deadline_lines = "".join(f"{key} = {value}\n" for key, value in limits.items() if value is not None)
+    deadlines = f"\n[deadlines]\n{deadline_lines}" if deadline_lines else ""
     task_list = ", ".join(f'"{task}"' for task in tasks)
     path.write_text(
         f"""# SIMULATOR run for fault drills and benchmarks (metarl.testing.drill)

@@ -3,8 +3,8 @@
 After any crash and `metarl resume`, a finished run must hold: every episode once, ended (done or
 failed); one claim per (episode, stage, probe attempt), none left open; one probe attempt row per
 attempt (one fewer when the episode failed in the agent stage); at most one inner job per episode,
-launched at most once, and exactly the jobs the simulated cloud saw launched (when its folder is
-given); one reward per finished episode; probe attempts and rewards under their episode's run id; no
+launched at most once, none left launching or running by an ended episode, and exactly the jobs
+the simulated cloud saw launched (when its folder is given); one reward per finished episode; probe attempts and rewards under their episode's run id; no
 idempotency key billed twice; the run's spend total equal to its ledger; outer steps numbered 1..n without gaps.
 """
 
@@ -15,7 +15,9 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from schemas.records import ClaimStatus, CostEntry, Episode, InnerJob, OuterStep, ProbeAttempt, Reward, RunSpend, Stage, StageClaim
+from schemas.records import ClaimStatus, CostEntry, Episode, InnerJob, InnerJobStatus, OuterStep, ProbeAttempt, Reward, RunSpend, Stage, StageClaim
+
+UNFINISHED_JOB_STATUSES = (InnerJobStatus.launching, InnerJobStatus.running)
 
 
 def sim_cloud_launches(artifacts_root: Path) -> list[str]:
@@ -64,6 +66,9 @@ def exactly_once_violations(session: Session, run_id: str, artifacts_root: Path 
             problems.append(f"episode {episode.id} has {len(jobs)} inner jobs")
         if any(job.launch_count > 1 for job in jobs):
             problems.append(f"inner job of episode {episode.id} launched {max(job.launch_count for job in jobs)} times")
+        unfinished = [job.status.value for job in jobs if job.status in UNFINISHED_JOB_STATUSES]
+        if unfinished and episode.stage in (Stage.done, Stage.failed):
+            problems.append(f"episode {episode.id} ended ({episode.stage.value}) with its inner job still {unfinished[0]}: it holds a slot of its backend for good")
         rewards = int(rewards_of.get(episode.id, 0))
         expected = 1 if episode.stage == Stage.done else 0
         if rewards != expected:

@@ -6,14 +6,16 @@ Faults: Redis restarted mid-run (a private redis-server without persistence: eve
 lost), PostgreSQL restarted mid-run (a private cluster, stopped like a crash with `pg_ctl -m
 immediate`), a worker killed with -9 in each of the five pools, a full disk in the artifact folder (a
 small tmpfs mounted over it, needs root; skipped otherwise), slow backends (stages longer than the
-claim lease) and a hung backend (an eval that never returns, past the run's `deadlines.eval_s`).
+claim lease) and a hung backend (an eval that never returns, past the run's `deadlines.eval_s`; a train
+poll that never returns, past `deadlines.train_s`, whose job must then stop holding a slot of the backend).
 The shared Redis and PostgreSQL on the default ports are never restarted: the restart drills use
 private servers on free ports (metarl.testing.services).
 
 Worker pools here are real Celery workers started from this module (`python -m
 tests.integration.test_faults POOL FAULT [TIME_LIMIT_S]`) so that a fault can be injected into a
 stage: `slow-probe:S` sleeps S seconds in every probe, `hang-eval:DIR` blocks forever in the eval of
-the first episode that reaches eval (and of that episode on every retry; DIR holds the marker).
+the first episode that reaches eval (and of that episode on every retry; DIR holds the marker), and
+`hang-train-poll:DIR` the same in the polls of the first inner job polled.
 
 Run: `python -m pytest tests/integration/test_faults.py` (marked slow, so `METARL_SKIP_SLOW=1` skips
 it; about 4 minutes on 2 cores, 9 when they are busy with other work).
@@ -93,6 +95,23 @@ def install_fault(fault: str) -> None:
             return real_score(self, ctx, *args, **kwargs)
 
         SimEval.score_trained = hanging_score  # type: ignore[method-assign]
+        return
+    if kind == "hang-train-poll":
+        from metarl.backends.sim import SimTrain
+
+        real_poll = SimTrain.poll
+        marker_dir = Path(value)
+
+        def hanging_poll(self, ctx, *args, **kwargs):  # type: ignore[no-untyped-def]
+            marker_dir.mkdir(parents=True, exist_ok=True)
+            marker = marker_dir / f"hung-{ctx.episode_id}"
+            if not any(marker_dir.iterdir()):
+                marker.touch()  # the first job polled hangs in every poll of it (one train pool process)
+            while marker.exists():
+                time.sleep(3600)
+            return real_poll(self, ctx, *args, **kwargs)
+
+        SimTrain.poll = hanging_poll  # type: ignore[method-assign]
         return
     raise ValueError(f"unknown fault {fault!r}")
 
@@ -401,6 +420,28 @@ def test_hung_backend_fails_its_episode_with_a_clear_message(tmp_path: Path, pg_
         assert "eval" in episode.error and "TimeLimitExceeded" in episode.error, episode.error
         job = session.execute(select(InnerJob).where(InnerJob.episode_id == hung[0])).scalar_one()
         assert job.status == InnerJobStatus.succeeded and job.launch_count == 1
+
+
+
+def test_hung_train_poll_fails_its_episode_and_frees_its_slot(tmp_path: Path, pg_url: str, redis_url: str, started: list) -> None:
+    """A train poll that never returns, under `deadlines.train_s`: after `retries.max_stage_attempts` takeovers its episode
+    fails saying why, and its unfinished inner job is marked lost in the same statement, so it no longer counts against the
+    backend's capacity (counted across runs: a job left `running` would hold its slot for good)."""
+    config, artifacts = drill_config(tmp_path, "hung-train", max_outer_steps=2, max_stage_attempts=2, train_deadline_s=3.0, max_concurrent_jobs=2)
+    markers = tmp_path / "hung"
+    run_id, _ = run_under_faults(config, service_env(pg_url, redis_url), tmp_path / "logs", started, faults={"train": f"hang-train-poll:{markers}"})
+    check_finished_exactly_once(pg_url, run_id, artifacts)
+    hung = [int(path.name.split("-", 1)[1]) for path in markers.iterdir()]
+    assert len(hung) == 1
+    with session_scope(pg_url) as session:
+        episode = session.get(Episode, hung[0])
+        assert episode.stage == Stage.failed
+        assert "train" in episode.error and "TimeLimitExceeded" in episode.error, episode.error
+        job = session.execute(select(InnerJob).where(InnerJob.episode_id == hung[0])).scalar_one()
+        assert job.status == InnerJobStatus.lost and job.finished_at is not None and job.launch_count == 1
+        assert job.error.startswith("abandoned: stage train was abandoned"), job.error
+        holding = select(func.count()).select_from(InnerJob).where(InnerJob.run_id == run_id, InnerJob.status.in_((InnerJobStatus.launching, InnerJobStatus.running)))
+        assert session.execute(holding).scalar_one() == 0
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
-"""The train submit's inner-job creation: one statement under the backend's lock, and a tick that does not hold up stage inserts."""
+"""The train submit's inner-job creation: one statement under the backend's lock, a tick that does not hold up stage inserts,
+and the slot a train stage that gives up gives back."""
 
 from __future__ import annotations
 
 import threading
 import uuid
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import func, select
 
 from metarl.db import session_scope, sql_transaction
-from metarl.episodes import stage_row_and_claim
-from metarl.inner_jobs import create_within_limits
-from schemas.records import RUN_ROW_LOCK, CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, Run, Stage
+from metarl.episodes import finish_and_move, stage_row_and_claim
+from metarl.inner_jobs import create_within_limits, lost_record
+from orchestrator.transitions import Transition
+from schemas.records import RUN_ROW_LOCK, ClaimStatus, CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, Run, Stage
 
 pytestmark = pytest.mark.integration
 
@@ -111,3 +114,29 @@ def test_a_tick_holding_its_run_row_does_not_hold_up_a_stage_claim(pg_url):
         claimer.start()
         assert claimed.wait(5), "the claim's insert (a foreign key to the run) waited for the tick's row lock"
     claimer.join(5)
+
+
+def test_a_train_stage_that_gives_up_frees_its_slot_with_its_move(pg_url):
+    run_id, (first, second) = make_run(pg_url, 2)
+    with sql_transaction(pg_url, autocommit=True) as sql:
+        _, claim = stage_row_and_claim(sql, episode_id=first, stage=Stage.train, probe_attempt=1, worker="w", token=None)
+    assert claim is not None and not isinstance(create(pg_url, run_id, first, capacity=1), str)
+    assert create(pg_url, run_id, second, capacity=1) == "capacity"
+    lost = lost_record(first, "abandoned: gave up")
+    stolen = replace(claim, token="not-the-token")
+    with sql_transaction(pg_url, autocommit=True) as sql:
+        assert not finish_and_move(sql, stolen, ClaimStatus.failed, Transition(Stage.failed, 1), records=[lost])
+    assert create(pg_url, run_id, second, capacity=1) == "capacity", "a refused move writes no lost record"
+    with sql_transaction(pg_url, autocommit=True) as sql:
+        assert finish_and_move(sql, claim, ClaimStatus.failed, Transition(Stage.failed, 1), episode_error="gave up", records=[lost])
+    with session_scope(pg_url) as session:
+        job = session.execute(select(InnerJob).where(InnerJob.episode_id == first)).scalar_one()
+        assert (job.status, job.error) == (InnerJobStatus.lost, "abandoned: gave up") and job.finished_at is not None
+    assert not isinstance(create(pg_url, run_id, second, capacity=1), str), "the lost job no longer holds the slot"
+    with session_scope(pg_url) as session:
+        session.execute(InnerJob.__table__.update().where(InnerJob.episode_id == second).values(status=InnerJobStatus.succeeded))
+    with sql_transaction(pg_url, autocommit=True) as sql:
+        _, claim = stage_row_and_claim(sql, episode_id=second, stage=Stage.train, probe_attempt=1, worker="w", token=None)
+        assert finish_and_move(sql, claim, ClaimStatus.failed, Transition(Stage.failed, 1), records=[lost_record(second, "abandoned")])
+    with session_scope(pg_url) as session:
+        assert session.execute(select(InnerJob.status).where(InnerJob.episode_id == second)).scalar_one() == InnerJobStatus.succeeded, "an ended job keeps its outcome"
