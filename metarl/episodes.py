@@ -6,14 +6,14 @@ import datetime as dt
 import hashlib
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
 from metarl.backends.base import CostItem, EpisodeContext
 from metarl.claims import FINISH_SET, NEW_CLAIM_COLUMNS, NEW_CLAIM_VALUES, Claim, finish_params, utcnow
 from metarl.db import SqlTarget, json_param, run_sql, text_array_literal
-from metarl.inner_jobs import INNER_JOB_COLUMNS, InnerJobRow, inner_job_row
+from metarl.inner_jobs import INNER_JOB_COLUMNS, CreationBlock, InnerJobLimits, InnerJobRow, creation_outcome, inner_job_name, inner_job_row
 from metarl.ledger import RECORD_COST_SQL, cost_params
 from metarl.tick_wakeup import CHANNEL as TICK_CHANNEL
 from metarl.reward import RewardInputs, compute_reward
@@ -75,6 +75,8 @@ class StageRow:
     passed: bool | None = None
     agent_tokens: int = 0
     inner_job: InnerJobRow | None = None
+    inner_job_blocked: CreationBlock | None = None
+    """Set only by `train_row_and_claim`: the cap that stopped the inner job's creation in the claim's statement."""
 
     @property
     def passed_attempt_and_tokens(self) -> tuple[int | None, int]:
@@ -99,7 +101,7 @@ WHERE e.id = %(episode_id)s
 """
 ENDED_RUN_STATUSES = (RunStatus.stopped, RunStatus.failed, RunStatus.finished)
 ENDED_ARRAY = text_array_literal(status.value for status in ENDED_RUN_STATUSES)
-STAGE_ROW_AND_CLAIM_SQL = f"""
+ROW_AND_CLAIM_CTES = f"""
 WITH stage_row AS ({STAGE_ROW_SQL}),
 claimable AS (
     SELECT run_id FROM stage_row WHERE stage = %(stage)s AND probe_attempt = %(probe_attempt)s AND status <> ALL({ENDED_ARRAY})
@@ -116,13 +118,36 @@ continued AS (
     WHERE episode_id = %(episode_id)s AND stage = %(stage)s AND probe_attempt = %(probe_attempt)s AND status = 'running'
       AND token = %(token)s AND EXISTS (SELECT 1 FROM claimable)
     RETURNING id, takeovers
-)
+),
+claim AS (SELECT * FROM inserted UNION ALL SELECT * FROM continued)"""
+STAGE_ROW_AND_CLAIM_SQL = f"""{ROW_AND_CLAIM_CTES}
 SELECT stage_row.*, claim.id, claim.takeovers
-FROM stage_row LEFT JOIN (SELECT * FROM inserted UNION ALL SELECT * FROM continued) claim ON true
+FROM stage_row LEFT JOIN claim ON true
 """
 """The stage row, and in the same statement the claim when it is the plain case: a first claim (no token), or
 the continuation of this worker's own claim (the token of its last message). Anything else (a duplicate
 message, a takeover) gets no claim here and goes through `metarl.claims.claim_stage`."""
+TRAIN_ROW_CLAIM_AND_CREATE_SQL = f"""{ROW_AND_CLAIM_CTES},
+creatable AS MATERIALIZED (
+    SELECT s.run_id, s.id AS episode_id, a.model_name
+    FROM stage_row s
+    JOIN claim c ON c.takeovers <= %(max_stage_attempts)s
+    JOIN probe_attempts a ON a.episode_id = s.id AND a.attempt = s.probe_attempt AND a.model_name IS NOT NULL
+    WHERE s.inner_id IS NULL AND s.passed AND s.run_id = %(limits_run_id)s AND s.created_at = %(limits_run_created_at)s
+),
+created AS MATERIALIZED (
+    SELECT made.spent, made.job_id
+    FROM creatable t CROSS JOIN LATERAL metarl_create_inner_job(
+        t.run_id, t.episode_id, %(name_prefix)s::text || t.episode_id::text, %(backend)s::text, %(simulated)s::boolean, t.model_name,
+        %(max_usd)s::double precision, %(capacity)s::integer) made
+)
+SELECT stage_row.*, claim.id, claim.takeovers, created.spent, created.job_id
+FROM stage_row LEFT JOIN claim ON true LEFT JOIN created ON true
+"""
+"""STAGE_ROW_AND_CLAIM_SQL at the train stage, and when that claims a passed attempt with no inner job yet, of the run the
+limits are for, the inner job's creation under the budget and capacity (`metarl_create_inner_job`, with the model the probe
+recorded) in the same statement. In autocommit the backend's advisory lock is released when the statement commits, as with
+`metarl.inner_jobs.CREATE_WITHIN_LIMITS_SQL` on its own."""
 RUN_SPECS_SQL = "SELECT config, task_specs FROM runs WHERE id = %(run_id)s"
 RUN_CONFIG_SQL = "SELECT config FROM runs WHERE id = %(run_id)s"
 """Sent as they are (no ORM compilation): read when a process meets a run for the first time."""
@@ -164,6 +189,26 @@ def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
     )
 
 
+def claim_params(*, episode_id: int, stage: Stage, probe_attempt: int, worker: str, token: str | None) -> dict[str, Any]:
+    """The parameters of the claim in STAGE_ROW_AND_CLAIM_SQL (a fresh token for the claim it takes)."""
+    return {
+        "episode_id": episode_id,
+        "stage": stage.value,
+        "probe_attempt": probe_attempt,
+        "new_token": str(uuid.uuid4()),
+        "worker": worker,
+        "token": token,
+        "now": utcnow(),
+    }
+
+
+def claim_of(params: dict[str, Any], claim_id: int | None, takeovers: int | None) -> Claim | None:
+    """The claim the statement took with `params` (None when it took none)."""
+    if claim_id is None:
+        return None
+    return Claim(claim_id, params["new_token"], params["episode_id"], Stage(params["stage"]), params["probe_attempt"], takeovers=int(takeovers or 0))
+
+
 def stage_row_and_claim(
     session: SqlTarget, *, episode_id: int, stage: Stage, probe_attempt: int, worker: str, token: str | None
 ) -> tuple[StageRow | None, Claim | None]:
@@ -172,22 +217,33 @@ def stage_row_and_claim(
     The claim is None when the episode is elsewhere, its run ended, or the plain claim did not apply
     (see STAGE_ROW_AND_CLAIM_SQL): the caller then skips, or claims with `metarl.claims.claim_stage`.
     """
-    new_token = str(uuid.uuid4())
-    params = {
-        "episode_id": episode_id,
-        "stage": stage.value,
-        "probe_attempt": probe_attempt,
-        "new_token": new_token,
-        "worker": worker,
-        "token": token,
-        "now": utcnow(),
-    }
+    params = claim_params(episode_id=episode_id, stage=stage, probe_attempt=probe_attempt, worker=worker, token=token)
     found = run_sql(session, STAGE_ROW_AND_CLAIM_SQL, params).first()
     if found is None:
         return None, None
-    row = stage_row_of(found[:-2])
-    claim_id, takeovers = found[-2:]
-    return row, (Claim(claim_id, new_token, episode_id, stage, probe_attempt, takeovers=takeovers) if claim_id is not None else None)
+    return stage_row_of(found[:-2]), claim_of(params, *found[-2:])
+
+
+def train_row_and_claim(
+    session: SqlTarget, *, episode_id: int, probe_attempt: int, worker: str, token: str | None, limits: InnerJobLimits
+) -> tuple[StageRow | None, Claim | None]:
+    """`stage_row_and_claim` at the train stage, creating the inner job in the same statement when it can
+    (TRAIN_ROW_CLAIM_AND_CREATE_SQL): the row then carries the new job as its `inner_job`, or the cap that stopped it as
+    `inner_job_blocked`. Where the statement did not try (another run than `limits`', a takeover, a job that exists), the
+    row is as `stage_row_and_claim` reads it."""
+    params = claim_params(episode_id=episode_id, stage=Stage.train, probe_attempt=probe_attempt, worker=worker, token=token)
+    found = run_sql(session, TRAIN_ROW_CLAIM_AND_CREATE_SQL, {**params, **limits.params()}).first()
+    if found is None:
+        return None, None
+    row = stage_row_of(found[:-4])
+    claim = claim_of(params, *found[-4:-2])
+    spent, job_id = found[-2:]
+    if spent is None:
+        return row, claim
+    created = creation_outcome(spent, job_id, name=inner_job_name(row.run_id, episode_id), backend=limits.backend, max_usd=limits.max_usd)
+    if isinstance(created, str):
+        return replace(row, inner_job_blocked=created), claim
+    return replace(row, inner_job=created), claim
 
 
 def config_and_task(session: SqlTarget, row: StageRow) -> tuple[RunConfig, TaskSpec]:

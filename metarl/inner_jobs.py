@@ -6,6 +6,7 @@ Every statement here runs once or more per train message, so each is sent as wri
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,7 +39,6 @@ SET backend_state = %(state)s, status = %(status)s, finished_at = now(), checkpo
 WHERE episode_id = %(episode_id)s
 """
 
-
 LOST_SQL = f"""
 UPDATE inner_jobs SET status = %(lost)s, finished_at = now(), error = %(error)s
 WHERE episode_id = %(episode_id)s AND status IN (%(launching)s, %(running)s) AND {WHEN_HELD}
@@ -69,9 +69,59 @@ def inner_job_row(columns: tuple[Any, ...] | None) -> InnerJobRow | None:
     return InnerJobRow(job_id, name, backend, external_id, InnerJobStatus(status), dict(state or {}), checkpoint, error, seconds)
 
 
+CreationBlock = Literal["budget", "capacity"]
+"""Which cap stopped an inner job's creation: the run's budget, or the backend's capacity."""
+
+
+def inner_job_name_prefix(run_id: str) -> str:
+    """What every inner job name of the run starts with (the episode id follows): a pod's name leads back to its run."""
+    return f"metarl-{run_id[:8]}-"
+
+
+def inner_job_name(run_id: str, episode_id: int) -> str:
+    """The episode's inner job name, unique in the database (`uq_inner_jobs_name`) and stable across retries."""
+    return f"{inner_job_name_prefix(run_id)}{episode_id}"
+
+
+@dataclass(frozen=True)
+class InnerJobLimits:
+    """What creating one of a run's inner jobs takes besides the episode: fixed for the run (its config never changes), so a
+    train process that has met the run creates the next job in the train claim's own statement
+    (`metarl.episodes.train_row_and_claim`)."""
+
+    run_id: str
+    run_created_at: dt.datetime
+    backend: str
+    simulated: bool
+    max_usd: float
+    capacity: int
+    max_stage_attempts: int
+
+    def params(self) -> dict[str, Any]:
+        """The limits as the statement's parameters."""
+        return {
+            "limits_run_id": self.run_id,
+            "limits_run_created_at": self.run_created_at,
+            "name_prefix": inner_job_name_prefix(self.run_id),
+            "backend": self.backend,
+            "simulated": self.simulated,
+            "max_usd": self.max_usd,
+            "capacity": self.capacity,
+            "max_stage_attempts": self.max_stage_attempts,
+        }
+
+
+def creation_outcome(spent: float, job_id: int | None, *, name: str, backend: str, max_usd: float) -> InnerJobRow | CreationBlock:
+    """What `metarl_create_inner_job` answered: the new job (state `launching`, no external id yet), or the cap that stopped it
+    (the budget first)."""
+    if job_id is None:
+        return "budget" if float(spent) >= max_usd else "capacity"
+    return InnerJobRow(job_id, name, backend, None, InnerJobStatus.launching, {}, None, None, None)
+
+
 def create_within_limits(
     session: SqlTarget, *, run_id: str, episode_id: int, name: str, backend: str, simulated: bool, model_name: str, max_usd: float, capacity: int
-) -> InnerJobRow | Literal["budget", "capacity"]:
+) -> InnerJobRow | CreationBlock:
     """Insert the episode's inner job in state `launching` (no external id yet) when the run's spend is under `max_usd`
     and the backend runs fewer than `capacity` jobs; otherwise say which cap stopped it (the budget first).
 
@@ -90,9 +140,7 @@ def create_within_limits(
         "capacity": capacity,
     }
     spent, _active, job_id = run_sql(session, CREATE_WITHIN_LIMITS_SQL, params).one()
-    if job_id is None:
-        return "budget" if float(spent) >= max_usd else "capacity"
-    return InnerJobRow(job_id, name, backend, None, InnerJobStatus.launching, {}, None, None, None)
+    return creation_outcome(spent, job_id, name=name, backend=backend, max_usd=max_usd)
 
 
 def launch_record(episode_id: int, launched: LaunchResult) -> StageRecord:

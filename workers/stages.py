@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from celery import Task
 from celery.signals import task_failure
@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from metarl import claims
 from metarl.backends import registry
 from metarl.baselines import baseline_lookup, cached_baseline, store_baseline
-from metarl.backends.base import EpisodeContext
+from metarl.backends.base import EpisodeContext, TrainBackend
 from metarl.claims import Claim, ClaimRefused
 from metarl.db import SqlTarget, run_sql, session_scope, sql_transaction
 from metarl.episodes import (
@@ -35,10 +35,11 @@ from metarl.episodes import (
     reward_record,
     stage_context,
     stage_row_and_claim,
+    train_row_and_claim,
     unscored_reward_record,
 )
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
-from metarl.inner_jobs import InnerJobRow, create_within_limits, launch_record, lost_record, poll_record
+from metarl.inner_jobs import CreationBlock, InnerJobLimits, InnerJobRow, create_within_limits, inner_job_name, launch_record, lost_record, poll_record
 from metarl.probe import probe_job_text
 from metarl.stage_records import StageRecord, evaluation_record, submission_record, verdict_record
 from orchestrator.transitions import Transition, after_agent, after_eval, after_probe, after_train
@@ -90,17 +91,22 @@ StageLoader = Callable[[SqlTarget, RunConfig, EpisodeContext, StageRow], Any]
 """Reads what a stage needs after its claim: (the claim's connection, in autocommit; config; context; the stage row read with the claim)."""
 
 
-def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token: str | None, load: StageLoader | None = None) -> StageJob | None:
+def claim_episode_stage(
+    stage: Stage, episode_id: int, probe_attempt: int, token: str | None, load: StageLoader | None = None, limits: InnerJobLimits | None = None
+) -> StageJob | None:
     """Claim the stage, or return None when the message is stale, done, or held by a live worker.
 
     In autocommit: the episode row with the attempt's inputs and its inner job, and the plain claim,
-    are one statement; each of the claim rules' statements (a duplicate message, a takeover) is a
-    compare-and-set of its own. Then `load` reads (or creates, in its own transaction) what the
-    stage needs.
+    are one statement (at train, with `limits`, the inner job's creation too: `train_row_and_claim`);
+    each of the claim rules' statements (a duplicate message, a takeover) is a compare-and-set of its
+    own. Then `load` reads (or creates, in its own statement) what the stage needs.
     """
     worker = worker_name()
     with sql_transaction(database_url(), autocommit=True) as session:
-        row, claim = stage_row_and_claim(session, episode_id=episode_id, stage=stage, probe_attempt=probe_attempt, worker=worker, token=token)
+        if limits is not None and stage == Stage.train:
+            row, claim = train_row_and_claim(session, episode_id=episode_id, probe_attempt=probe_attempt, worker=worker, token=token, limits=limits)
+        else:
+            row, claim = stage_row_and_claim(session, episode_id=episode_id, stage=stage, probe_attempt=probe_attempt, worker=worker, token=token)
         if row is None:
             log.info("skip %s episode=%s attempt=%s: no such episode", stage.value, episode_id, probe_attempt)
             return None
@@ -337,19 +343,46 @@ class TrainInputs:
 
     spec: JobSpec
     inner: InnerJobRow | None
-    blocked: Literal["budget", "capacity"] | None = None
+    blocked: CreationBlock | None = None
+
+
+_met_limits: dict[str, InnerJobLimits] = {}
+"""The inner-job limits of the last run this process created a job for (one entry, under "last")."""
+
+
+def met_train_limits() -> InnerJobLimits | None:
+    """The limits the next train claim creates its inner job under, when it is of the same run (`train_row_and_claim`)."""
+    return _met_limits.get("last")
+
+
+def train_limits(config: RunConfig, ctx: EpisodeContext, row: StageRow, backend: TrainBackend) -> InnerJobLimits:
+    """The run's inner-job limits, from its config and train backend (pure)."""
+    return InnerJobLimits(
+        run_id=ctx.run_id,
+        run_created_at=row.run_created_at,
+        backend=backend.name,
+        simulated=backend.simulated,
+        max_usd=config.budget.max_run_usd,
+        capacity=backend.capacity(),
+        max_stage_attempts=config.retries.max_stage_attempts,
+    )
 
 
 def train_inputs(claimed: SqlTarget, config: RunConfig, ctx: EpisodeContext, row: StageRow) -> TrainInputs:
-    """The train stage's loader: the passing job and its inner job, created here on the first submit when budget and capacity allow.
+    """The train stage's loader: the passing job and its inner job, created on the first submit when budget and capacity allow.
 
-    The creation is one autocommit statement on the claim's connection; the capacity count and the
-    insert run under the backend's advisory lock, so two submits never both take the last slot.
+    The claim's statement created it (or found a cap) when this process had met the run; otherwise
+    it is created here, in one autocommit statement on the claim's connection, and the run's limits
+    are kept for the next claim. Either way the capacity count and the insert run under the
+    backend's advisory lock, so two submits never both take the last slot.
     """
     spec = passing_job(ctx, row.job_toml)
     if row.inner_job is not None:
         return TrainInputs(spec, row.inner_job)
+    if row.inner_job_blocked is not None:
+        return TrainInputs(spec, None, row.inner_job_blocked)
     backend = registry.train_backend(config)
+    _met_limits["last"] = train_limits(config, ctx, row, backend)
     created = create_within_limits(
         claimed,
         run_id=ctx.run_id,
@@ -383,14 +416,10 @@ def eval_inputs(session: SqlTarget, config: RunConfig, ctx: EpisodeContext, row:
     return EvalInputs(spec, inner, base_score)
 
 
-def inner_job_name(run_id: str, episode_id: int) -> str:
-    return f"metarl-{run_id[:8]}-{episode_id}"
-
-
 @app.task(bind=True, name="metarl.stage.train", queue="train", max_retries=None)
 def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
     """Submit the inner job once, then poll it with short messages (each sends the next) until it ends."""
-    job = claim_episode_stage(Stage.train, episode_id, probe_attempt, token, load=train_inputs)
+    job = claim_episode_stage(Stage.train, episode_id, probe_attempt, token, load=train_inputs, limits=met_train_limits())
     if job is None:
         return "skipped"
     inputs: TrainInputs = job.loaded
