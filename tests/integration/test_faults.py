@@ -82,38 +82,31 @@ def install_fault(fault: str) -> None:
     if kind == "hang-eval":
         from metarl.backends.sim import SimEval
 
-        real_score = SimEval.score_trained
-        marker_dir = Path(value)
-
-        def hanging_score(self, ctx, *args, **kwargs):  # type: ignore[no-untyped-def]
-            marker_dir.mkdir(parents=True, exist_ok=True)
-            marker = marker_dir / f"hung-{ctx.episode_id}"
-            if not any(marker_dir.iterdir()):
-                marker.touch()  # the first episode to reach eval hangs, on every retry (one eval pool process)
-            while marker.exists():
-                time.sleep(3600)
-            return real_score(self, ctx, *args, **kwargs)
-
-        SimEval.score_trained = hanging_score  # type: ignore[method-assign]
+        hang_first_episode(SimEval, "score_trained", Path(value))
         return
     if kind == "hang-train-poll":
         from metarl.backends.sim import SimTrain
 
-        real_poll = SimTrain.poll
-        marker_dir = Path(value)
-
-        def hanging_poll(self, ctx, *args, **kwargs):  # type: ignore[no-untyped-def]
-            marker_dir.mkdir(parents=True, exist_ok=True)
-            marker = marker_dir / f"hung-{ctx.episode_id}"
-            if not any(marker_dir.iterdir()):
-                marker.touch()  # the first job polled hangs in every poll of it (one train pool process)
-            while marker.exists():
-                time.sleep(3600)
-            return real_poll(self, ctx, *args, **kwargs)
-
-        SimTrain.poll = hanging_poll  # type: ignore[method-assign]
+        hang_first_episode(SimTrain, "poll", Path(value))
         return
     raise ValueError(f"unknown fault {fault!r}")
+
+
+def hang_first_episode(backend: type, method: str, marker_dir: Path) -> None:
+    """Patch `backend.method(self, ctx, ...)` so that the first episode to call it hangs in that call and in every retry of it
+    (one pool process), leaving a marker `hung-<episode id>` in `marker_dir`; other episodes go through."""
+    real = getattr(backend, method)
+
+    def hanging(self, ctx, *args, **kwargs):  # type: ignore[no-untyped-def]
+        marker_dir.mkdir(parents=True, exist_ok=True)
+        marker = marker_dir / f"hung-{ctx.episode_id}"
+        if not any(marker_dir.iterdir()):
+            marker.touch()
+        while marker.exists():
+            time.sleep(3600)
+        return real(self, ctx, *args, **kwargs)
+
+    setattr(backend, method, hanging)
 
 
 class FaultPools(WorkerPools):

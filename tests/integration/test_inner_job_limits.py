@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 import pytest
 from sqlalchemy import func, select
@@ -75,23 +77,29 @@ def test_budget_is_checked_before_capacity(pg_url):
     assert create(pg_url, run_id, second, capacity=1, max_usd=2.0) == "capacity"
 
 
-def test_concurrent_creations_never_pass_the_capacity(pg_url):
-    runs = [make_run(pg_url, 6) for _ in range(2)]
-    start = threading.Barrier(12)
+def race(calls: list[Callable[[], object]]) -> list[object]:
+    """Run the calls at once, a thread each released together, and return what they returned (in the order they ended)."""
+    start = threading.Barrier(len(calls))
     outcomes: list[object] = []
     lock = threading.Lock()
 
-    def submit(run_id: str, episode_id: int) -> None:
+    def run(call: Callable[[], object]) -> None:
         start.wait(10)
-        created = create(pg_url, run_id, episode_id, capacity=3)
+        outcome = call()
         with lock:
-            outcomes.append(created)
+            outcomes.append(outcome)
 
-    threads = [threading.Thread(target=submit, args=(run_id, episode_id)) for run_id, ids in runs for episode_id in ids]
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(30)
+    return outcomes
+
+
+def test_concurrent_creations_never_pass_the_capacity(pg_url):
+    runs = [make_run(pg_url, 6) for _ in range(2)]
+    outcomes = race([partial(create, pg_url, run_id, episode_id, capacity=3) for run_id, ids in runs for episode_id in ids])
     assert len(outcomes) == 12
     assert sum(not isinstance(outcome, str) for outcome in outcomes) == 3
     assert outcomes.count("capacity") == 9
@@ -216,21 +224,12 @@ def update_takeovers(claim_id: int, takeovers: int):  # type: ignore[no-untyped-
 
 def test_concurrent_train_claims_never_pass_the_capacity(pg_url):
     runs = [passed_run(pg_url, 6) for _ in range(2)]
-    start = threading.Barrier(12)
-    outcomes: list[object] = []
-    lock = threading.Lock()
 
-    def submit(limits: InnerJobLimits, episode_id: int) -> None:
-        start.wait(10)
+    def submit(limits: InnerJobLimits, episode_id: int) -> object:
         row, _ = train_claim(pg_url, episode_id, replace(limits, capacity=3))
-        with lock:
-            outcomes.append(row.inner_job or row.inner_job_blocked)
+        return row.inner_job or row.inner_job_blocked
 
-    threads = [threading.Thread(target=submit, args=(limits, episode_id)) for limits, ids in runs for episode_id in ids]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    outcomes = race([partial(submit, limits, episode_id) for limits, ids in runs for episode_id in ids])
     assert len(outcomes) == 12
     assert outcomes.count("capacity") == 9
     with session_scope(pg_url) as session:
