@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from metarl.db import session_scope
@@ -101,3 +103,23 @@ def finished_episode(url: str, reward_run_id: str | None = None) -> tuple[str, i
         session.add(ProbeAttempt(episode_id=episode_id, run_id=run_id, attempt=1, job_toml="", agent_backend="sim", passed=True))
         session.add(Reward(episode_id=episode_id, run_id=reward_run_id or run_id, total=0.5, job=0.5, validation=1.0, efficiency=0.0, speed=0.0, weights={}))
     return run_id, episode_id
+
+
+def race(calls: list[Callable[[], object]]) -> list[object]:
+    """Run the calls at once, a thread each released together, and return what they returned (in the order they ended)."""
+    start = threading.Barrier(len(calls))
+    outcomes: list[object] = []
+    lock = threading.Lock()
+
+    def run(call: Callable[[], object]) -> None:
+        start.wait(10)
+        outcome = call()
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return outcomes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from functools import partial
 
 import pytest
 
@@ -14,7 +15,7 @@ from metarl.episodes import StaleTransition, finish_and_move, stage_row_and_clai
 from orchestrator.transitions import Transition
 from metarl.stage_records import submission_record
 from schemas.records import ClaimStatus, Episode, EpisodeGroup, GroupStatus, ProbeAttempt, Run, RunStatus, Stage, StageClaim
-from tests.integration.helpers import new_episode
+from tests.integration.helpers import new_episode, race
 
 pytestmark = pytest.mark.integration
 
@@ -176,8 +177,6 @@ def make_group(url: str, size: int, held_out: bool = False) -> tuple[str, int, l
 
 @pytest.mark.parametrize("held_out, final", [(False, GroupStatus.complete), (True, GroupStatus.evaluated)])
 def test_episodes_ending_at_once_complete_their_group_once(pg_url, held_out, final):
-    import threading
-
     import psycopg
 
     from metarl.db import normalise_url
@@ -186,21 +185,16 @@ def test_episodes_ending_at_once_complete_their_group_once(pg_url, held_out, fin
     size = 6
     run_id, group_id, episode_ids = make_group(pg_url, size, held_out)
     claims = [row_and_claim(pg_url, episode_id, f"w{index}")[1] for index, episode_id in enumerate(episode_ids)]
-    start = threading.Barrier(size)
 
-    def end(held) -> None:  # type: ignore[no-untyped-def]
-        start.wait(10)
+    def end(held) -> bool:  # type: ignore[no-untyped-def]
         with sql_transaction(pg_url, autocommit=True) as sql:
-            assert finish_and_move(sql, held, ClaimStatus.failed, Transition(Stage.failed, 1), episode_error="gave up")
+            return finish_and_move(sql, held, ClaimStatus.failed, Transition(Stage.failed, 1), episode_error="gave up")
 
     with psycopg.connect(normalise_url(pg_url).replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as listener:
         listener.execute(f"LISTEN {CHANNEL}")
-        threads = [threading.Thread(target=end, args=(held,)) for held in claims]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
+        moved = race([partial(end, held) for held in claims])
         notices = [note.payload for note in listener.notifies(timeout=1.0, stop_after=size)]
+    assert moved == [True] * size, "every episode's move happens"
     assert notices == [run_id], "one tick request, from the move that completed the group"
     with session_scope(pg_url) as session:
         group = session.get(EpisodeGroup, group_id)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 
@@ -16,6 +15,7 @@ from metarl.db import observing_statements, session_scope, sql_transaction
 from metarl.episodes import finish_and_move, stage_row_and_claim, train_row_and_claim
 from metarl.inner_jobs import InnerJobLimits, create_within_limits, inner_job_name, lost_record
 from orchestrator.transitions import Transition
+from tests.integration.helpers import race
 from schemas.records import RUN_ROW_LOCK, ClaimStatus, CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, ProbeAttempt, Run, Stage, StageClaim
 
 pytestmark = pytest.mark.integration
@@ -75,26 +75,6 @@ def test_budget_is_checked_before_capacity(pg_url):
         )
     assert create(pg_url, run_id, second, capacity=1, max_usd=1.0) == "budget"
     assert create(pg_url, run_id, second, capacity=1, max_usd=2.0) == "capacity"
-
-
-def race(calls: list[Callable[[], object]]) -> list[object]:
-    """Run the calls at once, a thread each released together, and return what they returned (in the order they ended)."""
-    start = threading.Barrier(len(calls))
-    outcomes: list[object] = []
-    lock = threading.Lock()
-
-    def run(call: Callable[[], object]) -> None:
-        start.wait(10)
-        outcome = call()
-        with lock:
-            outcomes.append(outcome)
-
-    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    return outcomes
 
 
 def test_concurrent_creations_never_pass_the_capacity(pg_url):
