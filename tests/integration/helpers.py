@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -105,21 +106,37 @@ def finished_episode(url: str, reward_run_id: str | None = None) -> tuple[str, i
     return run_id, episode_id
 
 
-def race(calls: list[Callable[[], object]]) -> list[object]:
-    """Run the calls at once, a thread each released together, and return what they returned (in the order they ended)."""
+def race(calls: list[Callable[[], object]], timeout_s: float = 30.0) -> list[object]:
+    """Run the calls at once, a thread each released together, and return what they returned (in the order they ended).
+
+    A call that raises re-raises here, and one still running after `timeout_s` fails the test, instead of its outcome
+    silently missing from the list.
+    """
     start = threading.Barrier(len(calls))
     outcomes: list[object] = []
+    errors: list[BaseException] = []
     lock = threading.Lock()
 
     def run(call: Callable[[], object]) -> None:
         start.wait(10)
-        outcome = call()
+        try:
+            outcome = call()
+        except BaseException as err:  # handed to the test's thread below
+            with lock:
+                errors.append(err)
+            return
         with lock:
             outcomes.append(outcome)
 
     threads = [threading.Thread(target=run, args=(call,)) for call in calls]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + timeout_s
     for thread in threads:
-        thread.join(30)
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if errors:
+        raise errors[0]
+    running = sum(thread.is_alive() for thread in threads)
+    if running:
+        raise AssertionError(f"{running} of {len(calls)} raced calls still running after {timeout_s:g} s")
     return outcomes

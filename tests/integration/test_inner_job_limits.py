@@ -15,8 +15,8 @@ from metarl.db import observing_statements, session_scope, sql_transaction
 from metarl.episodes import finish_and_move, stage_row_and_claim, train_row_and_claim
 from metarl.inner_jobs import InnerJobLimits, create_within_limits, inner_job_name, lost_record
 from orchestrator.transitions import Transition
-from tests.integration.helpers import race
 from schemas.records import RUN_ROW_LOCK, ClaimStatus, CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, ProbeAttempt, Run, Stage, StageClaim
+from tests.integration.helpers import race
 
 pytestmark = pytest.mark.integration
 
