@@ -3,9 +3,10 @@
 The shapes follow Tinker exactly (DESIGN section 7): a sequence `tokens = prompt + completion`
 becomes `model_input = tokens[:-1]` and `target_tokens = tokens[1:]`; `logprobs` (behaviour,
 i.e. sampling-time) and `advantages` are aligned to the targets, and targets that are still
-prompt tokens carry advantage 0 and logprob 0. The loss is Tinker's "importance_sampling" loss
-`-(exp(lp - sampling_lp) * adv).sum()` with the importance ratio truncated at `ratio_cap`
-(Tinker's own loss does not truncate; staleness is also bounded by `filter_stale`).
+prompt tokens carry advantage 0 and logprob 0. The loss is importance sampling with the weight
+clipped at `ratio_cap`, never zeroed (`importance_sampling_loss`: CISPO with a one-sided clip, the
+form the `tinker` outer backend runs as Tinker's built-in `cispo`); staleness is also bounded by
+`filter_stale`.
 
 Importing this module never imports the tinker SDK (`to_tinker_datum` does, lazily).
 """
@@ -212,23 +213,30 @@ def importance_sampling_loss(
     mask: torch.Tensor,
     ratio_cap: float | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Truncated importance-sampling policy-gradient loss, summed over masked target tokens.
+    """Importance-sampling policy-gradient loss with the weight clipped (not zeroed), summed over masked target tokens.
 
-    loss = -sum(mask * min(exp(lp - sampling_lp), ratio_cap) * adv). With `ratio_cap=None` it is
-    exactly Tinker's "importance_sampling" loss. A truncated token contributes a constant (no
-    gradient), as `min` selects the cap. Stats are over masked tokens: ratio mean/min/max, the
-    fraction truncated, the token count, and a k1 estimate of KL(behaviour || new).
+    With r = exp(lp - sampling_lp) and w = min(r, ratio_cap) held constant, the gradient with respect to a
+    target's new logprob is -mask * w * adv: every token with a non-zero advantage moves in its advantage's
+    direction with a coefficient of at most `ratio_cap`, so a token whose probability grew past the cap is
+    still pushed down when its advantage is negative (a `min(r, cap)` inside the gradient would give it none).
+    This is CISPO with a one-sided clip, Tinker's built-in `cispo` loss with clip_low_threshold 0 and
+    clip_high_threshold `ratio_cap` (see metarl/backends/tinker_outer.py). The value is
+    -sum(mask * w * adv); with `ratio_cap=None` value and gradient are exactly Tinker's "importance_sampling"
+    loss. Stats are over masked tokens: ratio mean/min/max, the fraction whose weight was clipped, the token
+    count, and a k1 estimate of KL(behaviour || new).
     """
     if not (new_logprobs.shape == behaviour_logprobs.shape == advantages.shape == mask.shape):
         raise ValueError("new_logprobs, behaviour_logprobs, advantages and mask must have the same shape")
     if ratio_cap is not None and not ratio_cap >= 1.0:
-        raise ValueError(f"ratio_cap is {ratio_cap}; it must be >= 1 (or None for no truncation)")
+        raise ValueError(f"ratio_cap is {ratio_cap}; it must be >= 1 (or None for no clipping)")
     active = mask > 0
     # Outside the mask, use a log-ratio of 0 so padding (or -inf) never produces inf * 0 = nan.
     log_ratio = torch.where(active, new_logprobs - behaviour_logprobs, torch.zeros_like(new_logprobs))
     ratio = torch.exp(log_ratio)
-    weight = torch.clamp(ratio, max=ratio_cap) if ratio_cap is not None else ratio
-    loss = -(weight * advantages * mask).sum()
+    weight = (torch.clamp(ratio, max=ratio_cap) if ratio_cap is not None else ratio).detach()
+    # value: the clipped weight; gradient: the clipped weight times d(new logprob)
+    surrogate = weight * torch.exp(log_ratio - log_ratio.detach())
+    loss = -(surrogate * advantages * mask).sum()
     with torch.no_grad():
         n = int(active.sum())
         if n:

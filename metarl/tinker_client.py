@@ -6,7 +6,8 @@ same methods) and turns SDK errors into :mod:`metarl.errors` classes where they 
 
 - auth, billing, permission, other 4xx answers, an SDK/server schema mismatch, and a request the
   server marks as the user's fault: :class:`PermanentBackendError`;
-- 429, 5xx, lost connections, timeouts, and failed requests of the server's making:
+- the statuses the SDK itself retries (408, 409, 429, 5xx; :data:`TRANSIENT_HTTP_STATUSES`) when
+  they outlast its retries, lost connections, timeouts, and failed requests of the server's making:
   :class:`TransientBackendError`.
 
 Secrets: the API key is read from ``TINKER_API_KEY`` when a connection is made and handed straight
@@ -23,7 +24,7 @@ import logging
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -39,6 +40,13 @@ log = logging.getLogger("metarl.tinker")
 MAX_ERROR_CHARS = 300
 SAMPLER_CACHE_SIZE = 4
 CHECKPOINT_NAME = re.compile(r"[^A-Za-z0-9_\-]")
+TRANSIENT_HTTP_STATUSES = frozenset({408, 409, 429})
+"""4xx statuses the SDK retries as transient, like every 5xx (tinker 0.38 lib/retry_handler.py `is_retryable_status_code`)."""
+
+
+def transient_status(status_code: int) -> bool:
+    """True for an HTTP status worth retrying: 408 (timeout), 409 (lock timeout), 429 and 5xx."""
+    return status_code in TRANSIENT_HTTP_STATUSES or status_code >= 500
 
 
 def api_key_from_env() -> str:
@@ -75,7 +83,7 @@ def classified(what: str, timeout_s: float | None = None) -> Iterator[None]:
     except (tinker.RateLimitError, tinker.InternalServerError, tinker.APIConnectionError) as exc:
         raise TransientBackendError(f"tinker {what}: {type(exc).__name__}: {redact(str(exc))}") from None
     except tinker.APIStatusError as exc:
-        kind = TransientBackendError if exc.status_code >= 500 else PermanentBackendError
+        kind = TransientBackendError if transient_status(exc.status_code) else PermanentBackendError
         raise kind(f"tinker {what}: {type(exc).__name__} (HTTP {exc.status_code}): {redact(str(exc))}") from None
     except tinker.APIResponseValidationError as exc:
         raise PermanentBackendError(f"tinker {what}: the answer does not match the installed SDK ({type(exc).__name__}); upgrade tinker") from None
@@ -166,7 +174,11 @@ class SavedWeights:
 
 @dataclass
 class HeldTrainingClient:
-    """A training client this process holds for a run, and the saved version its weights equal."""
+    """A training client this process holds for a run: its weights and Adam state equal the saved state at `state_path`.
+
+    Registered only after a complete update (or the initial save), and taken out of the gateway before
+    the next request is sent to it, so a client that may have stepped is never used again.
+    """
 
     client: Any
     version: int
@@ -183,9 +195,6 @@ class AdamSettings:
     eps: float = 1e-12
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0
-
-
-CustomLoss = Callable[[list[Any], list[Any]], tuple[Any, dict[str, float]]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,25 +227,13 @@ class TinkerGateway:
         with classified("create_training_client_from_state_with_optimizer", self.timeout_s):
             return self.service.create_training_client_from_state_with_optimizer(state_path).result(timeout=self.timeout_s)
 
-    def train_step(self, training: Any, datums: Sequence[Any], loss_fn: str, adam: AdamSettings) -> StepOutput:
-        """forward_backward with a built-in loss, then one Adam optim_step (both submitted before waiting)."""
+    def train_step(self, training: Any, datums: Sequence[Any], loss_fn: str, loss_fn_config: dict[str, float], adam: AdamSettings) -> StepOutput:
+        """forward_backward with a built-in loss and its config, then one Adam optim_step (both submitted before waiting)."""
         from tinker import types
 
         params = types.AdamParams(**asdict(adam))
         with classified("forward_backward", self.timeout_s):
-            backward = training.forward_backward(list(datums), loss_fn=loss_fn)
-            step = training.optim_step(params)
-            output = backward.result(timeout=self.timeout_s)
-            optim = step.result(timeout=self.timeout_s)
-        return _step_output(output, optim)
-
-    def train_step_custom(self, training: Any, datums: Sequence[Any], loss: CustomLoss, adam: AdamSettings) -> StepOutput:
-        """forward_backward_custom with a client-side loss on the new logprobs, then one Adam optim_step."""
-        from tinker import types
-
-        params = types.AdamParams(**asdict(adam))
-        with classified("forward_backward_custom", self.timeout_s):
-            backward = training.forward_backward_custom(list(datums), loss)
+            backward = training.forward_backward(list(datums), loss_fn=loss_fn, loss_fn_config=dict(loss_fn_config))
             step = training.optim_step(params)
             output = backward.result(timeout=self.timeout_s)
             optim = step.result(timeout=self.timeout_s)
@@ -293,7 +290,7 @@ class TinkerGateway:
             logprobs=tuple(float(x) for x in logprobs),
             stop_reason=str(sequence.stop_reason),
             prompt_tokens=len(prompt),
-            cached_prompt_tokens=int(getattr(response, "prompt_cache_hit_tokens", 0) or 0),
+            cached_prompt_tokens=min(int(response.prompt_cache_hit_tokens or 0), len(prompt)),
         )
 
 

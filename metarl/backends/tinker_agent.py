@@ -5,7 +5,10 @@ user turn (the attempt's TASK.md, which lists the probe's problems with the prev
 The policy replies; every tool call in a reply runs in the attempt's workspace
 (:class:`metarl.workspace.Workspace`, which records the transcript); the results come back as the
 next user turn; this repeats until ``submit()`` succeeds or a cap is hit (turns, or the context
-budget). Sampling uses the snapshot sampler weights of the episode's policy version.
+budget). Sampling uses the snapshot sampler weights of the episode's policy version. Each turn's
+``max_tokens`` is capped at the context left (window minus prompt, as tinker-cookbook's
+``TinkerTokenCompleter`` caps it), so a prompt plus its reply never exceeds ``max_context_tokens``,
+which itself fits the base model's window (:data:`schemas.run_config.TINKER_CONTEXT_WINDOWS`).
 
 Tokens. The conversation is one token sequence that only grows: each prompt is the previous prompt
 plus the exact sampled tokens plus the rendered tool results (never a re-rendering of the history),
@@ -231,8 +234,11 @@ class Tokenizer(Protocol):
     def decode(self, token_ids: list[int]) -> str: ...
 
 
-SampleTurn = Callable[[list[int], int, tuple[int, ...]], SampledTurn]
-"""``(prompt tokens, turn index, stop token ids) -> SampledTurn``."""
+SampleTurn = Callable[[list[int], int, tuple[int, ...], int], SampledTurn]
+"""``(prompt tokens, turn index, stop token ids, max_tokens) -> SampledTurn``."""
+
+MIN_TURN_TOKENS = 256
+"""A turn is sampled only with room for at least this many tokens (or max_tokens_per_turn, if smaller)."""
 
 
 @dataclass(frozen=True)
@@ -251,7 +257,7 @@ class ConversationLimits:
         return cls(
             max_turns=config.max_turns,
             max_tokens_per_turn=config.max_tokens_per_turn,
-            max_context_tokens=config.max_context_tokens,
+            max_context_tokens=int(config.max_context_tokens or 0),
             max_observation_chars=config.max_observation_chars,
             max_tool_calls_per_turn=config.max_tool_calls_per_turn,
         )
@@ -288,22 +294,35 @@ def stop_token(tokenizer: Tokenizer, fmt: ChatFormat) -> int:
     return ids[0]
 
 
+def turn_max_tokens(prompt_tokens: int, limits: ConversationLimits) -> int | None:
+    """The next turn's max_tokens: max_tokens_per_turn capped at the context left; None when too little is left.
+
+    One token of the context is kept for the end-of-turn token added after a reply cut at max_tokens.
+    """
+    room = limits.max_context_tokens - prompt_tokens - 1
+    if room < min(limits.max_tokens_per_turn, MIN_TURN_TOKENS):
+        return None
+    return min(limits.max_tokens_per_turn, room)
+
+
 def run_conversation(workspace: Workspace, fmt: ChatFormat, tokenizer: Tokenizer, sample_turn: SampleTurn, limits: ConversationLimits) -> Conversation:
     """Sample replies and run their tool calls in `workspace` until submit() succeeds or a cap is hit."""
     stop = stop_token(tokenizer, fmt)
     task_md = read_workspace_text(workspace.files_dir, TASK_FILE, workspace.limits)
     prompt = encode(tokenizer, first_prompt_text(fmt, task_md, tool_specs()))
-    turn_room = limits.max_tokens_per_turn + 1  # a reply cut at max_tokens gets an end token added
-    if len(prompt) + turn_room > limits.max_context_tokens:
+    if turn_max_tokens(len(prompt), limits) is None:
+        needed = len(prompt) + 1 + min(limits.max_tokens_per_turn, MIN_TURN_TOKENS)
         raise PermanentBackendError(
-            f"the first prompt has {len(prompt)} tokens; raise backends.agent.max_context_tokens to at least {len(prompt) + turn_room}"
+            f"the first prompt has {len(prompt)} tokens; raise backends.agent.max_context_tokens to at least {needed} "
+            "(within the base model's context window)"
         )
     convo = Conversation(tokens=list(prompt), prompt_length=len(prompt))
     for turn in range(limits.max_turns):
-        if len(convo.tokens) + turn_room > limits.max_context_tokens:
+        max_tokens = turn_max_tokens(len(convo.tokens), limits)
+        if max_tokens is None:
             convo.ended = "context_cap"
             return convo
-        sampled = sample_turn(list(convo.tokens), turn, (stop,))
+        sampled = sample_turn(list(convo.tokens), turn, (stop,), max_tokens)
         convo.turns += 1
         convo.prompt_tokens += sampled.prompt_tokens
         convo.cached_prompt_tokens += sampled.cached_prompt_tokens
@@ -332,7 +351,7 @@ def run_conversation(workspace: Workspace, fmt: ChatFormat, tokenizer: Tokenizer
         elif not parsed.calls:
             notes.append(NO_CALL_NOTE)
         if not finished:
-            notes.append(cut_note(limits.max_tokens_per_turn))
+            notes.append(cut_note(max_tokens))
         observation = encode(tokenizer, observation_text(fmt, results, notes))
         if len(convo.tokens) + len(observation) > limits.max_context_tokens:
             convo.ended = "context_cap"
@@ -347,33 +366,30 @@ def run_conversation(workspace: Workspace, fmt: ChatFormat, tokenizer: Tokenizer
 # costs and seeds
 
 
-def agent_costs(config: TinkerAgentBackend, run_id: str, episode_id: int, attempt: int, prompt_tokens: int, sampled_tokens: int) -> list[CostItem]:
-    """Ledger charges of one attempt: prefilled prompt tokens and sampled tokens at the configured prices."""
+def agent_costs(
+    config: TinkerAgentBackend, run_id: str, episode_id: int, attempt: int, prompt_tokens: int, sampled_tokens: int, cached_prompt_tokens: int = 0
+) -> list[CostItem]:
+    """Ledger charges of one attempt: prefilled prompt tokens (prefix-cache hits at the cached price) and sampled tokens."""
+    if not 0 <= cached_prompt_tokens <= prompt_tokens:
+        raise ValueError(f"{cached_prompt_tokens} cached prompt tokens of {prompt_tokens} prompt tokens")
     base = f"tinker:agent:{run_id}:{episode_id}:{attempt}"
-    items = []
-    if prompt_tokens:
-        items.append(
-            CostItem(
-                source="tinker",
-                description=f"Tinker prompt tokens ({config.base_model})",
-                quantity=prompt_tokens,
-                unit="token",
-                unit_price_usd=config.usd_per_million_prompt_tokens / 1e6,
-                key=f"{base}:prompt",
-            )
+    charges = [
+        ("prompt", "prompt tokens", prompt_tokens - cached_prompt_tokens, config.usd_per_million_prompt_tokens),
+        ("cached_prompt", "cached prompt tokens", cached_prompt_tokens, config.usd_per_million_cached_prompt_tokens),
+        ("sample", "sampled tokens", sampled_tokens, config.usd_per_million_sample_tokens),
+    ]
+    return [
+        CostItem(
+            source="tinker",
+            description=f"Tinker {what} ({config.base_model})",
+            quantity=quantity,
+            unit="token",
+            unit_price_usd=usd_per_million / 1e6,
+            key=f"{base}:{kind}",
         )
-    if sampled_tokens:
-        items.append(
-            CostItem(
-                source="tinker",
-                description=f"Tinker sampled tokens ({config.base_model})",
-                quantity=sampled_tokens,
-                unit="token",
-                unit_price_usd=config.usd_per_million_sample_tokens / 1e6,
-                key=f"{base}:sample",
-            )
-        )
-    return items
+        for kind, what, quantity, usd_per_million in charges
+        if quantity
+    ]
 
 
 def turn_seed(episode_seed: int, attempt: int, turn: int) -> int:
@@ -411,11 +427,11 @@ class TinkerAgent:
         tokenizer = gateway.tokenizer(sampler, ref.base_model)
         workspace = Workspace(workspace_root(ctx), ctx.task, feedback=ctx.feedback, baseline=baseline)
 
-        def sample_turn(prompt: list[int], turn: int, stop: tuple[int, ...]) -> SampledTurn:
+        def sample_turn(prompt: list[int], turn: int, stop: tuple[int, ...], max_tokens: int) -> SampledTurn:
             return gateway.sample(
                 sampler,
                 prompt,
-                max_tokens=self.config.max_tokens_per_turn,
+                max_tokens=max_tokens,
                 temperature=self.config.temperature,
                 stop=stop,
                 seed=turn_seed(ctx.seed, ctx.probe_attempt, turn),
@@ -434,6 +450,6 @@ class TinkerAgent:
             job_toml=job_toml,
             agent_tokens=convo.sampled_tokens,
             workspace_uri=str(workspace.files_dir),
-            costs=agent_costs(self.config, ctx.run_id, ctx.episode_id, ctx.probe_attempt, convo.prompt_tokens, convo.sampled_tokens),
+            costs=agent_costs(self.config, ctx.run_id, ctx.episode_id, ctx.probe_attempt, convo.prompt_tokens, convo.sampled_tokens, convo.cached_prompt_tokens),
             sample=convo.policy_sample(),
         )

@@ -1,4 +1,4 @@
-"""The `tinker` outer update: importance-sampling GRPO of the trainer agent's LoRA on Tinker.
+"""The `tinker` outer update: GRPO of the trainer agent's LoRA on Tinker with a clipped importance weight.
 
 One update per outer step, with the datums of :mod:`metarl.outer_update` (``build_datum`` and
 ``to_tinker_datum``: input = tokens[:-1], targets = tokens[1:], behaviour logprobs and advantages
@@ -8,19 +8,34 @@ aligned to the targets, zero at prompt positions):
    the policy did not sample (tool results in a multi-turn attempt, marked by
    :data:`metarl.backends.tinker_agent.NOT_SAMPLED`) get advantage 0 like the prompt; datums whose
    advantage is 0 everywhere are left out (they carry no gradient, only cost);
-2. ``forward_backward`` with Tinker's ``importance_sampling`` loss (``-(exp(lp - sampling_lp) * adv).sum()``,
-   ratio not truncated; the staleness bound limits it), or, with ``loss = "truncated_importance_sampling"``,
-   ``forward_backward_custom`` with :func:`metarl.outer_update.importance_sampling_loss` truncated at
-   ``outer.ratio_cap`` (the local backend's loss exactly; one extra forward pass);
+2. ``forward_backward`` with Tinker's built-in ``cispo`` loss, ``loss_fn_config`` = clip_low_threshold 0,
+   clip_high_threshold ``outer.ratio_cap``: the gradient of a target's logprob is
+   ``-min(r, ratio_cap) * adv`` (r = exp(lp - sampling_lp)), the importance weight clipped, never zeroed,
+   so a token whose probability grew past the cap with a negative advantage is still pushed down. It is
+   the local backend's loss (:func:`metarl.outer_update.importance_sampling_loss`), with no extra forward
+   pass. Why this form: the untruncated ``importance_sampling`` is unstable on stale data (tinker-cookbook
+   0.6.1 ``tinker_cookbook/rl/train.py`` warns so for off-policy training), and ours is up to
+   ``outer.max_steps_off_policy`` versions old; CISPO's clipped ratio is a detached coefficient on the
+   logprob, which "never zeros a token's gradient — it only bounds the coefficient's magnitude", and its
+   one-sided clip (no lower bound) is the form the cookbook calls safe off-policy
+   (tinker-cookbook ``tutorials/202_loss_functions.py``). The cookbook's async trainer trains groups of
+   any staleness; we drop those past ``outer.max_steps_off_policy`` (``filter_stale``);
 3. ``optim_step`` with Adam at ``outer.learning_rate``;
 4. ``save_state`` (weights and Adam moments) and ``save_weights_for_sampler`` under the new version's
-   name; only then is the version returned, so it is saved before any episode samples from it.
+   name, each expiring after ``checkpoint_ttl_s`` (the last version's after ``final_checkpoint_ttl_s``);
+   only then is the version returned, so it is saved before any episode samples from it.
 
-A request that fails poisons a training client (it refuses every later request), so after any
-transient failure the client is dropped and a fresh one is made from the last saved state
-(``create_training_client_from_state_with_optimizer``) and the whole step is run again, at most
-``max_recoveries`` times; after that the error goes to the worker, which retries the step with
-backoff. A worker that restarts does the same from the base version's saved state.
+Exactly once. A published version is one Adam step on the previous published version's saved state:
+
+- a training client is registered in the process (:class:`metarl.tinker_client.HeldTrainingClient`)
+  only after a complete update, with the state path it equals, and it is taken out of the registry
+  before the next update sends it anything. Whatever fails after that (a Tinker error, an error in our
+  metrics, a time limit, the SDK's plain ``RuntimeError`` from a blocked client, any exception), the
+  client that may have stepped is no longer registered, and no later update can step it again;
+- an update that finds no held client, or one whose state is not its base version's, starts from the
+  base version's saved state (``create_training_client_from_state_with_optimizer``); so does a worker
+  that restarts, and every in-update recovery after a transient failure (at most ``max_recoveries``
+  times; after that the error goes to the worker, which retries the step with backoff).
 """
 
 from __future__ import annotations
@@ -41,7 +56,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("metarl.tinker.outer")
 
-BUILTIN_LOSS = "importance_sampling"
+LOSS_FN = "cispo"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,33 +129,18 @@ def ratio_metrics(datums: Sequence[Datum], new_logprobs: Sequence[Sequence[float
     return stats
 
 
-def truncated_loss(ratio_cap: float, stats_out: dict[str, float]) -> Callable[[list[Any], list[Any]], tuple[Any, dict[str, float]]]:
-    """A forward_backward_custom loss: the local backend's truncated importance-sampling loss over all datums.
+def loss_config(ratio_cap: float) -> dict[str, float]:
+    """The cispo loss's clip: no lower bound, the importance weight capped at `ratio_cap` (Tinker's loss_fn_config keys)."""
+    return {"clip_low_threshold": 0.0, "clip_high_threshold": float(ratio_cap)}
 
-    Positions with advantage 0 (prompt, tool results) are masked out; the ratio statistics of the
-    step are written into `stats_out`.
-    """
 
-    def loss(data: list[Any], logprobs: list[Any]) -> tuple[Any, dict[str, float]]:
-        import torch
-
-        from metarl.outer_update import importance_sampling_loss
-
-        if len(data) != len(logprobs):
-            raise ValueError(f"{len(logprobs)} logprob rows for {len(data)} datums")
-        new = torch.cat([row.flatten() for row in logprobs])
-        behaviour = torch.cat([torch.tensor(d.loss_fn_inputs["logprobs"].tolist(), dtype=new.dtype) for d in data])
-        advantages = torch.cat([torch.tensor(d.loss_fn_inputs["advantages"].tolist(), dtype=new.dtype) for d in data])
-        value, stats = importance_sampling_loss(new, behaviour, advantages, (advantages != 0).to(new.dtype), ratio_cap)
-        stats_out.clear()
-        stats_out.update(stats)
-        return value, {"truncated_is_loss": float(value.detach())}
-
-    return loss
+def checkpoint_ttl(config: TinkerOuterBackend, version: int, max_outer_steps: int) -> int | None:
+    """Expiry in seconds of a version's saved state and sampler weights: the run's last version has its own."""
+    return config.final_checkpoint_ttl_s if version >= max_outer_steps else config.checkpoint_ttl_s
 
 
 def train_costs(config: TinkerOuterBackend, run_id: str, step: int, tokens: int, passes: int) -> list[CostItem]:
-    """The ledger charge of one update: every token sent through the model, at the configured train price."""
+    """The ledger charge of one update: every token sent through the model (once per attempt), at the configured train price."""
     if tokens * passes <= 0:
         return []
     return [
@@ -160,7 +160,7 @@ def train_costs(config: TinkerOuterBackend, run_id: str, step: int, tokens: int,
 
 
 class TinkerOuter:
-    """One importance-sampling GRPO step of the Tinker LoRA per outer step; each version saved before it is used."""
+    """One clipped-weight GRPO step of the Tinker LoRA per outer step; each version saved before it is used, stepped exactly once."""
 
     name = "tinker"
     simulated = False
@@ -176,21 +176,18 @@ class TinkerOuter:
     def initial_state(self, run_id: str, config: RunConfig) -> str:
         """Version 0: a fresh LoRA (equal to the base model), its training state and sampler weights saved."""
         gateway = self._connect()
+        gateway.training_clients.pop(run_id, None)
         training = gateway.create_lora_training_client(self.agent.base_model, self.config.lora_rank, seed=config.run.seed)
-        saved = gateway.save(training, checkpoint_name(run_id, 0), self.config.checkpoint_ttl_s)
+        saved = gateway.save(training, checkpoint_name(run_id, 0), checkpoint_ttl(self.config, 0, config.run.max_outer_steps))
         gateway.training_clients[run_id] = HeldTrainingClient(client=training, version=0, state_path=saved.state_path)
         log.info("tinker outer: run %s version 0 saved", run_id)
         return TinkerPolicyRef(base_model=self.agent.base_model, version=0, state_path=saved.state_path, sampler_path=saved.sampler_path).encode()
 
-    def _training_client(self, gateway: TinkerGateway, run_id: str, ref: TinkerPolicyRef) -> Any:
-        """The held client if its weights are the base version's, else a fresh one from its saved state."""
-        held = gateway.training_clients.get(run_id)
-        if held is not None and held.version == ref.version and held.state_path == ref.state_path:
-            return held.client
-        gateway.training_clients.pop(run_id, None)
-        client = gateway.training_client_from_state(ref.state_path)
-        gateway.training_clients[run_id] = HeldTrainingClient(client=client, version=ref.version, state_path=ref.state_path)
-        return client
+    @staticmethod
+    def _take_held_client(gateway: TinkerGateway, run_id: str, ref: TinkerPolicyRef) -> Any | None:
+        """The run's held client, taken out of the registry; None unless its weights are the base version's saved state."""
+        held = gateway.training_clients.pop(run_id, None)
+        return held.client if held is not None and held.state_path == ref.state_path else None
 
     def update(
         self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None
@@ -210,7 +207,6 @@ class TinkerOuter:
             return OuterResult(state_uri=ref.at_version(version).encode(), metrics=metrics)
         tinker_datums = [to_tinker_datum(d) for d in datums]
         tokens = sum(d.length for d in datums)
-        passes = 2 if self.config.loss == "truncated_importance_sampling" else 1
         adam = AdamSettings(
             learning_rate=config.outer.learning_rate,
             beta1=self.config.adam_beta1,
@@ -219,34 +215,31 @@ class TinkerOuter:
             weight_decay=self.config.weight_decay,
             grad_clip_norm=self.config.grad_clip_norm,
         )
+        ttl = checkpoint_ttl(self.config, version, config.run.max_outer_steps)
         gateway = self._connect()
+        # From here until the end no client of this run is registered: an exception anywhere drops the one in use.
+        training = self._take_held_client(gateway, run_id, ref)
         attempts = 0
         while True:
             attempts += 1
             try:
-                training = self._training_client(gateway, run_id, ref)
-                stats: dict[str, float] = {}
-                if self.config.loss == BUILTIN_LOSS:
-                    output = gateway.train_step(training, tinker_datums, BUILTIN_LOSS, adam)
-                    if output.logprobs is not None:
-                        stats = ratio_metrics(datums, output.logprobs, config.outer.ratio_cap)
-                else:
-                    output = gateway.train_step_custom(training, tinker_datums, truncated_loss(config.outer.ratio_cap, stats), adam)
-                saved = gateway.save(training, checkpoint_name(run_id, version), self.config.checkpoint_ttl_s)
+                if training is None:
+                    training = gateway.training_client_from_state(ref.state_path)
+                output = gateway.train_step(training, tinker_datums, LOSS_FN, loss_config(config.outer.ratio_cap), adam)
+                saved = gateway.save(training, checkpoint_name(run_id, version), ttl)
             except TransientBackendError as err:
-                gateway.training_clients.pop(run_id, None)  # poisoned: never send it another request
+                training = None  # poisoned, or stepped already: it is never sent another request
                 if attempts > self.config.max_recoveries:
                     raise
                 log.warning("tinker outer step %s (run %s): %s; recreating the training client from version %s", step, run_id, err, ref.version)
                 continue
-            except PermanentBackendError:
-                gateway.training_clients.pop(run_id, None)
-                raise
             break
-        gateway.training_clients[run_id] = HeldTrainingClient(client=training, version=version, state_path=saved.state_path)
-        metrics.update(stats)
+        if output.logprobs is not None:
+            metrics.update(ratio_metrics(datums, output.logprobs, config.outer.ratio_cap))
         metrics.update(output.metrics)
         metrics.update({"skipped": 0.0, "recoveries": float(attempts - 1), "tokens_sent": float(tokens)})
         new_ref = TinkerPolicyRef(base_model=ref.base_model, version=version, state_path=saved.state_path, sampler_path=saved.sampler_path)
+        result = OuterResult(state_uri=new_ref.encode(), metrics=metrics, costs=train_costs(self.config, run_id, step, tokens, attempts))
+        gateway.training_clients[run_id] = HeldTrainingClient(client=training, version=version, state_path=saved.state_path)
         log.info("tinker outer: run %s step %s saved version %s (%s datums)", run_id, step, version, len(datums))
-        return OuterResult(state_uri=new_ref.encode(), metrics=metrics, costs=train_costs(self.config, run_id, step, tokens, passes * attempts))
+        return result

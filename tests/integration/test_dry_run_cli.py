@@ -154,8 +154,8 @@ def test_runpod_example_as_json_with_the_configs_price_estimate(sandbox: tuple[d
 def test_tinker_example(sandbox: tuple[dict[str, str], Path], recorder: ConnectionRecorder) -> None:
     out = dry_run(sandbox, recorder, str(EXAMPLES / "tinker.toml"))
     assert "backends: agent=tinker  train=local  eval=local  outer=tinker" in out
-    assert "agent  tinker  $276.04  [upper bound]" in out
-    assert "outer  tinker  $23.59  [upper bound]" in out
+    assert "agent  tinker  $138.02  [upper bound]" in out
+    assert "outer  tinker  $11.80  [upper bound]" in out
     assert "the cap would bind" in out and "max_run_usd $50.00" in out
     assert "Pods" not in out and "rl.toml" not in out.split("Notes")[0]
 

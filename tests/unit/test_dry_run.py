@@ -100,11 +100,11 @@ def test_pod_price_is_per_gpu_price_times_gpus() -> None:
 def test_tinker_bounds_follow_the_turn_and_context_caps() -> None:
     config, _ = example("tinker")
     agent, outer = config.backends.agent, config.backends.outer
-    assert tinker_attempt_tokens(agent) == (24 * 65_536, 65_536)  # sampled tokens cannot exceed one context
-    assert tinker_attempt_usd(agent) == pytest.approx((24 * 65_536 * 0.5 + 65_536 * 1.5) / 1e6)
-    assert tinker_update_tokens(outer, agent, batch_episodes=8, max_attempts=3) == 8 * 3 * 65_536
+    assert tinker_attempt_tokens(agent) == (24 * 32_768, 32_768)  # sampled tokens cannot exceed one context
+    assert tinker_attempt_usd(agent) == pytest.approx((24 * 32_768 * 0.5 + 32_768 * 1.5) / 1e6)
+    assert tinker_update_tokens(outer, agent, batch_episodes=8, max_attempts=3) == 8 * 3 * 32_768
     truncated = outer.model_copy(update={"loss": "truncated_importance_sampling"})
-    assert tinker_update_tokens(truncated, agent, batch_episodes=8, max_attempts=3) == 2 * 8 * 3 * 65_536
+    assert tinker_update_tokens(truncated, agent, batch_episodes=8, max_attempts=3) == 2 * 8 * 3 * 32_768
 
 
 def test_parse_gpu_prices() -> None:
@@ -158,8 +158,8 @@ def test_tinker_estimate_is_the_token_upper_bound_and_the_cap_binds() -> None:
     config, specs = example("tinker")
     estimate = estimate_costs(config, specs, {})
     lines = {line.stage: line for line in estimate.lines}
-    agent = 104 * 3 * (24 * 65_536 * 0.5 + 65_536 * 1.5) / 1e6
-    outer = 10 * 8 * 3 * 65_536 * 1.5 / 1e6
+    agent = 104 * 3 * (24 * 32_768 * 0.5 + 32_768 * 1.5) / 1e6
+    outer = 10 * 8 * 3 * 32_768 * 1.5 / 1e6
     assert lines["agent"].usd == pytest.approx(agent) and lines["agent"].kind == "upper bound"
     assert lines["outer"].usd == pytest.approx(outer)
     assert lines["train"].usd == lines["eval"].usd == 0.0

@@ -162,7 +162,7 @@ def test_on_policy_loss_is_minus_the_advantage_sum_with_unit_ratios():
     assert lp.grad[0].tolist() == pytest.approx([0.0, -2.0, -2.0])
 
 
-def test_ratios_are_truncated_at_the_cap():
+def test_weights_are_clipped_at_the_cap_not_zeroed():
     behaviour = torch.log(torch.tensor([0.5, 0.5, 0.5, 0.5]))
     new = torch.log(torch.tensor([0.25, 0.5, 0.9, 1.0])).requires_grad_(True)  # ratios 0.5, 1, 1.8, 2
     adv = torch.ones(4)
@@ -173,13 +173,28 @@ def test_ratios_are_truncated_at_the_cap():
     assert stats["ratio_mean"] == pytest.approx((0.5 + 1 + 1.8 + 2) / 4)
     assert stats["frac_truncated"] == pytest.approx(0.5)
     loss.backward()
-    assert new.grad.tolist() == pytest.approx([-0.5, -1.0, 0.0, 0.0])  # truncated tokens carry no gradient
+    assert new.grad.tolist() == pytest.approx([-0.5, -1.0, -1.5, -1.5])  # clipped tokens keep a gradient, its weight the cap
     # without a cap it is exactly Tinker's importance_sampling loss
     untruncated, stats = importance_sampling_loss(new.detach(), behaviour, adv, mask, ratio_cap=None)
     assert float(untruncated) == pytest.approx(-(0.5 + 1.0 + 1.8 + 2.0))
     assert stats["frac_truncated"] == 0.0
     with pytest.raises(ValueError, match="ratio_cap"):
         importance_sampling_loss(new, behaviour, adv, mask, ratio_cap=0.5)
+
+
+def test_a_token_whose_probability_grew_past_the_cap_with_a_negative_advantage_is_pushed_down():
+    # ratios 3 and 3 (past the cap 2): the old min(r, cap) loss gave both zero gradient, so the bad token stayed up
+    behaviour = torch.log(torch.tensor([0.1, 0.1]))
+    new = torch.log(torch.tensor([0.3, 0.3])).requires_grad_(True)
+    adv = torch.tensor([-1.0, 1.0])
+    loss, stats = importance_sampling_loss(new, behaviour, adv, torch.ones(2), ratio_cap=2.0)
+    loss.backward()
+    # descent moves lp by -grad: the negative-advantage token goes down, with the clipped weight 2 (not 3, not 0)
+    assert new.grad.tolist() == pytest.approx([2.0, -2.0])
+    assert float(loss.detach()) == pytest.approx(-(2.0 * -1.0 + 2.0 * 1.0)) and stats["frac_truncated"] == 1.0
+    with torch.no_grad():
+        stepped = new - 0.1 * new.grad
+    assert stepped[0] < new[0] and stepped[1] > new[1]
 
 
 def test_masked_positions_never_make_nan():

@@ -52,8 +52,8 @@ def agent_config(**overrides) -> TinkerAgentBackend:
         "renderer": "qwen3",
         "max_turns": 8,
         "max_tokens_per_turn": 8192,
-        "max_context_tokens": 100_000,
         "usd_per_million_prompt_tokens": 0.5,
+        "usd_per_million_cached_prompt_tokens": 0.1,
         "usd_per_million_sample_tokens": 2.0,
     }
     values.update(overrides)
@@ -146,6 +146,17 @@ def test_costs_are_prompt_and_sample_tokens_at_the_configured_prices() -> None:
     assert agent_costs(agent_config(), "run-1", 7, 2, 0, 0) == []
 
 
+def test_prompt_cache_hits_are_billed_at_the_cached_price() -> None:
+    items = agent_costs(agent_config(), "run-1", 7, 2, prompt_tokens=3_000_000, sampled_tokens=500_000, cached_prompt_tokens=2_000_000)
+    assert [(i.key.rsplit(":", 1)[1], i.quantity, i.quantity * i.unit_price_usd) for i in items] == [
+        ("prompt", 1_000_000, pytest.approx(0.5)),
+        ("cached_prompt", 2_000_000, pytest.approx(0.2)),
+        ("sample", 500_000, pytest.approx(1.0)),
+    ]
+    with pytest.raises(ValueError, match="cached prompt tokens"):
+        agent_costs(agent_config(), "run-1", 7, 2, prompt_tokens=10, sampled_tokens=1, cached_prompt_tokens=11)
+
+
 def test_turn_seeds_are_reproducible_and_differ() -> None:
     seeds = {turn_seed(11, 1, t) for t in range(20)}
     assert len(seeds) == 20 and turn_seed(11, 1, 3) == turn_seed(11, 1, 3) and turn_seed(11, 2, 3) != turn_seed(11, 1, 3)
@@ -185,8 +196,14 @@ def test_policy_sample_is_one_sequence_with_behaviour_logprobs_only_on_sampled_t
     assert submission.agent_tokens == len(sampled)
     observations = tok.decode([t for t, lp in zip(rest, sample.logprobs) if lp == NOT_SAMPLED])
     assert observations.count("<tool_response>") == 4 and observations.count("<|im_start|>assistant\n") == 3
-    prompt_tokens = sum(len(p) for p in service.sampling_clients[0].prompts)
-    assert [(c.key.rsplit(":", 1)[1], c.quantity) for c in submission.costs] == [("prompt", prompt_tokens), ("sample", len(sampled))]
+    prompts = service.sampling_clients[0].prompts
+    prompt_tokens = sum(len(p) for p in prompts)
+    # every turn after the first re-sends the previous prompt and reply: the service reports them as cache hits
+    cached = sum(len(earlier) + len(tok.encode(text)) + 1 for earlier, text in zip(prompts[:-1], GOOD_SCRIPT[:-1]))
+    assert cached > 0
+    assert [(c.key.rsplit(":", 1)[1], c.quantity) for c in submission.costs] == [
+        ("prompt", prompt_tokens - cached), ("cached_prompt", cached), ("sample", len(sampled)),
+    ]
 
 
 def test_xml_tool_calls_of_qwen3_5(tmp_path: Path) -> None:
@@ -259,7 +276,7 @@ def test_context_cap_stops_before_the_budget_is_exceeded(tmp_path: Path) -> None
     tok = FakeTokenizer()
     replies = iter([call("read_file", path="TASK.md")] * 10)
 
-    def sample_turn(prompt: list[int], turn: int, stop: tuple[int, ...]) -> SampledTurn:
+    def sample_turn(prompt: list[int], turn: int, stop: tuple[int, ...], max_tokens: int) -> SampledTurn:
         tokens = tok.encode(next(replies)) + [IM_END]
         return SampledTurn(tokens=tuple(tokens), logprobs=(-0.5,) * len(tokens), stop_reason="stop", prompt_tokens=len(prompt))
 
@@ -270,6 +287,37 @@ def test_context_cap_stops_before_the_budget_is_exceeded(tmp_path: Path) -> None
     assert " more characters; read files in parts" in tok.decode(convo.tokens)
     with pytest.raises(PermanentBackendError, match="max_context_tokens"):
         run_conversation(workspace, CHAT_FORMATS["qwen3"], tok, sample_turn, ConversationLimits(10, 100, first, 1000, 4))
+
+
+def test_each_turns_max_tokens_is_capped_at_the_context_left(tmp_path: Path) -> None:
+    workspace = Workspace(tmp_path / "attempt", make_task())
+    tok = FakeTokenizer()
+    asked: list[tuple[int, int]] = []
+
+    def sample_turn(prompt: list[int], turn: int, stop: tuple[int, ...], max_tokens: int) -> SampledTurn:
+        asked.append((len(prompt), max_tokens))
+        tokens = tok.encode(call("read_file", path="TASK.md")) + [IM_END]
+        return SampledTurn(tokens=tuple(tokens), logprobs=(-0.5,) * len(tokens), stop_reason="stop", prompt_tokens=len(prompt))
+
+    first = len(tok.encode(first_prompt_text(CHAT_FORMATS["qwen3"], (workspace.files_dir / "TASK.md").read_text(), tool_specs())))
+    limits = ConversationLimits(max_turns=10, max_tokens_per_turn=2000, max_context_tokens=first + 2500, max_observation_chars=1000, max_tool_calls_per_turn=4)
+    convo = run_conversation(workspace, CHAT_FORMATS["qwen3"], tok, sample_turn, limits)
+    assert asked[0] == (first, 2000)
+    assert any(m < 2000 for _, m in asked), "no turn ran with less than a full turn of context left"
+    assert all(m == min(2000, limits.max_context_tokens - p - 1) and p + m < limits.max_context_tokens for p, m in asked)
+    assert convo.ended == "context_cap" and all(m >= 256 for _, m in asked)
+
+
+def test_the_default_context_fits_the_models_window_so_the_service_never_refuses_a_turn(tmp_path: Path) -> None:
+    # the service refuses prompt + max_tokens past Qwen3-30B-A3B's 32,768 tokens; a turn may ask for 30,000
+    service = FakeService(script=list(GOOD_SCRIPT), context_window=32_768)
+    config = agent_config(max_tokens_per_turn=30_000)
+    assert config.max_context_tokens == 32_768
+    agent = TinkerAgent(config, connect_to=lambda: TinkerGateway(service=service))
+    agent.run_attempt(context(tmp_path))
+    sampler = service.sampling_clients[0]
+    assert len(sampler.params) == len(GOOD_SCRIPT)
+    assert [p.max_tokens for p in sampler.params] == [32_768 - len(prompt) - 1 for prompt in sampler.prompts]
 
 
 def test_probe_feedback_of_the_previous_attempt_is_in_the_first_prompt(tmp_path: Path) -> None:
@@ -310,4 +358,4 @@ def test_a_tokenizer_without_the_end_marker_is_refused(tmp_path: Path) -> None:
 
     workspace = Workspace(tmp_path / "a", make_task())
     with pytest.raises(PermanentBackendError, match="renderer 'qwen3'"):
-        run_conversation(workspace, CHAT_FORMATS["qwen3"], Plain(), lambda p, t, s: None, ConversationLimits(1, 10, 100_000, 100, 1))  # type: ignore[arg-type,return-value]
+        run_conversation(workspace, CHAT_FORMATS["qwen3"], Plain(), lambda p, t, s, m: None, ConversationLimits(1, 10, 100_000, 100, 1))  # type: ignore[arg-type,return-value]

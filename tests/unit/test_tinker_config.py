@@ -6,6 +6,7 @@ import logging
 import tomllib
 from pathlib import Path
 
+import httpx
 import pytest
 import tinker
 import tomli_w
@@ -85,13 +86,24 @@ def test_tinker_agent_and_outer_come_together(stage: str, table: dict, needle: s
     [
         ('renderer = "qwen3"', 'renderer = "llama3"', "backends.agent.renderer", "qwen3_5"),
         ("max_turns = 24", "max_turns = 0", "backends.agent.max_turns", "use a value >= 1"),
-        ("max_context_tokens = 65536", "max_context_tokens = 200000", "backends.agent.max_context_tokens", "use a value <= 100000"),
+        ("max_context_tokens = 32768", "max_context_tokens = 65536", "backends.agent.max_context_tokens", "use a value <= 32768"),
+        ("max_context_tokens = 32768", "max_context_tokens = 300000", "backends.agent.max_context_tokens", "use a value <= 262144"),
+        ('base_model = "Qwen/Qwen3-30B-A3B"\nrenderer = "qwen3"\nmax_turns = 24\nmax_tokens_per_turn = 4096\nmax_context_tokens = 32768',
+         'base_model = "acme/Unlisted-7B"\nrenderer = "qwen3"\nmax_turns = 24\nmax_tokens_per_turn = 4096',
+         "backends.agent.max_context_tokens", "add this key"),
+        ("max_tokens_per_turn = 4096", "max_tokens_per_turn = 40000", "backends.agent.max_context_tokens", "correct the value"),
+        ("usd_per_million_cached_prompt_tokens = 0.125", "usd_per_million_cached_prompt_tokens = 0.75", "backends.agent.usd_per_million_cached_prompt_tokens", "use a value <= 0.5"),
+        ("usd_per_million_cached_prompt_tokens = 0.125", "usd_per_million_cached_prompt_tokens = 2000.0", "backends.agent.usd_per_million_cached_prompt_tokens", "use a value <= 1000"),
+        ("usd_per_million_cached_prompt_tokens = 0.125   # prompt tokens the service reports as prefix-cache hits\n", "", "backends.agent.usd_per_million_cached_prompt_tokens", "add this key"),
         ("temperature = 1.0", "temperature = 0.0", "backends.agent.temperature", "use a value > 0"),
         ('base_model = "Qwen/Qwen3-30B-A3B"', 'base_model = "../../etc/passwd"', "backends.agent.base_model", "match the pattern"),
         ("usd_per_million_prompt_tokens = 0.5", "usd_per_million_prompt_tokens = -1.0", "backends.agent.usd_per_million_prompt_tokens", "use a value >= 0"),
         ("usd_per_million_sample_tokens = 1.5\n", "", "backends.agent.usd_per_million_sample_tokens", "add this key"),
         ("lora_rank = 8", "lora_rank = 0", "backends.outer.lora_rank", "use a value >= 1"),
-        ('loss = "importance_sampling"', 'loss = "ppo"', "backends.outer.loss", "truncated_importance_sampling"),
+        ('loss = "cispo"', 'loss = "importance_sampling"', "backends.outer.loss", "'cispo'"),
+        ('loss = "cispo"', 'loss = "truncated_importance_sampling"', "backends.outer.loss", "'cispo'"),
+        ("checkpoint_ttl_s = 604800", "checkpoint_ttl_s = 60", "backends.outer.checkpoint_ttl_s", "use a value >= 3600"),
+        ("# final_checkpoint_ttl_s = 604800", "final_checkpoint_ttl_s = 400000000", "backends.outer.final_checkpoint_ttl_s", "use a value <= 315360000"),
         ("lora_rank = 8", 'lora_rank = 8\nbase_url = "ftp://tinker"', "backends.outer.base_url", "match the pattern"),
         ("lora_rank = 8", "lora_rank = 8\nmax_turns = 3", "backends.outer.max_turns", "remove this key"),
     ],
@@ -159,3 +171,43 @@ def test_the_api_key_reaches_the_sdk_and_nothing_else(monkeypatch: pytest.Monkey
     texts += [path.read_text() for path in tmp_path.rglob("*") if path.is_file()]
     assert all(SECRET not in text for text in texts)
     assert FakeTokenizer().decode(submission.sample.tokens).count("<tool_call>") >= 2
+
+
+def test_the_context_defaults_to_the_models_window_and_is_never_over_it() -> None:
+    data = tomllib.loads(example_text())
+    del data["backends"]["agent"]["max_context_tokens"]
+    config = validate_model(RunConfig, data, "run.toml")
+    assert config.backends.agent.max_context_tokens == 32_768  # Qwen3-30B-A3B's window, not 65,536
+    data["backends"]["agent"]["max_context_tokens"] = 65_536
+    problem = only(config_error(tomli_w.dumps(data)))
+    assert problem.field == "backends.agent.max_context_tokens" and "32768-token context window" in problem.message and problem.fix == "use a value <= 32768"
+    data["backends"]["agent"].update(base_model="Qwen/Qwen3.5-9B", renderer="qwen3_5", max_context_tokens=65_536)
+    assert validate_model(RunConfig, data, "run.toml").backends.agent.max_context_tokens == 65_536
+
+
+def test_checkpoints_expire_by_default() -> None:
+    data = tomllib.loads(example_text())
+    data["backends"]["outer"].pop("checkpoint_ttl_s")
+    outer = validate_model(RunConfig, data, "run.toml").backends.outer
+    assert (outer.checkpoint_ttl_s, outer.final_checkpoint_ttl_s) == (7 * 86_400, None)
+
+
+def test_http_errors_the_sdk_retries_are_transient_and_the_others_permanent() -> None:
+    from tinker.lib.retry_handler import is_retryable_status_code
+
+    request = httpx.Request("POST", "http://127.0.0.1/")
+    for status in range(400, 600):
+        error = tinker.APIStatusError(f"HTTP {status}", response=httpx.Response(status, request=request), body=None)
+        expected = TransientBackendError if is_retryable_status_code(status) else PermanentBackendError
+        with pytest.raises(expected):
+            with tinker_client.classified("sample"):
+                raise error
+        assert tinker_client.transient_status(status) == is_retryable_status_code(status), status
+
+
+@pytest.mark.parametrize(("cls", "status"), [(tinker.ConflictError, 409), (tinker.APIStatusError, 408)])
+def test_request_timeout_and_lock_conflict_are_transient(cls: type, status: int) -> None:
+    error = cls("try again", response=httpx.Response(status, request=httpx.Request("POST", "http://127.0.0.1/")), body=None)
+    with pytest.raises(TransientBackendError, match=f"HTTP {status}"):
+        with tinker_client.classified("forward_backward"):
+            raise error

@@ -1,8 +1,11 @@
 """Fakes of the Tinker network clients (ServiceClient, TrainingClient, SamplingClient) for offline tests.
 
 They answer with the SDK's own types (`tinker.types.*` inside the SDK's `AwaitableConcurrentFuture`),
-record every call in one ordered log, and can be told to fail the next request of a kind; a failed
-training client then refuses every later request, as the real one does ("poisoned"). The tests in
+record every call in one ordered log, and can be told to fail the next request of a kind (`fail_next`:
+the request is refused and the training client then refuses every later request, "poisoned"), or to
+lose the answer of a request that took effect (`fail_after`: the server did it, the caller gets an
+error). Each saved state records the state its client started from and the optim steps since
+(`FakeService.origin`), so a test can count the Adam steps in each published version. The tests in
 this file hold the fakes to the installed SDK: every call our gateway makes must bind to the real
 method's signature, and every answer must be the SDK's type.
 """
@@ -10,11 +13,13 @@ method's signature, and every answer must be the SDK's type.
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import inspect
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import tinker
@@ -69,6 +74,30 @@ def user_failure(what: str) -> tinker.RequestFailedError:
     return tinker.RequestFailedError(f"{what} rejected: bad input", request_id="req-2", category=RequestErrorCategory.User)
 
 
+def http_error(cls: type[tinker.APIStatusError], status: int, message: str) -> tinker.APIStatusError:
+    """An SDK status error as its HTTP client raises it (on 127.0.0.1, never sent)."""
+    return cls(message, response=httpx.Response(status, request=httpx.Request("POST", "http://127.0.0.1/")), body=None)
+
+
+CISPO_DEFAULT_CONFIG = {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}
+"""The cispo clip without a loss_fn_config (tinker-cookbook tutorials/202_loss_functions.py)."""
+
+
+def server_gradients(loss_fn: str, config: dict[str, float] | None, new: list[float], behaviour: list[float], advantages: list[float]) -> tuple[float, list[float]]:
+    """(loss, d loss / d new logprob per target) of a built-in RL loss, as the Tinker service computes it.
+
+    importance_sampling: -sum(r * A), r = exp(lp - sampling_lp) (DESIGN section 7). cispo: the clipped
+    ratio is a detached coefficient on the logprob, -sum(sg(clip(r, low, high)) * A * lp)
+    (tinker-cookbook tutorials/202_loss_functions.py, "Custom clipping thresholds").
+    """
+    ratios = [float(np.exp(n - b)) for n, b in zip(new, behaviour)]
+    if loss_fn == "importance_sampling":
+        return -sum(r * a for r, a in zip(ratios, advantages)), [-r * a for r, a in zip(ratios, advantages)]
+    clip = {**CISPO_DEFAULT_CONFIG, **(config or {})}
+    weights = [min(max(r, clip["clip_low_threshold"]), clip["clip_high_threshold"]) for r in ratios]
+    return -sum(w * a * n for w, a, n in zip(weights, advantages, new)), [-w * a for w, a in zip(weights, advantages)]
+
+
 @dataclass
 class FakeService:
     """A fake `tinker.ServiceClient`: the subset the gateway uses, with a shared call log and saved states."""
@@ -78,18 +107,21 @@ class FakeService:
     logprob_shift: float = 0.1
     log: list[tuple] = field(default_factory=list)
     saved: dict[str, int] = field(default_factory=dict)
+    origin: dict[str, tuple[str | None, int]] = field(default_factory=dict)
     fail_next: dict[str, list[BaseException]] = field(default_factory=dict)
+    fail_after: dict[str, list[BaseException]] = field(default_factory=dict)
+    context_window: int | None = None
     training_clients: list[FakeTrainingClient] = field(default_factory=list)
     sampling_clients: list[FakeSamplingClient] = field(default_factory=list)
     api_key: str | None = None
     base_url: str | None = None
 
-    def take_failure(self, what: str) -> BaseException | None:
-        queue = self.fail_next.get(what) or []
+    def take_failure(self, what: str, failures: dict[str, list[BaseException]] | None = None) -> BaseException | None:
+        queue = (self.fail_next if failures is None else failures).get(what) or []
         return queue.pop(0) if queue else None
 
     def _new_training(self, steps: int, loaded_from: str | None) -> FakeTrainingClient:
-        client = FakeTrainingClient(self, run=f"run{len(self.training_clients)}", steps=steps, loaded_from=loaded_from)
+        client = FakeTrainingClient(self, run=f"run{len(self.training_clients)}", steps=steps, loaded_from=loaded_from, since=loaded_from)
         self.training_clients.append(client)
         return client
 
@@ -118,6 +150,8 @@ class FakeTrainingClient:
     run: str
     steps: int
     loaded_from: str | None
+    since: str | None = None
+    steps_since: int = 0
     poisoned: BaseException | None = None
     grads: list[torch.Tensor] = field(default_factory=list)
 
@@ -138,6 +172,14 @@ class FakeTrainingClient:
             return failed(exc)
         return None
 
+    def _answer(self, what: str, value: Any) -> AwaitableConcurrentFuture:
+        """The request took effect; its answer is lost when a `fail_after` failure is queued (the client is not poisoned)."""
+        exc = self.service.take_failure(what, self.service.fail_after)
+        if exc is not None:
+            self.service.log.append((what, self.run, "answer lost"))
+            return failed(exc)
+        return done(value)
+
     def _new_logprobs(self, datum: types.Datum) -> list[float]:
         behaviour = datum.loss_fn_inputs["logprobs"].tolist()
         advantages = datum.loss_fn_inputs["advantages"].tolist()
@@ -147,27 +189,18 @@ class FakeTrainingClient:
         failure = self._maybe_fail("forward_backward")
         if failure is not None:
             return failure
-        self.service.log.append(("forward_backward", self.run, loss_fn, list(data)))
-        outputs, total = [], 0.0
+        assert loss_fn in ("importance_sampling", "cispo"), f"the fake computes only importance_sampling and cispo, not {loss_fn!r}"
+        self.service.log.append(("forward_backward", self.run, loss_fn, list(data), loss_fn_config))
+        outputs, total, self.grads = [], 0.0, []
         for datum in data:
             new = self._new_logprobs(datum)
             behaviour = datum.loss_fn_inputs["logprobs"].tolist()
             advantages = datum.loss_fn_inputs["advantages"].tolist()
-            total -= sum(float(np.exp(n - b)) * a for n, b, a in zip(new, behaviour, advantages))
+            loss, grads = server_gradients(loss_fn, loss_fn_config, new, behaviour, advantages)
+            total += loss
+            self.grads.append(torch.tensor(grads))
             outputs.append({"logprobs": types.TensorData(data=new, dtype="float32", shape=[len(new)])})
-        return done(types.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics={"loss:sum": total}))
-
-    def forward_backward_custom(self, data: list[types.Datum], loss_fn: Any, *, loss_type_input: str | None = None) -> AwaitableConcurrentFuture:
-        failure = self._maybe_fail("forward_backward_custom")
-        if failure is not None:
-            return failure
-        self.service.log.append(("forward_backward_custom", self.run, list(data)))
-        logprobs = [torch.tensor(self._new_logprobs(d), dtype=torch.float32, requires_grad=True) for d in data]
-        loss, metrics = loss_fn(list(data), logprobs)
-        loss.backward()
-        self.grads = [lp.grad.detach().clone() for lp in logprobs]
-        outputs = [{"logprobs": types.TensorData(data=lp.detach().tolist(), dtype="float32", shape=[len(lp)])} for lp in logprobs]
-        return done(types.ForwardBackwardOutput(loss_fn_output_type="TorchLossReturn", loss_fn_outputs=outputs, metrics=metrics))
+        return self._answer("forward_backward", types.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics={"loss:sum": total}))
 
     def optim_step(self, optim_params: Any = None, *, adam_params: Any = None) -> AwaitableConcurrentFuture:
         failure = self._maybe_fail("optim_step")
@@ -176,8 +209,9 @@ class FakeTrainingClient:
         params = optim_params if optim_params is not None else adam_params
         assert isinstance(params, types.AdamParams)
         self.steps += 1
+        self.steps_since += 1
         self.service.log.append(("optim_step", self.run, params))
-        return done(types.OptimStepResponse(metrics={"optim/lr": params.learning_rate}))
+        return self._answer("optim_step", types.OptimStepResponse(metrics={"optim/lr": params.learning_rate}))
 
     def save_state(self, name: str, ttl_seconds: int | None = None, overwrite: bool = False, user_metadata: dict | None = None) -> AwaitableConcurrentFuture:
         failure = self._maybe_fail("save_state")
@@ -185,8 +219,10 @@ class FakeTrainingClient:
             return failure
         path = f"tinker://{self.run}/weights/{name}"
         self.service.saved[path] = self.steps
+        self.service.origin[path] = (self.since, self.steps_since)
+        self.since, self.steps_since = path, 0
         self.service.log.append(("save_state", self.run, name, ttl_seconds))
-        return done(types.SaveWeightsResponse(path=path))
+        return self._answer("save_state", types.SaveWeightsResponse(path=path))
 
     def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None, user_metadata: dict | None = None) -> AwaitableConcurrentFuture:
         failure = self._maybe_fail("save_weights_for_sampler")
@@ -195,7 +231,7 @@ class FakeTrainingClient:
         path = f"tinker://{self.run}/sampler_weights/{name}"
         self.service.saved[path] = self.steps
         self.service.log.append(("save_weights_for_sampler", self.run, name, ttl_seconds))
-        return done(types.SaveWeightsForSamplerResponse(path=path))
+        return self._answer("save_weights_for_sampler", types.SaveWeightsForSamplerResponse(path=path))
 
     def get_tokenizer(self) -> FakeTokenizer:
         return self.service.tokenizer
@@ -223,6 +259,11 @@ class FakeSamplingClient:
         exc = self.service.take_failure("sample")
         if exc is not None:
             return failed(exc)
+        window = self.service.context_window
+        if window is not None and len(tokens) + (sampling_params.max_tokens or 0) > window:
+            # the service refuses a prompt plus max_tokens beyond the model's window (tinker-cookbook 0.6.1
+            # tinker_cookbook/completers.py caps max_tokens to avoid exactly this error)
+            return failed(http_error(tinker.BadRequestError, 400, f"prompt ({len(tokens)}) + max_tokens exceeds context window ({window})"))
         self.service.log.append(("sample", self.model_path, len(tokens)))
         assert self.service.script, "the fake sampling client ran out of scripted replies"
         text = self.service.script.pop(0)
@@ -230,6 +271,11 @@ class FakeSamplingClient:
         stop_reason = "stop"
         if sampling_params.max_tokens is not None and len(reply) > sampling_params.max_tokens:
             reply, stop_reason = reply[: sampling_params.max_tokens], "length"
+        cached = 0
+        for earlier, now in zip(self.last or [], tokens):
+            if earlier != now:
+                break
+            cached += 1
         self.last = tokens + reply
         sequence = types.SampledSequence(
             stop_reason=stop_reason,
@@ -237,7 +283,8 @@ class FakeSamplingClient:
             tokens_np=np.array(reply, dtype=np.int32),
             logprobs_np=np.full(len(reply), BEHAVIOUR_LOGPROB, dtype=np.float32),
         )
-        return done(types.SampleResponse(sequences=[sequence], prompt_cache_hit_tokens=0))
+        # the conversation so far is a prefix-cache hit (tinker types/sample_response.py `prompt_cache_hit_tokens`)
+        return done(types.SampleResponse(sequences=[sequence], prompt_cache_hit_tokens=cached))
 
     def get_tokenizer(self) -> FakeTokenizer:
         return self.service.tokenizer
@@ -261,10 +308,9 @@ GATEWAY_CALLS = [
     (tinker.ServiceClient, "create_lora_training_client", (), {"base_model": "Qwen/Qwen3-30B-A3B", "rank": 8, "seed": 0}),
     (tinker.ServiceClient, "create_training_client_from_state_with_optimizer", ("tinker://r/weights/v1",), {}),
     (tinker.ServiceClient, "create_sampling_client", (), {"model_path": "tinker://r/sampler_weights/v1"}),
-    (tinker.TrainingClient, "forward_backward", ([],), {"loss_fn": "importance_sampling"}),
-    (tinker.TrainingClient, "forward_backward_custom", ([], lambda d, lp: (None, {})), {}),
+    (tinker.TrainingClient, "forward_backward", ([],), {"loss_fn": "cispo", "loss_fn_config": {"clip_low_threshold": 0.0, "clip_high_threshold": 2.0}}),
     (tinker.TrainingClient, "optim_step", (types.AdamParams(learning_rate=1e-4),), {}),
-    (tinker.TrainingClient, "save_state", ("v1",), {"ttl_seconds": None}),
+    (tinker.TrainingClient, "save_state", ("v1",), {"ttl_seconds": 604_800}),
     (tinker.TrainingClient, "save_weights_for_sampler", ("v1",), {"ttl_seconds": None}),
     (tinker.SamplingClient, "sample", (), {"prompt": types.ModelInput.from_ints([1]), "num_samples": 1, "sampling_params": types.SamplingParams()}),
     (tinker.SamplingClient, "get_tokenizer", (), {}),
@@ -311,3 +357,31 @@ def test_fake_tokenizer_round_trips_and_keeps_markers_single() -> None:
     text = "<|im_start|>user\nhé <tool_call>{}</tool_call><|im_end|>"
     assert tok.decode(tok.encode(text)) == text
     assert tok.encode("<|im_end|>") == [IM_END]
+
+
+def test_the_losses_the_fake_computes_are_sdk_loss_names_and_cispo_clips_the_weight_without_zeroing_it() -> None:
+    from typing import get_args
+
+    from tinker.types.loss_fn_type import LossFnType
+
+    assert {"importance_sampling", "cispo"} <= set(get_args(LossFnType))
+    # ratios e^1.5 (past the high clip 2) with advantages -1 and +1, and e^-3 (below any low clip but 0)
+    new, behaviour = [-1.0, -1.0, -4.0], [-2.5, -2.5, -1.0]
+    loss, grads = server_gradients("cispo", {"clip_low_threshold": 0.0, "clip_high_threshold": 2.0}, new, behaviour, [-1.0, 1.0, 1.0])
+    assert grads == pytest.approx([2.0, -2.0, -math.exp(-3.0)])
+    assert loss == pytest.approx(-(2.0 * -1.0 * -1.0 + 2.0 * 1.0 * -1.0 + math.exp(-3.0) * -4.0))
+    assert server_gradients("cispo", None, [0.0], [-2.0], [1.0])[1] == pytest.approx([-4.0])  # the default high clip is 4
+    assert server_gradients("importance_sampling", None, [0.0], [-2.0], [1.0])[1] == pytest.approx([-math.exp(2.0)])
+
+
+def test_a_lost_answer_took_effect_and_does_not_poison_the_fake_client() -> None:
+    service = FakeService(fail_after={"optim_step": [RuntimeError("answer lost")]})
+    training = service.create_lora_training_client(base_model="m").result(timeout=1)
+    with pytest.raises(RuntimeError, match="answer lost"):
+        training.optim_step(types.AdamParams()).result(timeout=1)
+    path = training.save_state("v1").result(timeout=1).path
+    assert service.saved[path] == 1 and service.origin[path] == (None, 1)
+    again = service.create_training_client_from_state_with_optimizer(path).result(timeout=1)
+    again.optim_step(types.AdamParams()).result(timeout=1)
+    second = again.save_state("v2").result(timeout=1).path
+    assert service.saved[second] == 2 and service.origin[second] == (path, 1)

@@ -1,5 +1,6 @@
 """The `tinker` outer update: datums (checked as real `tinker.types.Datum`), the call order on the training
-client, the truncated loss, and recovery of a failed training client from the last saved state.
+client, the clipped-weight cispo loss, checkpoint expiry, recovery of a failed training client from the
+last saved state, and exactly one Adam step per published version whatever fails.
 
 Offline: the ServiceClient and TrainingClient are fakes answering with real `tinker.types` objects.
 """
@@ -10,18 +11,19 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
+import tinker
 from tinker import types
 
+from metarl.backends import tinker_outer
 from metarl.backends.base import OuterBatchEpisode, PolicySample
 from metarl.backends.tinker_agent import NOT_SAMPLED
-from metarl.backends.tinker_outer import TinkerOuter, batch_datums, ratio_metrics, sample_datum, truncated_loss
+from metarl.backends.tinker_outer import TinkerOuter, batch_datums, ratio_metrics, sample_datum
 from metarl.errors import PermanentBackendError, TransientBackendError
 from metarl.outer_update import build_datum, to_tinker_datum
 from metarl.tinker_client import TinkerGateway, TinkerPolicyRef
 from schemas.base import load_toml_model
 from schemas.run_config import RunConfig
-from tests.unit.test_tinker_fakes import FakeService, server_failure, user_failure
+from tests.unit.test_tinker_fakes import FakeService, http_error, server_failure, user_failure
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,18 +113,6 @@ def test_batch_datums_are_group_relative() -> None:
     assert normalized[0].advantages[-1] == pytest.approx(1.0, rel=1e-4)
 
 
-def test_truncated_loss_has_no_gradient_above_the_cap() -> None:
-    datum = to_tinker_datum(build_datum([1, 2], [3, 4], [-1.0, -1.0], 2.0))
-    new = torch.tensor([0.0, -1.0 + 0.1, -1.0 + 1.0], requires_grad=True)  # ratios 1.105 and e at the two completion targets
-    stats: dict[str, float] = {}
-    loss, metrics = truncated_loss(2.0, stats)([datum], [new])
-    loss.backward()
-    assert new.grad is not None
-    assert new.grad.tolist() == pytest.approx([0.0, -math.exp(0.1) * 2.0, 0.0], rel=1e-5)
-    assert stats["frac_truncated"] == pytest.approx(0.5) and stats["ratio_max"] == pytest.approx(math.e, rel=1e-5)
-    assert metrics["truncated_is_loss"] == pytest.approx(-(math.exp(0.1) + 2.0) * 2.0, rel=1e-5)
-
-
 def test_ratio_metrics_from_returned_logprobs() -> None:
     datums = [build_datum([1, 2], [3], [-1.0], 1.0)]
     stats = ratio_metrics(datums, [[-5.0, -1.0 + math.log(3.0)]], ratio_cap=2.0)
@@ -138,8 +128,8 @@ def test_initial_state_creates_the_lora_and_saves_version_zero() -> None:
     ref = TinkerPolicyRef.parse(outer.initial_state("run-1", config))
     assert service.log == [
         ("create_lora_training_client", "Qwen/Qwen3-30B-A3B", 8, 0),
-        ("save_state", "run0", "metarl-run-1-v00000", None),
-        ("save_weights_for_sampler", "run0", "metarl-run-1-v00000", None),
+        ("save_state", "run0", "metarl-run-1-v00000", 7 * 86_400),
+        ("save_weights_for_sampler", "run0", "metarl-run-1-v00000", 7 * 86_400),
     ]
     assert ref == TinkerPolicyRef(
         base_model="Qwen/Qwen3-30B-A3B", version=0, state_path="tinker://run0/weights/metarl-run-1-v00000", sampler_path="tinker://run0/sampler_weights/metarl-run-1-v00000"
@@ -157,8 +147,8 @@ def test_update_calls_forward_backward_optim_step_and_saves_in_order() -> None:
         ("save_state", "run0"),
         ("save_weights_for_sampler", "run0"),
     ]
-    _, _, loss_fn, data = service.log[0]
-    assert loss_fn == "importance_sampling"
+    _, _, loss_fn, data, loss_fn_config = service.log[0]
+    assert (loss_fn, loss_fn_config) == ("cispo", {"clip_low_threshold": 0.0, "clip_high_threshold": config.outer.ratio_cap})
     assert [plain(d) for d in data] == [plain(to_tinker_datum(d)) for d in batch_datums(batch(), normalize_std=False)]
     adam = service.log[1][2]
     assert isinstance(adam, types.AdamParams)
@@ -247,18 +237,107 @@ def test_a_base_state_of_another_version_or_model_is_refused() -> None:
         outer.update("run-1", 1, 1, batch(), config, "/artifacts/policy/run-1/v00000.pt")
 
 
-@pytest.mark.parametrize(("shift", "truncated"), [(0.1, 0.0), (1.0, 1.0)])
-def test_truncated_importance_sampling_runs_through_forward_backward_custom(shift: float, truncated: float) -> None:
-    service, gateway, outer, config = setup(loss="truncated_importance_sampling")
+@pytest.mark.parametrize(("shift", "clipped"), [(0.1, 0.0), (1.0, 1.0)])
+def test_cispo_clips_the_weight_at_the_cap_and_never_zeroes_it(shift: float, clipped: float) -> None:
+    # ratio e^shift at every trained target: below the cap 2, or past it (e > 2)
+    service, gateway, outer, config = setup()
     service.logprob_shift = shift
     base = outer.initial_state("run-1", config)
     service.log.clear()
     result = outer.update("run-1", 1, 1, batch(), config, base)
-    assert [entry[0] for entry in service.log] == ["forward_backward_custom", "optim_step", "save_state", "save_weights_for_sampler"]
+    assert [entry[0] for entry in service.log] == ["forward_backward", "optim_step", "save_state", "save_weights_for_sampler"]
     datums = batch_datums(batch(), normalize_std=False)
-    grads = service.training_clients[0].grads
-    for datum, grad in zip(datums, grads):
-        expected = [0.0 if a == 0 or truncated else -math.exp(shift) * a for a in datum.advantages]
-        assert grad.tolist() == pytest.approx(expected, rel=1e-5)
-    assert result.metrics["frac_truncated"] == truncated
-    assert result.costs[0].quantity == 2 * sum(d.length for d in datums)
+    weight = min(math.exp(shift), config.outer.ratio_cap)
+    for datum, grad in zip(datums, service.training_clients[0].grads):
+        assert grad.tolist() == pytest.approx([-weight * a for a in datum.advantages], rel=1e-5)
+    # the negative-advantage datum (episode 2) is pushed down even past the cap, with the capped weight
+    pushed = [g for g, a in zip(service.training_clients[0].grads[1].tolist(), datums[1].advantages) if a < 0]
+    assert pushed and all(g == pytest.approx(weight * 0.5, rel=1e-5) and g > 0 for g in pushed)
+    assert result.metrics["frac_truncated"] == clipped
+    assert result.costs[0].quantity == sum(d.length for d in datums)  # one pass: no extra forward pass
+
+
+def test_every_version_expires_after_the_ttl_and_the_last_one_after_its_own() -> None:
+    service, gateway, outer, config = setup(checkpoint_ttl_s=3600, final_checkpoint_ttl_s=30 * 86_400)
+    config = config.model_copy(update={"run": config.run.model_copy(update={"max_outer_steps": 2})})
+    state = outer.initial_state("run-1", config)
+    for version in (1, 2):
+        state = outer.update("run-1", version, version, batch(), config, state).state_uri
+    saves = [(entry[0], entry[2][-6:], entry[3]) for entry in service.log if entry[0].startswith("save")]
+    assert saves == [
+        ("save_state", "v00000", 3600), ("save_weights_for_sampler", "v00000", 3600),
+        ("save_state", "v00001", 3600), ("save_weights_for_sampler", "v00001", 3600),
+        ("save_state", "v00002", 30 * 86_400), ("save_weights_for_sampler", "v00002", 30 * 86_400),
+    ]
+    assert tinker_outer.checkpoint_ttl(config.backends.outer.model_copy(update={"final_checkpoint_ttl_s": None}), 2, 2) is None
+
+
+# --------------------------------------------------------------------------------------------
+# exactly one Adam step per published version
+
+
+class TimeLimit(Exception):
+    """Stands for Celery's SoftTimeLimitExceeded raised inside the update."""
+
+
+FAILURES = {
+    "transient": lambda what: server_failure(what),  # mapped: recovered inside the update
+    "conflict 409": lambda what: http_error(tinker.ConflictError, 409, f"{what}: lock timeout"),
+    "blocked client": lambda what: RuntimeError("A previous request failed; this TrainingClient is poisoned and cannot accept further requests."),
+    "time limit": lambda what: TimeLimit(f"time limit during {what}"),
+}
+
+
+def steps_on_top(service: FakeService, refs: list[TinkerPolicyRef]) -> list[tuple[str | None, int]]:
+    """For each published version after the first: (the state it started from, Adam steps since), from the fake's records."""
+    return [service.origin[ref.state_path] for ref in refs[1:]]
+
+
+def published_chain(service: FakeService, refs: list[TinkerPolicyRef]) -> None:
+    """Each published version is exactly one Adam step on the previous one, and its sampler weights hold the same steps."""
+    assert steps_on_top(service, refs) == [(earlier.state_path, 1) for earlier in refs[:-1]]
+    assert [service.saved[ref.state_path] for ref in refs] == [service.saved[ref.sampler_path] for ref in refs] == list(range(len(refs)))
+
+
+@pytest.mark.parametrize("retry_in", ["same process", "new process"])
+@pytest.mark.parametrize("failure", sorted(FAILURES))
+@pytest.mark.parametrize("after", ["forward_backward", "optim_step", "save_state", "save_weights_for_sampler"])
+def test_a_failure_after_any_request_never_puts_two_steps_in_a_version(after: str, failure: str, retry_in: str) -> None:
+    service, gateway, outer, config = setup()
+    refs = [TinkerPolicyRef.parse(outer.initial_state("run-1", config))]
+    refs.append(TinkerPolicyRef.parse(outer.update("run-1", 1, 1, batch(), config, refs[0].encode()).state_uri))
+    service.fail_after = {after: [FAILURES[failure](after)]}  # the request took effect; its answer is lost
+    if failure in ("transient", "conflict 409"):
+        result = outer.update("run-1", 2, 2, batch(), config, refs[1].encode())  # recovered from version 1's saved state
+        assert result.metrics["recoveries"] == 1.0
+    else:
+        with pytest.raises((RuntimeError, TimeLimit)):
+            outer.update("run-1", 2, 2, batch(), config, refs[1].encode())
+        retrying = outer if retry_in == "same process" else TinkerOuter(config.backends.outer, config.backends.agent, connect_to=lambda: TinkerGateway(service=service))
+        result = retrying.update("run-1", 2, 2, batch(), config, refs[1].encode())  # the worker's retry of step 2
+    refs.append(TinkerPolicyRef.parse(result.state_uri))
+    refs.append(TinkerPolicyRef.parse(outer.update("run-1", 3, 3, batch(), config, refs[2].encode()).state_uri))
+    published_chain(service, refs)
+
+
+@pytest.mark.parametrize("retry_in", ["same process", "new process"])
+def test_an_error_in_our_own_code_after_the_step_drops_the_stepped_client(retry_in: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    service, gateway, outer, config = setup()
+    refs = [TinkerPolicyRef.parse(outer.initial_state("run-1", config))]
+    real = tinker_outer.ratio_metrics
+    calls = []
+
+    def broken_once(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("Tinker returned logprobs of another length than the datums")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tinker_outer, "ratio_metrics", broken_once)
+    with pytest.raises(ValueError, match="another length"):
+        outer.update("run-1", 1, 1, batch(), config, refs[0].encode())
+    assert "run-1" not in gateway.training_clients
+    retrying = outer if retry_in == "same process" else TinkerOuter(config.backends.outer, config.backends.agent, connect_to=lambda: TinkerGateway(service=service))
+    refs.append(TinkerPolicyRef.parse(retrying.update("run-1", 1, 1, batch(), config, refs[0].encode()).state_uri))
+    refs.append(TinkerPolicyRef.parse(retrying.update("run-1", 2, 2, batch(), config, refs[1].encode()).state_uri))
+    published_chain(service, refs)
