@@ -135,7 +135,6 @@ def test_a_step_retried_after_a_failure_past_the_optim_step_is_published_with_on
     if retry_in == "new process":
         tinker_client._SERVICES.clear()
         tinker_client._GATEWAYS.clear()
-    assert run_outer(first) == "skipped", "a live claim was taken over"
     time.sleep(LEASE_S * 1.5)  # the failed attempt's heartbeat has stopped: its lease runs out
     assert run_outer(first) == "updated"
     assert run_outer(batched_step(pg_url, run_id, 2)) == "updated"
