@@ -28,7 +28,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.base import ConfigError, FieldProblem, dump_toml_model, printable
-from schemas.job import JobModel, JobSpec
+from schemas.job import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_MAX_STEPS,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    JobModel,
+    JobSpec,
+    TrainDefaults,
+    train_defaults,
+)
 from schemas.run_config import (
     BudgetConfig,
     LocalEvalBackend,
@@ -41,7 +51,23 @@ from schemas.run_config import (
     TinkerOuterBackend,
     VllmEvalBackend,
 )
-from schemas.task_spec import TaskSpec
+from schemas.task_spec import HiddenEval, TaskSpec
+
+POD_STARTUP_S = 300.0
+POD_STARTUP_ASSUMES = (
+    "pod start to the first metrics row: container start, model download and load, vLLM engine start, the first step "
+    "(assumed; a fresh pod's first pull of the image comes on top, a warm pool pod skips it)"
+)
+POD_UPLOAD_S = 60.0
+POD_UPLOAD_ASSUMES = "stopping rl and uploading weights/step_N (about 1.2 GB bf16 for Qwen3-0.6B, 3.4 GB for 1.7B), logs and metrics (assumed)"
+EVAL_ENGINE_START_S = 120.0
+EVAL_SECONDS_PER_COMPLETION = 0.05
+REFERENCE_USD_PER_JOB = (0.13, 0.30)
+"""The reference run's cost of one inner job on a pod of two A40s, to set the estimate beside."""
+EVAL_ON_THE_JOB_POD: frozenset[str] = frozenset()
+"""``backends.eval.type`` values that score on the inner job's own pod after training, billed at its
+price (the on-pod eval backend adds its type here); other eval backends run on hosts the ledger does
+not bill."""
 
 PRICE_FLAG = "--usd-per-gpu-hour"
 MAX_GPU_USD_PER_HOUR = 1000.0
@@ -62,7 +88,7 @@ class TaskLine(Frozen):
 
     task_id: str = Field(min_length=1, max_length=64, description="Task id")
     held_out: bool = Field(description="Evaluated only, never in an outer batch")
-    max_train_seconds: float = Field(gt=0, description="The task's wall-clock budget of one inner job")
+    max_train_seconds: float = Field(gt=0, description="The task's training-time cap of one inner job on this run's train backend")
     allowed_models: list[str] = Field(min_length=1, max_length=16, description="Base models a job may choose")
     episodes: float = Field(ge=0, description="Episodes of this task over the run (training episodes spread evenly over the trainable tasks)")
 
@@ -104,6 +130,31 @@ class CapCheck(Frozen):
     message: str = Field(min_length=1, max_length=1000, description="The verdict in words")
 
 
+class JobCostTerm(Frozen):
+    """One part of an inner job's pod time."""
+
+    name: Literal["start-up", "training", "upload", "eval"] = Field(description="What the pod does meanwhile")
+    seconds: float = Field(ge=0, description="Seconds of pod time")
+    billed: bool = Field(description="Whether it is pod time of the job (False: the eval runs elsewhere)")
+    usd: float | None = Field(default=None, ge=0, description="Its cost at the price it runs at (None: not estimated)")
+    assumes: str = Field(min_length=1, max_length=500, description="Where the figure comes from")
+
+
+class JobCost(Frozen):
+    """The estimated cost of one inner job (Runpod), by pod time term."""
+
+    task_ids: list[str] = Field(min_length=1, description="Tasks whose jobs cost this")
+    gpu_count: int = Field(ge=1, le=8, description="GPUs per pod")
+    gpu_type: str = Field(min_length=1, max_length=64, description="The preferred GPU type it is priced at")
+    usd_per_hour: float | None = Field(default=None, ge=0, description="Pod price per hour (None: no price given)")
+    terms: list[JobCostTerm] = Field(min_length=3, max_length=4, description="start-up, training, upload, eval")
+    pod_seconds: float = Field(ge=0, description="Billed pod seconds of one job")
+    usd: float | None = Field(default=None, ge=0, description="One job's estimate, eval included when it is priced, at most budget.max_job_usd (None: no price)")
+    eval_included: bool = Field(description="Whether usd includes the hidden eval")
+    usd_with_eval_on_pod: float | None = Field(default=None, ge=0, description="One job's estimate if the hidden eval scored on its pod (None: no price)")
+    reference: str = Field(min_length=1, max_length=200, description="The reference figure it is set beside")
+
+
 class CostEstimate(Frozen):
     """Episodes, cost per stage, totals and the cap check."""
 
@@ -141,7 +192,7 @@ class CompiledJob(Frozen):
     job_toml: str = Field(min_length=1, description="The representative job: defaults, on the tasks' first allowed model")
     rl_toml: str = Field(min_length=1, description="The compiled rl.toml text")
     rl_config: dict[str, Any] = Field(description="The compiled rl.toml mapping")
-    problems: list[str] = Field(description="Why the pinned prime-rl would reject it (empty: it validates)")
+    problems: list[str] = Field(description="Why the pinned prime-rl would reject it (empty: it validates against the derived schema and cross-field rules)")
 
 
 class LocalModel(Frozen):
@@ -166,6 +217,8 @@ class DryRunPlan(Frozen):
     artifacts_root: str = Field(min_length=1, description="artifacts.root")
     pods: PodPlan | None = Field(default=None, description="Runpod pods (None: no pods)")
     compiled: list[CompiledJob] = Field(default_factory=list, description="prime-rl configs of representative jobs (Runpod only)")
+    job_defaults: TrainDefaults | None = Field(default=None, description="Learning rate and kl_coef defaults of the train backend (None: it takes no job)")
+    job_costs: list[JobCost] = Field(default_factory=list, description="Cost of one inner job by pod-time term (Runpod only)")
     local_models: list[LocalModel] = Field(default_factory=list, description="Local base models the run would use")
     local_note: str | None = Field(default=None, description="What runs on this machine")
     estimate: CostEstimate = Field(description="Cost estimate and cap check")
@@ -242,7 +295,7 @@ def task_lines(config: RunConfig, specs: dict[str, TaskSpec], counts: EpisodeCou
         TaskLine(
             task_id=task_id,
             held_out=spec.held_out,
-            max_train_seconds=spec.budget.max_train_seconds,
+            max_train_seconds=spec.budget.train_seconds_for(config.backends.train.type),
             allowed_models=list(spec.budget.allowed_models),
             episodes=float(per_held_out) if spec.held_out else counts.train_episodes / len(trainable),
         )
@@ -280,7 +333,94 @@ def tinker_update_tokens(outer: TinkerOuterBackend, agent: TinkerAgentBackend, b
     return batch_episodes * max_attempts * agent.max_context_tokens * passes
 
 
-def train_line(config: RunConfig, tasks: list[TaskLine], counts: EpisodeCounts, prices: dict[str, float]) -> CostLine:
+def hidden_eval_gpu_seconds(hidden: HiddenEval) -> float:
+    """GPU seconds to score one trained checkpoint on a task's hidden eval with vLLM (estimate):
+    engine start and weight load, then ``n_items x pass_k`` short completions, batched."""
+    return EVAL_ENGINE_START_S + hidden.n_items * hidden.pass_k * EVAL_SECONDS_PER_COMPLETION
+
+
+def eval_cost_usd(eval_gpu_seconds: float, usd_per_hour: float | None) -> float | None:
+    """Cost of scoring one job: its seconds at the hourly price of what it runs on (None: no price, not estimated).
+
+    On the job's own pod the price is the whole pod's (it is billed while it scores)."""
+    return None if usd_per_hour is None else eval_gpu_seconds * usd_per_hour / 3600.0
+
+
+def eval_on_job_pod(config: RunConfig) -> bool:
+    """Whether the hidden eval scores on the inner job's pod (billed there) rather than on separate hosts."""
+    return isinstance(config.backends.train, RunpodTrainBackend) and config.backends.eval.type in EVAL_ON_THE_JOB_POD
+
+
+def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None) -> JobCost:
+    """One inner job of a task on a Runpod pod: start-up + training cap + upload (+ the eval when it runs on the pod)."""
+    backend = config.backends.train
+    assert isinstance(backend, RunpodTrainBackend)
+    on_pod = eval_on_job_pod(config)
+    cap = task.budget.train_seconds_for(backend.type)
+    eval_seconds = hidden_eval_gpu_seconds(task.hidden_eval)
+
+    def at_pod_price(seconds: float) -> float | None:
+        return None if usd_per_hour is None else seconds * usd_per_hour / 3600.0
+
+    if on_pod:
+        eval_usd, eval_assumes = eval_cost_usd(eval_seconds, usd_per_hour), "scored on the job's pod after training, at the pod's price"
+    else:
+        would = eval_cost_usd(eval_seconds, usd_per_hour)
+        elsewhere = f"; scoring on the job's pod would add {fine_usd(would)}" if would is not None else ""
+        eval_usd, eval_assumes = None, f"not estimated: backends.eval.type = {config.backends.eval.type!r} scores on your own GPU eval hosts, which have no price here{elsewhere}"
+    eval_assumes = (
+        f"{eval_assumes} ({EVAL_ENGINE_START_S:g} s vLLM engine start + {task.hidden_eval.n_items} items x pass@{task.hidden_eval.pass_k} "
+        f"x {EVAL_SECONDS_PER_COMPLETION:g} s, assumed)"
+    )
+    terms = [
+        JobCostTerm(name="start-up", seconds=POD_STARTUP_S, billed=True, usd=at_pod_price(POD_STARTUP_S), assumes=POD_STARTUP_ASSUMES),
+        JobCostTerm(
+            name="training",
+            seconds=cap,
+            billed=True,
+            usd=at_pod_price(cap),
+            assumes="the task's budget.max_gpu_train_seconds, counted from the first metrics row; rl is stopped there (a job that finishes max_steps sooner costs less)",
+        ),
+        JobCostTerm(name="upload", seconds=POD_UPLOAD_S, billed=True, usd=at_pod_price(POD_UPLOAD_S), assumes=POD_UPLOAD_ASSUMES),
+        JobCostTerm(name="eval", seconds=eval_seconds, billed=on_pod, usd=eval_usd, assumes=eval_assumes),
+    ]
+    pod_seconds = sum(term.seconds for term in terms if term.billed)
+    train_usd = at_pod_price(POD_STARTUP_S + cap + POD_UPLOAD_S)
+    total = None if train_usd is None else min(train_usd, config.budget.max_job_usd) + (eval_usd if on_pod and eval_usd is not None else 0.0)
+    on_pod_eval = eval_cost_usd(eval_seconds, usd_per_hour)
+    low, high = REFERENCE_USD_PER_JOB
+    return JobCost(
+        task_ids=[task.id],
+        gpu_count=backend.gpu_count,
+        gpu_type=backend.gpu_types[0],
+        usd_per_hour=usd_per_hour,
+        terms=terms,
+        pod_seconds=pod_seconds,
+        usd=total,
+        eval_included=on_pod and eval_usd is not None,
+        usd_with_eval_on_pod=None if train_usd is None or on_pod_eval is None else min(train_usd, config.budget.max_job_usd) + on_pod_eval,
+        reference=f"the reference run: ${low:.2f}-{high:.2f} per job on 2x A40 pods",
+    )
+
+
+def job_costs(config: RunConfig, specs: dict[str, TaskSpec], prices: dict[str, float]) -> list[JobCost]:
+    """The per-job cost of each task (Runpod only), tasks with identical figures together."""
+    backend = config.backends.train
+    if not isinstance(backend, RunpodTrainBackend):
+        return []
+    price = pod_usd_per_hour(backend.gpu_types[0], backend.gpu_count, prices)
+    grouped: dict[str, JobCost] = {}
+    for spec in specs.values():
+        cost = job_cost(spec, config, price)
+        key = cost.model_copy(update={"task_ids": ["-"]}).model_dump_json()
+        if key in grouped:
+            grouped[key] = grouped[key].model_copy(update={"task_ids": [*grouped[key].task_ids, spec.id]})
+        else:
+            grouped[key] = cost
+    return list(grouped.values())
+
+
+def train_line(config: RunConfig, specs: dict[str, TaskSpec], tasks: list[TaskLine], counts: EpisodeCounts, prices: dict[str, float]) -> CostLine:
     """Cost of the inner jobs: one per episode (an episode whose job fails the probe launches none)."""
     backend, budget = config.backends.train, config.budget
     if isinstance(backend, RunpodTrainBackend):
@@ -290,13 +430,14 @@ def train_line(config: RunConfig, tasks: list[TaskLine], counts: EpisodeCounts, 
         pod_price = pod_usd_per_hour(preferred, backend.gpu_count, prices)
         if pod_price is None:
             return CostLine(stage="train", backend="runpod", upper_usd=upper, kind="nominal", basis=cap_note, unavailable=f"{NO_PRICE_TABLE} (no price for {preferred!r})")
-        usd = sum(task.episodes * inner_job_usd(task.max_train_seconds, pod_price, budget.max_job_usd) for task in tasks)
+        usd = sum(task.episodes * inner_job_usd(POD_STARTUP_S + task.max_train_seconds + POD_UPLOAD_S, pod_price, budget.max_job_usd) for task in tasks)
         seconds = sorted({task.max_train_seconds for task in tasks})
         fallback = [price for gpu in backend.gpu_types[1:] if (price := pod_usd_per_hour(gpu, backend.gpu_count, prices)) is not None]
         fallback_note = f"; a fallback GPU type costs up to ${max(fallback):.4f}/h" if fallback and max(fallback) > pod_price else ""
         basis = (
-            f"one job per episode for the task's budget.max_train_seconds ({'/'.join(f'{s:g}' for s in seconds)} s) on {backend.gpu_count}x {preferred} "
-            f"at ${pod_price:.4f}/h{fallback_note}; pod start-up (image pull, model download) and restarts are not included; {cap_note}"
+            f"one job per episode: {POD_STARTUP_S:g} s start-up + the task's budget.max_gpu_train_seconds ({'/'.join(f'{s:g}' for s in seconds)} s) "
+            f"+ {POD_UPLOAD_S:g} s upload on {backend.gpu_count}x {preferred} at ${pod_price:.4f}/h{fallback_note}; "
+            f"restarts and a fresh pod's image pull are not included; {cap_note}"
         )
         return CostLine(stage="train", backend="runpod", usd=usd, upper_usd=max(upper, usd), kind="nominal", basis=basis)
     if isinstance(backend, SimTrainBackend):
@@ -345,10 +486,23 @@ def outer_line(config: RunConfig, counts: EpisodeCounts) -> CostLine:
     return CostLine(stage="outer", backend=backend.type, usd=0.0, upper_usd=0.0, kind="not billed", basis=where)
 
 
-def eval_line(config: RunConfig) -> CostLine:
-    """The hidden eval is never billed in the ledger (it runs on the operator's eval hosts)."""
-    backend = config.backends.eval
-    where = {"sim": "[SIMULATOR] no charge", "local": "scoring on this machine's CPU", "vllm": "vLLM on your GPU eval workers (their cost is not in the ledger)"}[backend.type]
+def eval_line(config: RunConfig, specs: dict[str, TaskSpec], tasks: list[TaskLine], prices: dict[str, float]) -> CostLine:
+    """Cost of the hidden eval: billed at the pod's price when it scores on the job's pod; otherwise not in the ledger."""
+    backend, train = config.backends.eval, config.backends.train
+    pod_price = pod_usd_per_hour(train.gpu_types[0], train.gpu_count, prices) if isinstance(train, RunpodTrainBackend) else None
+    per_job = {task.task_id: hidden_eval_gpu_seconds(specs[task.task_id].hidden_eval) for task in tasks}
+    seconds = "/".join(f"{value:g}" for value in sorted(set(per_job.values())))
+    if eval_on_job_pod(config):
+        if pod_price is None:
+            return CostLine(stage="eval", backend=backend.type, upper_usd=None, kind="nominal", basis=f"{seconds} s per job on the job's pod", unavailable=NO_PRICE_TABLE)
+        total = sum(task.episodes * (eval_cost_usd(per_job[task.task_id], pod_price) or 0.0) for task in tasks)
+        return CostLine(stage="eval", backend=backend.type, usd=total, upper_usd=total, kind="nominal", basis=f"one scoring per job on its pod after training, {seconds} s at ${pod_price:.4f}/h (estimate)")
+    if backend.type == "vllm":
+        would = sum(task.episodes * (eval_cost_usd(per_job[task.task_id], pod_price) or 0.0) for task in tasks) if pod_price is not None else None
+        elsewhere = f"; scoring each job on its pod instead would cost about {usd(would)} for the run ({seconds} s per job)" if would is not None else ""
+        basis = f"vLLM on your GPU eval hosts: not in the ledger and not estimated (no price for those hosts is configured){elsewhere}"
+        return CostLine(stage="eval", backend="vllm", usd=0.0, upper_usd=0.0, kind="not billed", basis=basis)
+    where = {"sim": "[SIMULATOR] no charge", "local": "scoring on this machine's CPU"}.get(backend.type, "not billed")
     return CostLine(stage="eval", backend=backend.type, usd=0.0, upper_usd=0.0, kind="not billed", basis=where)
 
 
@@ -379,7 +533,7 @@ def estimate_costs(config: RunConfig, specs: dict[str, TaskSpec], prices: dict[s
     """Episodes, cost per stage and the cap check of a run (pure)."""
     counts = episode_counts(config, specs)
     tasks = task_lines(config, specs, counts)
-    lines = [agent_line(config, counts), train_line(config, tasks, counts, prices), eval_line(config), outer_line(config, counts)]
+    lines = [agent_line(config, counts), train_line(config, specs, tasks, counts, prices), eval_line(config, specs, tasks, prices), outer_line(config, counts)]
     total = None if any(line.usd is None for line in lines) else sum(line.usd or 0.0 for line in lines)
     upper = None if any(line.upper_usd is None for line in lines) else sum(line.upper_usd or 0.0 for line in lines)
     return CostEstimate(episodes=counts, lines=lines, total_usd=total, upper_usd=upper, cap=cap_check(total, upper, counts.total, config.budget))
@@ -420,11 +574,12 @@ def representative_job(task: TaskSpec) -> JobSpec:
     return JobSpec(model=JobModel(name=task.budget.allowed_models[0]))
 
 
-def compile_options(backend: RunpodTrainBackend) -> Any:
-    """The pod settings the Runpod train backend compiles a job with (half the GPUs train, the rest serve vLLM)."""
+def compile_options(backend: RunpodTrainBackend, task: TaskSpec) -> Any:
+    """The pod settings the Runpod train backend compiles a task's job with (half the GPUs train, the rest
+    serve vLLM; the task's GPU time cap sizes the checkpoint interval)."""
     from metarl.primerl.compiler import pod_compile_options
 
-    return pod_compile_options(backend.gpu_count)
+    return pod_compile_options(backend.gpu_count, task.budget.train_seconds_for(backend.type))
 
 
 def compiled_jobs(config: RunConfig, specs: dict[str, TaskSpec]) -> list[CompiledJob]:
@@ -439,9 +594,9 @@ def compiled_jobs(config: RunConfig, specs: dict[str, TaskSpec]) -> list[Compile
     from metarl.primerl.checks import primerl_compile_problems
     from metarl.primerl.compiler import PROBE_ENV_ID, compile_rl_config, render_rl_toml
 
-    options = compile_options(backend)
     grouped: dict[tuple[str, str], CompiledJob] = {}
     for task_id, spec in specs.items():
+        options = compile_options(backend, spec)
         job = representative_job(spec)
         rl_config = compile_rl_config(job, PROBE_ENV_ID, options)
         rl_toml = render_rl_toml(rl_config)
@@ -538,7 +693,10 @@ def build_plan(config: RunConfig, specs: dict[str, TaskSpec], config_path: Path,
     models, notes = local_models(config, specs)
     if isinstance(config.backends.train, RunpodTrainBackend):
         notes.append("the compiled rl.toml uses the probe's placeholder environment id; a real job's is the digest of its environment package")
-        notes.append("a pod runs until the runner's max_runtime_s (4 h by default) or budget.max_job_usd, whichever comes first; task max_train_seconds is the estimate's basis")
+        notes.append(
+            "the pod runner stops rl at the task's budget.max_gpu_train_seconds (counted from the first metrics row), at its max_runtime_s "
+            "(4 h by default) or at budget.max_job_usd, whichever comes first; the job keeps the weights of its last [ckpt] interval step"
+        )
     if estimate.episodes.held_out_tasks == 0:
         notes.append("no held-out task: no held-out evals")
     notes.append("stale groups that are dropped and reopened add episodes; episodes whose job fails the probe launch no inner job")
@@ -551,6 +709,8 @@ def build_plan(config: RunConfig, specs: dict[str, TaskSpec], config_path: Path,
         artifacts_root=config.artifacts.root,
         pods=pod_plan(config, estimate.episodes, prices),
         compiled=compiled_jobs(config, specs),
+        job_defaults=train_defaults(config.backends.train.type) if config.backends.train.type in ("local", "runpod") else None,
+        job_costs=job_costs(config, specs, prices),
         local_models=models,
         local_note=local_note(config),
         estimate=estimate,
@@ -566,6 +726,11 @@ def usd(value: float | None) -> str:
     if value is None:
         return "unavailable"
     return f"${value:.2f}" if value == 0 or value >= 0.01 else f"${value:.6f}"
+
+
+def fine_usd(value: float | None) -> str:
+    """Dollars to a hundredth of a cent (per-job figures)."""
+    return "unavailable" if value is None else f"${value:.4f}"
 
 
 def render_json(plan: DryRunPlan) -> str:
@@ -591,6 +756,17 @@ def render_text(plan: DryRunPlan) -> str:
     if counts.held_out_tasks:
         out.append(f"  held-out   {counts.held_out_evals} eval(s) x {counts.held_out_tasks} task(s) x {counts.held_out_group_size} episode(s) = {counts.held_out_episodes}")
     out.append(f"  total      {counts.total}")
+    if plan.job_defaults is not None:
+        defaults, train = plan.job_defaults, plan.backends["train"]
+        caps = ", ".join(sorted({f"{task.max_train_seconds:g} s" for task in plan.tasks}))
+        cap_field = "budget.max_gpu_train_seconds, counted from the first metrics row" if train == "runpod" else "budget.max_train_seconds"
+        kl = " (-> [trainer.loss] kl_tau: trainer/inference logprob gap)" if train == "runpod" else " (k3 KL to the base model)"
+        out += ["", f"Inner jobs (backends.train = {train})"]
+        out.append(f"  time cap   {caps} per job (the tasks' {cap_field})")
+        out.append(
+            f"  defaults   learning_rate {defaults.learning_rate:g} (LoRA {defaults.lora_learning_rate:g}), kl_coef {defaults.kl_coef:g}{kl}; "
+            f"max_steps {DEFAULT_MAX_STEPS}, batch_size {DEFAULT_BATCH_SIZE}, group_size {DEFAULT_GROUP_SIZE}, temperature {DEFAULT_TEMPERATURE:g}, max_tokens {DEFAULT_MAX_TOKENS}"
+        )
     if plan.pods is not None:
         pods = plan.pods
         fallbacks = f", then {', '.join(pods.gpu_types[1:])} on capacity errors" if len(pods.gpu_types) > 1 else ""
@@ -607,7 +783,7 @@ def render_text(plan: DryRunPlan) -> str:
     if plan.compiled:
         out += ["", "Compiled prime-rl configs (the default job of each task)"]
         for job in plan.compiled:
-            verdict = "validates against the pinned schema" if not job.problems else "REJECTED: " + "; ".join(job.problems)
+            verdict = "validates against prime-rl's derived schema and cross-field rules" if not job.problems else "REJECTED: " + "; ".join(job.problems)
             out.append(f"  tasks {', '.join(job.task_ids)}: {verdict}")
             out.append("  job.toml:")
             out += _indent(job.job_toml)
@@ -620,6 +796,21 @@ def render_text(plan: DryRunPlan) -> str:
         for model in plan.local_models:
             state = "built" if model.built else "to build on first use"
             out.append(f"  base model {model.name} (for {model.stands_in_for}, scale {model.scale:g}) {state}: {printable(model.path)}  [{model.used_by}]")
+    for cost in plan.job_costs:
+        price = f"${cost.usd_per_hour:.4f}/h" if cost.usd_per_hour is not None else "no price given"
+        out += ["", f"Cost per job (tasks {', '.join(cost.task_ids)}; {cost.gpu_count}x {cost.gpu_type} at {price})"]
+        for term in cost.terms:
+            figure = fine_usd(term.usd) if term.usd is not None else "not estimated"
+            where = "" if term.billed else " (not on the pod)"
+            out.append(f"  {term.name:<9} {term.seconds:>6g} s  {figure}{where}")
+            out.append(f"            {printable(term.assumes)}")
+        if cost.eval_included:
+            eval_note = "hidden eval included"
+        else:
+            with_eval = f"; {fine_usd(cost.usd_with_eval_on_pod)} with the eval on the job's pod" if cost.usd_with_eval_on_pod is not None else ""
+            eval_note = f"hidden eval not included{with_eval}"
+        figure = fine_usd(cost.usd) if cost.usd is not None else "unavailable"
+        out.append(f"  per job   {cost.pod_seconds:>6g} s  {figure} ({eval_note}); beside {cost.reference}")
     out += ["", "Cost estimate"]
     for line in estimate.lines:
         figure = usd(line.usd) if line.usd is not None else "unavailable"

@@ -300,7 +300,9 @@ class RunpodTrainBackend(StrictModel):
         max_length=16,
         description="Runpod GPU type ids, best first; the next one is tried on a capacity error",
     )
-    gpu_count: int = Field(default=2, ge=1, le=8, description="GPUs per pod (one trains, one serves vLLM rollouts)")
+    gpu_count: int = Field(
+        default=2, ge=1, le=8, description="GPUs per pod, at least 2: half (rounded down) train, the rest serve vLLM rollouts (prime-rl needs one of each on the node)"
+    )
     cloud_type: Literal["ALL", "SECURE", "COMMUNITY"] = Field(default="SECURE", description="Runpod cloud to rent from")
     container_disk_gb: int = Field(default=80, ge=10, le=4000, description="Container disk of a pod (image, model, checkpoints)")
     volume_gb: int = Field(default=0, ge=0, le=10_000, description="Pod volume (0 = none)")
@@ -329,6 +331,16 @@ class RunpodTrainBackend(StrictModel):
         max_length=16,
         description="Price per GPU-hour by GPU type, for the dry run's estimate only (billing uses the pod's costPerHr); --usd-per-gpu-hour overrides it",
     )
+
+    @field_validator("gpu_count")
+    @classmethod
+    def _trainer_and_inference_gpu(cls, count: int) -> int:
+        if count < 2:
+            raise ValueError(
+                f"gpu_count = {count} cannot run prime-rl v0.8.0: `rl` puts the trainer and vLLM inference on separate GPUs of the "
+                "node (num_train_gpus + num_infer_gpus <= gpus_per_node, at least one of each); set backends.train.gpu_count = 2 or more"
+            )
+        return count
 
     @field_validator("storage_env")
     @classmethod

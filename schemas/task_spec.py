@@ -51,16 +51,35 @@ class HiddenEval(StrictModel):
     )
 
 
+GPU_TRAIN_BACKENDS = frozenset({"runpod"})
+"""Train backends whose inner jobs run on GPU pods (prime-rl) and take ``max_gpu_train_seconds``."""
+
+
 class TaskBudget(StrictModel):
     """Compute limits a job for this task must respect."""
 
-    max_train_seconds: float = Field(default=300.0, gt=0, le=7 * 24 * 3600, description="Wall-clock cap for one inner job")
+    max_train_seconds: float = Field(
+        default=300.0, gt=0, le=7 * 24 * 3600, description="Wall-clock cap for one inner job on the CPU train backends (local; the simulator uses it too)"
+    )
+    max_gpu_train_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        le=7 * 24 * 3600,
+        description=(
+            "Training-time cap of one inner job on GPU pods (runpod, prime-rl): the pod runner counts it from the first metrics "
+            "row, so image pull, model load and vLLM start are not in it, and stops rl at it (the job keeps its last saved weights)"
+        ),
+    )
     max_rollout_tokens: int = Field(
         default=2_000_000, ge=1, le=10**12, description="Cap on steps x batch_size x max_tokens (sampled tokens per job)"
     )
     allowed_models: list[str] = Field(
         default_factory=lambda: list(KNOWN_BASE_MODELS), min_length=1, max_length=16, description="Base models a job may choose"
     )
+
+    def train_seconds_for(self, train_backend: str) -> float:
+        """The training-time cap of one inner job on a train backend (``backends.train.type``)."""
+        return self.max_gpu_train_seconds if train_backend in GPU_TRAIN_BACKENDS else self.max_train_seconds
 
 
 class TaskSpec(StrictModel):

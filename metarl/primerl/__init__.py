@@ -5,9 +5,11 @@ Importing this package imports nothing else: the pod runner (``metarl.pod_runner
 and fsspec are installed.
 
 - ``pin``: the pinned prime-rl release (tag, commits, image).
-- ``schema``: the pinned release's ``rl.toml`` field names and types, and a validator that rejects
-  unknown keys as prime-rl's configs do (they forbid extra fields).
+- ``schema``: the pinned release's ``rl.toml`` JSON schema, derived from its own config classes
+  (``rl_config_<tag>.schema.json``, made by ``scripts/derive_primerl_schema.py``), a ``jsonschema``
+  validator for it and the release's cross-field rules a compiled job can meet.
 - ``compiler``: a job (job.toml + workspace) becomes ``rl.toml`` plus an installable verifiers
   environment package, written as a job bundle.
 - ``checks``: :func:`metarl.primerl.checks.primerl_compile_problems`, the probe's backend check.
+- ``variants``: the compiled jobs the checks against prime-rl cover (CI's schema test, the launcher script).
 """

@@ -33,6 +33,10 @@ EXIT_FILE = "exit.json"
 METRICS_DIR = "metrics"
 LOGS_DIR = "logs"
 WEIGHTS_DIR = "weights"
+LORA_ADAPTERS_DIR = "lora_adapters"
+"""Where prime-rl v0.8.0 writes a LoRA job's adapter inside ``weights/step_N/`` when
+``[trainer.ckpt.weights] save_adapter_separately = true`` (src/prime_rl/trainer/ckpt.py
+``WeightCheckpointManager.save_to_path``); the ``step_N`` weights beside it are the base model's."""
 
 ENV_ID_PATTERN = r"^metarl-env-[0-9a-f]{12}$"
 ENV_MODULE_PATTERN = r"^metarl_env_[0-9a-f]{12}$"
@@ -67,6 +71,14 @@ class BundleManifest(BaseModel):
     )
     files: dict[str, str] = Field(
         min_length=1, max_length=64, description="Relative path -> sha256 of every bundle file except the manifest"
+    )
+    model_name: str | None = Field(default=None, min_length=1, max_length=200, description="Base model (rl.toml [model] name); a LoRA adapter applies to it")
+    lora_rank: int = Field(default=0, ge=0, le=256, description="LoRA rank ([trainer.model.lora] rank); 0: full fine-tuning, weights/step_N holds the trained model")
+    lora_alpha: float | None = Field(
+        default=None, gt=0, le=4096, description="LoRA alpha ([trainer.model.lora] alpha) when lora_rank > 0; the adapter is under weights/step_N/lora_adapters/"
+    )
+    ckpt_interval: int | None = Field(
+        default=None, ge=1, le=100_000, description="rl.toml [ckpt] interval: weights/step_N is written at every multiple of it and after the last step"
     )
 
     @field_validator("files")

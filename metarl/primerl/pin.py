@@ -3,7 +3,8 @@
 Why v0.8.0: it is the last release whose trainer still writes Hugging Face weights under
 ``<output_dir>/weights/step_N/`` (vLLM loads them directly for the hidden eval); later main writes
 only DCP trainer checkpoints. Config key names change between releases and prime-rl rejects
-unknown keys, so the compiler and :mod:`metarl.primerl.schema` target exactly this tag.
+unknown keys, so the compiler and :mod:`metarl.primerl.schema` (whose JSON schema is derived from
+the tag's own classes) target exactly this tag.
 """
 
 from __future__ import annotations

@@ -124,9 +124,10 @@ def test_runpod_example(sandbox: tuple[dict[str, str], Path], recorder: Connecti
         "image      ghcr.io/your-org/metarl-inner:prime-rl-v0.8.0 (prime-rl v0.8.0, base ghcr.io/primeintellect-ai/prime-rl:v0.8.0)",
         "2x NVIDIA A40, then NVIDIA RTX A6000, NVIDIA L40S on capacity errors; SECURE cloud",
         "names      metarl-<run id[:8]>-<episode id>, then -r<k> after restart k (e.g. metarl-1a2b3c4d-17)",
-        "tasks addition, reversal, caesar, max_of_list, sorting, date_format: validates against the pinned schema",
+        "tasks addition, reversal, caesar, max_of_list, sorting, date_format: validates against prime-rl's derived schema and cross-field rules",
         "total      404",
-        "train  runpod  $5.93 (worst case $404.00)",
+        "train  runpod  $94.81 (worst case $404.00)",
+        "per job      960 s  $0.2347",
         "budget max_run_usd $300.00",
     ):
         assert expected in out, expected

@@ -150,6 +150,29 @@ def test_every_shipped_example_loads() -> None:
         assert any(not spec.held_out for spec in specs.values())
 
 
+def test_every_shipped_runpod_config_compiles_its_tasks_default_jobs_against_the_derived_schema() -> None:
+    """Item 10: every shipped run config with Runpod inner jobs and every task it names compile to rl.toml that prime-rl's derived schema accepts."""
+    from metarl.dry_run import compiled_jobs
+
+    runpod = [path for path in sorted((REPO / "examples").rglob("*.toml")) if 'type = "runpod"' in path.read_text()]
+    assert runpod, "no Runpod example shipped"
+    for path in runpod:
+        config, specs = load_run(path)
+        jobs = compiled_jobs(config, specs)
+        assert {task for job in jobs for task in job.task_ids} == set(specs)
+        assert all(job.problems == [] for job in jobs), [job.problems for job in jobs]
+
+
+def test_a_one_gpu_runpod_pod_is_rejected_at_load() -> None:
+    """Item 6: prime-rl v0.8.0 needs a trainer GPU and an inference GPU on the node."""
+    text = (REPO / "examples" / "runpod.toml").read_text().replace('"../tasks_specs"', f'"{SPECS_DIR}"')
+    problem = only_problem(config_error(RunConfig, edit(text, "gpu_count = 2", "gpu_count = 1")))
+    assert problem.field == "backends.train.gpu_count"
+    assert "trainer and vLLM inference on separate GPUs" in problem.message
+    assert "set backends.train.gpu_count = 2 or more" in problem.message
+    validate_model(RunConfig, parse_toml_text(edit(text, "gpu_count = 2", "gpu_count = 3"), "x"), "x")
+
+
 def test_shipped_task_specs_keep_one_family_held_out() -> None:
     specs = [load_toml_model(TaskSpec, path) for path in SPECS_DIR.glob("*.toml")]
     assert any(spec.held_out for spec in specs), "DESIGN: one family is held out"

@@ -11,15 +11,23 @@ from typing import Any
 
 import pytest
 
+from metarl import dry_run
 from metarl.dry_run import (
+    EVAL_ENGINE_START_S,
+    EVAL_SECONDS_PER_COMPLETION,
+    POD_STARTUP_S,
+    POD_UPLOAD_S,
     DryRunPlan,
     build_plan,
     cap_check,
     compiled_jobs,
     episode_counts,
     estimate_costs,
+    eval_cost_usd,
     held_out_eval_points,
+    hidden_eval_gpu_seconds,
     inner_job_usd,
+    job_costs,
     parse_gpu_prices,
     pod_usd_per_hour,
     render_json,
@@ -140,18 +148,76 @@ def test_runpod_estimate_with_prices() -> None:
     config, specs = example("runpod")
     estimate = estimate_costs(config, specs, {"NVIDIA A40": 0.44})
     train = next(line for line in estimate.lines if line.stage == "train")
-    assert train.usd == pytest.approx(404 * 60 * 0.88 / 3600)  # every task's max_train_seconds is 60
+    # start-up + every task's GPU cap (600 s) + upload, at 2 x $0.44/h
+    assert train.usd == pytest.approx(404 * (POD_STARTUP_S + 600 + POD_UPLOAD_S) * 0.88 / 3600)
     assert estimate.total_usd == pytest.approx(train.usd)  # agent and outer local, eval on vLLM: not billed
-    assert estimate.cap.binds == "may"  # $5.93 < $300, but 404 jobs at the $1 job cap could reach $404
+    assert estimate.cap.binds == "may"  # $94.81 < $300, but 404 jobs at the $1 job cap could reach $404
 
 
 def test_runpod_estimate_uses_each_tasks_budget() -> None:
     config, specs = example("runpod")
-    slow = specs["addition"].model_copy(update={"budget": specs["addition"].budget.model_copy(update={"max_train_seconds": 600.0})})
+    slow = specs["addition"].model_copy(update={"budget": specs["addition"].budget.model_copy(update={"max_gpu_train_seconds": 1200.0, "max_train_seconds": 5.0})})
     estimate = estimate_costs(config, {**specs, "addition": slow}, {"NVIDIA A40": 0.5})
-    per_trainable = 320 / 5
-    expected = (per_trainable * 600 + per_trainable * 4 * 60 + 84 * 60) / 3600 * 1.0
-    assert next(line for line in estimate.lines if line.stage == "train").usd == pytest.approx(expected)
+    per_trainable, overhead = 320 / 5, POD_STARTUP_S + POD_UPLOAD_S
+    expected = (per_trainable * (1200 + overhead) + (per_trainable * 4 + 84) * (600 + overhead)) / 3600 * 1.0
+    assert next(line for line in estimate.lines if line.stage == "train").usd == pytest.approx(expected)  # the CPU cap plays no part
+
+
+def test_eval_cost_is_gpu_seconds_at_a_price_or_not_estimated() -> None:
+    _, specs = example("runpod")
+    hidden = specs["addition"].hidden_eval
+    seconds = hidden_eval_gpu_seconds(hidden)
+    assert seconds == pytest.approx(EVAL_ENGINE_START_S + hidden.n_items * hidden.pass_k * EVAL_SECONDS_PER_COMPLETION)
+    assert hidden_eval_gpu_seconds(hidden.model_copy(update={"pass_k": 4})) > seconds
+    assert eval_cost_usd(seconds, 0.88) == pytest.approx(seconds * 0.88 / 3600)
+    assert eval_cost_usd(seconds, None) is None
+
+
+def test_cost_per_job_is_start_up_training_cap_upload_and_eval() -> None:
+    config, specs = example("runpod")
+    [cost] = job_costs(config, specs, {"NVIDIA A40": 0.44})
+    assert cost.task_ids == list(specs) and (cost.gpu_count, cost.gpu_type, cost.usd_per_hour) == (2, "NVIDIA A40", pytest.approx(0.88))
+    terms = {term.name: term for term in cost.terms}
+    assert [term.name for term in cost.terms] == ["start-up", "training", "upload", "eval"]
+    assert (terms["start-up"].seconds, terms["training"].seconds, terms["upload"].seconds) == (POD_STARTUP_S, 600, POD_UPLOAD_S)
+    assert all(term.assumes for term in cost.terms)
+    # the separate vLLM pool has no price: the eval is not estimated, and the figure says so
+    assert not terms["eval"].billed and terms["eval"].usd is None and not cost.eval_included
+    assert cost.pod_seconds == POD_STARTUP_S + 600 + POD_UPLOAD_S
+    assert cost.usd == pytest.approx(cost.pod_seconds * 0.88 / 3600)
+    eval_usd = hidden_eval_gpu_seconds(specs["addition"].hidden_eval) * 0.88 / 3600
+    assert cost.usd_with_eval_on_pod == pytest.approx(cost.usd + eval_usd)
+    assert 0.13 <= cost.usd <= 0.30 and "$0.13-0.30" in cost.reference  # within the reference run's range on A40 pairs
+    [unpriced] = job_costs(config, specs, {})
+    assert unpriced.usd is None and {term.usd for term in unpriced.terms} == {None}
+
+
+def test_an_eval_on_the_jobs_pod_is_billed_at_the_pod_price(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dry_run, "EVAL_ON_THE_JOB_POD", frozenset({"vllm"}))
+    config, specs = example("runpod")
+    [cost] = job_costs(config, specs, {"NVIDIA A40": 0.44})
+    eval_seconds = hidden_eval_gpu_seconds(specs["addition"].hidden_eval)
+    assert cost.eval_included and cost.pod_seconds == POD_STARTUP_S + 600 + POD_UPLOAD_S + eval_seconds
+    assert cost.usd == pytest.approx(cost.pod_seconds * 0.88 / 3600) == pytest.approx(cost.usd_with_eval_on_pod)
+    estimate = estimate_costs(config, specs, {"NVIDIA A40": 0.44})
+    lines = {line.stage: line for line in estimate.lines}
+    assert lines["eval"].kind == "nominal" and lines["eval"].usd == pytest.approx(404 * eval_seconds * 0.88 / 3600)
+    assert estimate.total_usd == pytest.approx(lines["train"].usd + lines["eval"].usd)
+    assert "hidden eval included" in render_text(build_plan(config, specs, EXAMPLES / "runpod.toml", {"NVIDIA A40": 0.44}))
+
+
+def test_the_dry_run_shows_gpu_budgets_and_learning_rates() -> None:
+    config, specs = example("runpod")
+    text = render_text(build_plan(config, specs, EXAMPLES / "runpod.toml", {"NVIDIA A40": 0.44}))
+    assert "time cap   600 s per job (the tasks' budget.max_gpu_train_seconds" in text
+    assert "learning_rate 3e-06 (LoRA 0.0001), kl_coef 0.001 (-> [trainer.loss] kl_tau" in text
+    assert "lr = 3e-06" in text and "kl_tau = 0.001" in text and "interval = 10" in text
+    assert "per job      960 s  $0.2347 (hidden eval not included; $0.2664 with the eval on the job's pod); beside the reference run: $0.13-0.30" in text
+    assert "training     600 s  $0.1467" in text
+    assert all(task.max_train_seconds == 600 for task in build_plan(config, specs, EXAMPLES / "runpod.toml", {}).tasks)
+    local, local_specs = example("quickstart")
+    local_text = render_text(build_plan(local, local_specs, EXAMPLES / "quickstart.toml", {}))
+    assert "learning_rate 0.001 (LoRA 0.001), kl_coef 0 (k3 KL to the base model)" in local_text and "Cost per job" not in local_text
 
 
 def test_tinker_estimate_is_the_token_upper_bound_and_the_cap_binds() -> None:
@@ -214,6 +280,7 @@ def test_compiled_jobs_group_identical_tasks_and_validate() -> None:
     assert rl["deployment"] == {"type": "single_node", "gpus_per_node": 2, "num_train_gpus": 1, "num_infer_gpus": 1}
     assert rl["orchestrator"]["batch_size"] == 64 and rl["orchestrator"]["group_size"] == 8
     assert rl["orchestrator"]["train"]["sampling"]["max_completion_tokens"] == 16
+    assert rl["ckpt"] == {"interval": 10, "keep_last": 2} and rl["trainer"]["optim"]["lr"] == 3e-6  # GPU cap and GPU defaults
     assert job.rl_toml.startswith("# Compiled by metarl for prime-rl v0.8.0")
     assert tomllib.loads(job.job_toml)["model"]["name"] == "Qwen/Qwen3-0.6B"
 
@@ -259,7 +326,7 @@ def test_text_and_json_output_of_a_runpod_plan() -> None:
         "[orchestrator.renderer]",
         "num_infer_gpus = 1",
         "total      404",
-        "$5.93",
+        "$94.81",
         "worst case $404.00",
         "a fallback GPU type costs up to $1.7200/h",
         "max_run_usd $300.00",
