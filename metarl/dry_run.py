@@ -328,9 +328,8 @@ def tinker_attempt_usd(agent: TinkerAgentBackend) -> float:
 
 
 def tinker_update_tokens(outer: TinkerOuterBackend, agent: TinkerAgentBackend, batch_episodes: int, max_attempts: int) -> int:
-    """Most tokens one outer update sends through the model: every attempt a full context, twice for the truncated loss."""
-    passes = 2 if outer.loss == "truncated_importance_sampling" else 1
-    return batch_episodes * max_attempts * agent.max_context_tokens * passes
+    """Most tokens one outer update sends through the model: every attempt a full context (the built-in loss needs one pass)."""
+    return batch_episodes * max_attempts * agent.max_context_tokens
 
 
 def hidden_eval_gpu_seconds(hidden: HiddenEval) -> float:
@@ -478,7 +477,7 @@ def outer_line(config: RunConfig, counts: EpisodeCounts) -> CostLine:
         usd = counts.max_outer_steps * tokens * backend.usd_per_million_train_tokens / 1e6
         basis = (
             f"upper bound: {counts.max_outer_steps} updates x {tokens} tokens ({batch} episodes x {config.retries.max_probe_attempts} attempts x "
-            f"{agent.max_context_tokens} tokens{' x 2 passes' if backend.loss == 'truncated_importance_sampling' else ''}) at ${backend.usd_per_million_train_tokens:g}/M; "
+            f"{agent.max_context_tokens} tokens) at ${backend.usd_per_million_train_tokens:g}/M; "
             "a recovery after a failed update trains again"
         )
         return CostLine(stage="outer", backend="tinker", usd=usd, upper_usd=usd, kind="upper bound", basis=basis)

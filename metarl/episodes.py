@@ -283,6 +283,7 @@ def stage_context(row: StageRow, config: RunConfig, task: TaskSpec) -> EpisodeCo
         seed=episode_seed(config.run.seed, row.episode_id),
         feedback=feedback,
         artifacts_root=config.artifacts.root,
+        train_backend=config.backends.train.type,
     )
 
 
@@ -434,7 +435,7 @@ def reward_params(
             base_score=base_score,
             trained_score=trained_score,
             train_seconds=train_seconds,
-            train_budget_seconds=task.budget.max_train_seconds,
+            train_budget_seconds=task.budget.train_seconds_for(config.backends.train.type),
         ),
         config.reward,
     )

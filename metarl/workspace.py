@@ -513,8 +513,12 @@ def _is_hidden_item(task: TaskSpec, prompt: str) -> bool:
         return True
 
 
-def render_task_md(task: TaskSpec, feedback: Sequence[FieldProblem] = (), limits: WorkspaceLimits | None = None) -> str:
-    """TASK.md for one attempt: the public part of the task only (never `[hidden_eval]`)."""
+def render_task_md(
+    task: TaskSpec, feedback: Sequence[FieldProblem] = (), limits: WorkspaceLimits | None = None, train_seconds: float | None = None
+) -> str:
+    """TASK.md for one attempt: the public part of the task only (never `[hidden_eval]`).
+
+    ``train_seconds`` is the training-time cap on the run's train backend (default: the CPU cap)."""
     limits = limits or WorkspaceLimits()
     public, budget = task.public, task.budget
     parts = [f"# Task: {public.title}", "", public.description.strip(), ""]
@@ -532,7 +536,7 @@ def render_task_md(task: TaskSpec, feedback: Sequence[FieldProblem] = (), limits
         "",
         f"- base models you may choose (job.toml `[model] name`): {', '.join(budget.allowed_models)}",
         f"- rollout budget: max_steps x batch_size x rollout.max_tokens <= {budget.max_rollout_tokens}",
-        f"- training time: at most {budget.max_train_seconds:g} seconds",
+        f"- training time: at most {budget.max_train_seconds if train_seconds is None else train_seconds:g} seconds",
         f"- dataset: between {task.data.min_dataset_size} and {task.data.max_dataset_size} items",
         f"- grading of answers: {'partial credit for near misses' if task.grader.partial_credit else 'exact answers only'}",
         "",
@@ -589,6 +593,7 @@ class Workspace:
         baseline: BaselineLookup | None = None,
         limits: WorkspaceLimits | None = None,
         feedback: Sequence[FieldProblem] = (),
+        train_seconds: float | None = None,
     ):
         self.root = Path(root)
         self.task = task
@@ -606,7 +611,7 @@ class Workspace:
             os.mkdir(self.files_dir, 0o755)
         except FileExistsError:
             pass
-        self._write_bytes((TASK_FILE,), render_task_md(task, feedback, self.limits).encode("utf-8"))
+        self._write_bytes((TASK_FILE,), render_task_md(task, feedback, self.limits, train_seconds).encode("utf-8"))
 
     # -- the tools (each returns a ToolResult and records it) --
 

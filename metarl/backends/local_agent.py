@@ -182,7 +182,7 @@ def write_workspace(ctx: EpisodeContext, job_toml: str, baseline: Callable[[str]
     """Render the sampled job into the attempt's workspace through the agent's own tools."""
     from metarl.workspace import Workspace
 
-    workspace = Workspace(workspace_root(ctx), ctx.task, feedback=ctx.feedback, baseline=baseline)
+    workspace = Workspace(workspace_root(ctx), ctx.task, feedback=ctx.feedback, baseline=baseline, train_seconds=ctx.train_seconds)
     workspace.write_file("job.toml", job_toml)
     parsed = _parse_job(job_toml)
     if parsed is not None:

@@ -425,7 +425,7 @@ class TinkerAgent:
         gateway = self._connect()
         sampler = gateway.sampling_client(ref.sampler_path)
         tokenizer = gateway.tokenizer(sampler, ref.base_model)
-        workspace = Workspace(workspace_root(ctx), ctx.task, feedback=ctx.feedback, baseline=baseline)
+        workspace = Workspace(workspace_root(ctx), ctx.task, feedback=ctx.feedback, baseline=baseline, train_seconds=ctx.train_seconds)
 
         def sample_turn(prompt: list[int], turn: int, stop: tuple[int, ...], max_tokens: int) -> SampledTurn:
             return gateway.sample(

@@ -111,8 +111,6 @@ def test_tinker_bounds_follow_the_turn_and_context_caps() -> None:
     assert tinker_attempt_tokens(agent) == (24 * 32_768, 32_768)  # sampled tokens cannot exceed one context
     assert tinker_attempt_usd(agent) == pytest.approx((24 * 32_768 * 0.5 + 32_768 * 1.5) / 1e6)
     assert tinker_update_tokens(outer, agent, batch_episodes=8, max_attempts=3) == 8 * 3 * 32_768
-    truncated = outer.model_copy(update={"loss": "truncated_importance_sampling"})
-    assert tinker_update_tokens(truncated, agent, batch_episodes=8, max_attempts=3) == 2 * 8 * 3 * 32_768
 
 
 def test_parse_gpu_prices() -> None:

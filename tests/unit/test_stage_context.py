@@ -55,3 +55,25 @@ def test_the_rows_reward_inputs_are_its_attempt_when_it_passed_and_the_tokens_up
     rejected = dataclasses.replace(row(3, None), passed=False, agent_tokens=90)
     assert rejected.passed_attempt_and_tokens == (None, 90)
     assert row(1, None).passed_attempt_and_tokens == (None, 0)  # not yet probed
+
+
+def test_a_runpod_runs_context_workspace_and_speed_reward_use_the_tasks_gpu_training_cap(tmp_path) -> None:
+    from metarl.episodes import reward_params
+    from metarl.workspace import Workspace
+
+    config, specs = load_run(REPO / "examples" / "runpod.toml")
+    task = specs["addition"]
+    assert task.budget.max_gpu_train_seconds != task.budget.max_train_seconds
+    ctx = stage_context(row(1, None), config, task)
+    assert ctx.train_backend == "runpod" and ctx.train_seconds == task.budget.max_gpu_train_seconds
+    workspace = Workspace(tmp_path / "attempt", task, train_seconds=ctx.train_seconds)
+    task_md = (workspace.files_dir / "TASK.md").read_text()
+    assert f"training time: at most {task.budget.max_gpu_train_seconds:g} seconds" in task_md
+    # half the GPU cap is a fast job there; measured against the 60 s CPU cap it would be over budget
+    params = reward_params(
+        episode_id=17, run_id="run", config=config, task=task, attempts=(1, 100), base_score=0.2, trained_score=0.6,
+        train_seconds=task.budget.max_gpu_train_seconds / 2,
+    )
+    assert params["speed"] > 0
+    sim_config, sim_specs = load_run(REPO / "examples" / "sim.toml")
+    assert stage_context(row(1, None), sim_config, sim_specs["addition"]).train_seconds == sim_specs["addition"].budget.max_train_seconds
