@@ -8,15 +8,72 @@ import logging
 import os
 import signal
 import sys
+import math
 import threading
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
 
 EXIT_CONFIG_ERROR = 2
 EXIT_NOT_FOUND = 3
 EXIT_BUSY = 4
 EXIT_FAILED_RUN = 1
+
+BIGINT_MAX = 2**63 - 1
+"""Largest id PostgreSQL's bigint columns hold (episode ids)."""
+CELERY_LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "fatal")
+
+
+def whole_number(low: int, high: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number in [low, high]; anything else is a usage error (exit 2) naming the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: give {what} from {low} to {high}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: give {what} from {low} to {high}")
+        return value
+
+    return parse
+
+
+def seconds_between(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds in (low, high]."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not (math.isfinite(value) and low < value <= high):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give more than {low:g} and at most {high:g} seconds")
+        return value
+
+    return parse
+
+
+def pool_processes_arg(text: str) -> int:
+    """`--concurrency`: 1 to MAX_POOL_PROCESSES worker processes."""
+    from metarl.pools import MAX_POOL_PROCESSES
+
+    return whole_number(1, MAX_POOL_PROCESSES, "a number of worker processes")(text)
+
+
+def autoscale_arg(text: str) -> str:
+    """`--autoscale MAX,MIN`, checked by `metarl.pools.parse_autoscale` (a max below the min is refused, not reordered)."""
+    from metarl.pools import parse_autoscale
+
+    try:
+        largest, smallest = parse_autoscale(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--autoscale ")) from None
+    return f"{largest},{smallest}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,37 +94,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     resume = sub.add_parser("resume", help="continue a run after a crash or a stop")
-    resume.add_argument("run_id")
+    resume.add_argument("run_id", help="the run's id or a unique prefix of it")
     resume.add_argument(
         "--retry-failed", action="store_true", help="a failed run: retry its failed outer step from the same saved policy version (fix the cause first)"
     )
     _service_flags(resume)
 
     stop = sub.add_parser("stop", help="ask a run to stop gracefully (in-flight episodes finish)")
-    stop.add_argument("run_id")
+    stop.add_argument("run_id", help="the run's id or a unique prefix of it")
 
     status = sub.add_parser("status", help="show runs, or one run in detail")
-    status.add_argument("run_id", nargs="?")
+    status.add_argument("run_id", nargs="?", help="the run's id or a unique prefix of it (none: list the runs)")
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    status.add_argument("--episode", type=int, help="what happened to one episode and what it cost")
+    status.add_argument("--episode", type=whole_number(1, BIGINT_MAX, "an episode id"), help="what happened to one episode and what it cost")
 
     report = sub.add_parser("report", help="write one run's report: an HTML page, PNG plots and CSV tables")
-    report.add_argument("run_id")
+    report.add_argument("run_id", help="the run's id or a unique prefix of it")
     report.add_argument("--out", type=Path, help="output folder (default: <artifacts root or METARL_HOME>/reports/RUN_ID)")
 
     worker = sub.add_parser("worker", help="start one worker pool (services mode)")
     worker.add_argument("--pool", required=True, choices=["agent", "probe", "train", "eval", "outer"])
-    worker.add_argument("--concurrency", type=int, default=1)
-    worker.add_argument("--autoscale", help="MAX,MIN worker processes")
-    worker.add_argument("--loglevel", default="info")
+    processes = worker.add_mutually_exclusive_group()
+    processes.add_argument("--concurrency", type=pool_processes_arg, default=1, help="a fixed number of worker processes (Flower cannot resize it)")
+    processes.add_argument("--autoscale", type=autoscale_arg, metavar="MAX,MIN", help="grow and shrink between MIN and MAX worker processes (Flower can change the range)")
+    worker.add_argument("--loglevel", type=str.lower, choices=CELERY_LOG_LEVELS, default="info")
 
     db = sub.add_parser("db", help="database migrations")
     db.add_argument("action", choices=["upgrade", "current"])
 
     metrics = sub.add_parser("metrics", help="serve Prometheus metrics (queue depths, stages, latencies, costs)")
-    metrics.add_argument("--port", type=int, default=9108)
+    metrics.add_argument("--port", type=whole_number(1, 65535, "a TCP port"), default=9108)
     metrics.add_argument("--host", default="127.0.0.1")
-    metrics.add_argument("--interval", type=float, default=5.0)
+    metrics.add_argument("--interval", type=seconds_between(0.0, 3600.0), default=5.0, help="seconds between the serving loop's wake-ups (scrapes read the records when they come)")
     return parser
 
 
@@ -122,29 +180,32 @@ def cmd_resume(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         services = stack.enter_context(Services(None, None, spawn_workers=not args.no_workers))
         from schemas.records import Run, RunStatus
-        from metarl.db import session_scope
+        from metarl.db import psycopg_connection, session_scope
         from orchestrator.failed_runs import NotRetryable, reopen_failed_run
 
         with session_scope(services.database_url) as session:
-            run = session.get(Run, args.run_id)
+            run_id = resolved_run_id(psycopg_connection(session), args.run_id)
+            if isinstance(run_id, int):
+                return run_id
+            run = session.get(Run, run_id)
             if run is None:
-                return no_such_run(args.run_id)
+                return no_such_run(run_id)
             if run.status == RunStatus.failed and not args.retry_failed:
                 print(
-                    f"error: run {args.run_id} failed: {run.status_message}\n"
-                    f"fix the cause, then `metarl resume {args.run_id} --retry-failed` retries its failed outer step "
+                    f"error: run {run_id} failed: {run.status_message}\n"
+                    f"fix the cause, then `metarl resume {run_id} --retry-failed` retries its failed outer step "
                     f"from policy version {run.policy_version}",
                     file=sys.stderr,
                 )
                 return EXIT_FAILED_RUN
             if args.retry_failed:
                 try:
-                    reopened = reopen_failed_run(session, args.run_id)
+                    reopened = reopen_failed_run(session, run_id)
                 except NotRetryable as err:
                     print(f"error: {err}", file=sys.stderr)
                     return EXIT_FAILED_RUN
                 print(f"retrying outer step {reopened.step} from policy version {reopened.policy_version} (it failed with: {reopened.previous_error})", flush=True)
-        return drive(services, args.run_id, quiet=args.quiet)
+        return drive(services, run_id, quiet=args.quiet)
 
 
 def drive(services: "Services", run_id: str, quiet: bool) -> int:
@@ -178,14 +239,17 @@ def drive(services: "Services", run_id: str, quiet: bool) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     from sqlalchemy import update
 
-    from metarl.db import session_scope
+    from metarl.db import psycopg_connection, session_scope
     from schemas.records import Run
 
     with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
-        updated = session.execute(update(Run).where(Run.id == args.run_id).values(stop_requested=True).returning(Run.id)).scalar_one_or_none()
+        run_id = resolved_run_id(psycopg_connection(session), args.run_id)
+        if isinstance(run_id, int):
+            return run_id
+        updated = session.execute(update(Run).where(Run.id == run_id).values(stop_requested=True).returning(Run.id)).scalar_one_or_none()
     if updated is None:
-        return no_such_run(args.run_id)
-    print(f"stop requested for run {args.run_id}: in-flight episodes finish, then it stops")
+        return no_such_run(run_id)
+    print(f"stop requested for run {run_id}: in-flight episodes finish, then it stops")
     return 0
 
 
@@ -201,17 +265,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     from orchestrator.status import list_runs, run_status
 
     with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
+        run_id = None if args.run_id is None else resolved_run_id(psycopg_connection(session), args.run_id)
+        if isinstance(run_id, int):
+            return run_id
         if args.episode is not None:
             from orchestrator.status import episode_report
 
             try:
                 report = episode_report(session, args.episode)
             except LookupError:
-                print(f"error: no episode {args.episode}", file=sys.stderr)
+                report = None
+            if report is None or run_id not in (None, report["episode"]["run"]):
+                print(f"error: no episode {args.episode}" + (f" in run {run_id}" if run_id else ""), file=sys.stderr)
                 return EXIT_NOT_FOUND
             print(json.dumps(report, indent=2, default=str))
             return 0
-        if args.run_id is None:
+        if run_id is None:
             runs = list_runs(session)
             if args.json:
                 print(json.dumps(runs, indent=2))
@@ -223,9 +292,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 Console().print(runs_table(runs))
             return 0
         try:
-            status = run_status(psycopg_connection(session), args.run_id, services.broker_url)
+            status = run_status(psycopg_connection(session), run_id, services.broker_url)
         except LookupError:
-            return no_such_run(args.run_id)
+            return no_such_run(run_id)
     show_run_status(status, as_json=args.json)
     return 0
 
@@ -246,16 +315,30 @@ def run_status_over_psycopg(args: argparse.Namespace, database_url: str, broker_
             head = head_revision()
             if head is None or revision_of(connection) != head:
                 return None
+            run_id = resolved_run_id(connection, args.run_id)
+            if isinstance(run_id, int):
+                return run_id
             try:
-                status = run_status(connection, args.run_id, broker_url)
+                status = run_status(connection, run_id, broker_url)
             except LookupError:
-                return no_such_run(args.run_id)
+                return no_such_run(run_id)
     except psycopg.OperationalError as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: cannot read the run database {without_password(database_url)}: {reason}. Fix: check METARL_DATABASE_URL and that PostgreSQL runs there", file=sys.stderr)
         return EXIT_FAILED_RUN
     show_run_status(status, as_json=args.json)
     return 0
+
+
+def resolved_run_id(connection: psycopg.Connection, text: str) -> str | int:
+    """The full id of the run ``text`` names (its id or a unique prefix, `metarl.run_ids.resolve_run_id`), or the exit code after saying why not."""
+    from metarl.run_ids import RunIdError, resolve_run_id
+
+    try:
+        return resolve_run_id(connection, text)
+    except RunIdError as err:
+        print(f"error: {err.message()}", file=sys.stderr)
+        return EXIT_NOT_FOUND if err.kind == "unknown" else EXIT_CONFIG_ERROR
 
 
 def no_such_run(run_id: str) -> int:
@@ -278,15 +361,18 @@ def show_run_status(status: dict[str, Any], *, as_json: bool) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write the report of one run (HTML, PNG, CSV) and print the path of its index.html."""
-    from metarl.db import session_scope
+    from metarl.db import psycopg_connection, session_scope
     from metarl.report_data import load_report_data
     from metarl.report_tables import default_report_dir, printable
 
     with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
+        run_id = resolved_run_id(psycopg_connection(session), args.run_id)
+        if isinstance(run_id, int):
+            return run_id
         try:
-            data = load_report_data(session, args.run_id)
+            data = load_report_data(session, run_id)
         except LookupError:
-            return no_such_run(args.run_id)
+            return no_such_run(run_id)
         home = services.home
     from metarl.report import write_report
 
@@ -303,9 +389,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from metarl.pools import worker_command
 
-    if args.concurrency < 1:
-        print("error: --concurrency must be at least 1", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
     command = worker_command(args.pool, args.concurrency, args.autoscale, args.loglevel)
     os.execv(command[0], command)
     return 0
@@ -322,10 +405,20 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from metarl.metrics import serve_metrics
+    from metarl.metrics import listen_problem, serve_metrics
 
-    with Services(None, None, spawn_workers=False) as services:
-        serve_metrics(services.database_url, services.broker_url, args.host, args.port, args.interval)
+    problem = listen_problem(args.host, args.port)
+    if problem is None:
+        with Services(None, None, spawn_workers=False) as services:
+            try:
+                serve_metrics(services.database_url, services.broker_url, args.host, args.port, args.interval)
+            except OSError as err:  # taken between the check and the start
+                problem = f"cannot listen on {args.host}:{args.port}: {err.strerror or err}"
+    if problem is not None:
+        from schemas.config_error import printable
+
+        print(f"error: {printable(problem)}. Fix: give a --host of this machine and a free --port", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     return 0
 
 

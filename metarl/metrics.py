@@ -1,8 +1,9 @@
 """Prometheus exporter for what Flower does not export: queue depths, episodes per stage, stage
-latency histograms, cost totals, current policy version."""
+latency histograms, cost totals, policy version of every run (a finished run keeps its last one)."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -11,7 +12,7 @@ from sqlalchemy import func, select
 
 from metarl.db import session_scope
 from orchestrator.status import queue_depths
-from schemas.records import ClaimStatus, CostEntry, Episode, Run, RunStatus, StageClaim
+from schemas.records import ClaimStatus, CostEntry, Episode, Run, StageClaim
 
 LATENCY_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600)
 
@@ -36,10 +37,10 @@ class MetarlCollector:
             ).all():
                 stages.add_metric([run_name, run_id, stage.value], count)
             yield stages
-            version = GaugeMetricFamily("metarl_policy_version", "Current policy version of active runs", labels=["run", "run_id"])
-            for run_name, run_id, policy_version in session.execute(
-                select(Run.name, Run.id, Run.policy_version).where(Run.status.in_((RunStatus.running, RunStatus.stopping)))
-            ).all():
+            version = GaugeMetricFamily(
+                "metarl_policy_version", "Policy version of each run: the current one while it runs, the last one once it ended", labels=["run", "run_id"]
+            )
+            for run_name, run_id, policy_version in session.execute(select(Run.name, Run.id, Run.policy_version)).all():
                 version.add_metric([run_name, run_id], policy_version)
             yield version
             cost = CounterMetricFamily("metarl_cost_usd", "Dollars recorded in the cost ledger", labels=["source", "simulated"])
@@ -68,6 +69,24 @@ def build_registry(database_url: str, broker_url: str | None) -> CollectorRegist
     registry = CollectorRegistry()
     registry.register(MetarlCollector(database_url, broker_url))
     return registry
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why the exporter could not listen on (host, port), told before anything starts; None when it can.
+
+    Binds a throwaway socket of the family `start_http_server` would use (the first address
+    `getaddrinfo` gives for the host) and closes it.
+    """
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except socket.gaierror as err:
+        return f"cannot listen on {host}:{port}: unknown host ({err.strerror})"
+    except OSError as err:
+        return f"cannot listen on {host}:{port}: {err.strerror or err}"
+    return None
 
 
 def serve_metrics(database_url: str, broker_url: str | None, host: str, port: int, interval_s: float) -> None:

@@ -17,8 +17,33 @@ from workers.queues import QUEUES
 log = logging.getLogger("metarl.pools")
 
 
+MAX_POOL_PROCESSES = 64
+"""Most worker processes one pool runs (`WorkerPools`, `metarl worker --concurrency` and `--autoscale`)."""
+
+
+def parse_autoscale(text: str) -> tuple[int, int]:
+    """(max, min) worker processes of an `--autoscale MAX,MIN` value (Celery's order; `MAX` alone means a min of 0).
+
+    Celery 5.7 sorts the two numbers (celery/bin/worker.py, `Autoscale.convert`), so `2,16` would
+    silently start a pool of up to 16 processes for a user who asked for at most 2: a max below the
+    min is refused here instead. ValueError names the problem and the fix.
+    """
+    parts = [part.strip() for part in text.split(",")]
+    if len(parts) > 2 or not all(part.isdigit() for part in parts):
+        raise ValueError(f"--autoscale {text!r} is not MAX,MIN: give two whole numbers, e.g. 8,2 (at most 8 and at least 2 processes)")
+    largest, smallest = int(parts[0]), int(parts[1]) if len(parts) == 2 else 0
+    if largest < smallest:
+        raise ValueError(f"--autoscale {largest},{smallest} puts the max below the min (the order is MAX,MIN): did you mean {smallest},{largest}?")
+    if not 1 <= largest <= MAX_POOL_PROCESSES:
+        raise ValueError(f"--autoscale max is {largest}: give 1 to {MAX_POOL_PROCESSES} worker processes")
+    return largest, smallest
+
+
 def worker_command(pool: str, concurrency: int = 1, autoscale: str | None = None, loglevel: str = "info") -> list[str]:
-    """The Celery command line of one pool.
+    """The Celery command line of one pool: `concurrency` processes, or an `--autoscale MAX,MIN` range (checked by `parse_autoscale`).
+
+    Only a pool started with `--autoscale` can be resized from Flower (`POST /api/worker/pool/autoscale`):
+    Celery answers its `autoscale` control command with an error without it, and Flower turns that into 403.
 
     `--without-mingle`: at start a worker otherwise waits about a second for neighbours to share
     revoked task ids and logical clocks; nothing here revokes tasks (duplicates are stopped by the
@@ -27,12 +52,12 @@ def worker_command(pool: str, concurrency: int = 1, autoscale: str | None = None
     if pool not in QUEUES:
         raise ValueError(f"unknown pool {pool!r}: use one of {', '.join(QUEUES)}")
     command = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", pool, "-n", f"{pool}@%h", "-l", loglevel, "-E", "--without-mingle"]
-    command += ["--autoscale", autoscale] if autoscale else ["-c", str(concurrency)]
+    if autoscale:
+        largest, smallest = parse_autoscale(autoscale)
+        command += ["--autoscale", f"{largest},{smallest}"]
+    else:
+        command += ["-c", str(concurrency)]
     return command
-
-
-MAX_POOL_PROCESSES = 64
-"""Most worker processes `WorkerPools` starts for one pool."""
 
 
 def pool_processes(pools: tuple[str, ...], concurrency: Mapping[str, int] | None) -> dict[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from rich.console import Console, Group
@@ -56,7 +57,22 @@ def status_tables(status: dict[str, Any]) -> Group:
 
 
 def runs_table(runs: list[dict[str, Any]]) -> Table:
-    return _table("runs", ["id", "name", "status", "policy version", "cost $", "created"], [[r["id"], r["name"], r["status"], r["policy_version"], r["cost_usd"], r["created_at"]] for r in runs])
+    """The run list; the id column never shrinks (it is what a user copies): the other columns wrap instead."""
+    table = Table(title="runs", title_justify="left")
+    table.add_column("id", no_wrap=True, min_width=max([len(r["id"]) for r in runs], default=2))
+    for column in ("name", "status", "version", "cost $", "created (UTC)"):
+        table.add_column(column, overflow="fold")
+    for r in runs:
+        table.add_row(r["id"], r["name"], r["status"], str(r["policy_version"]), f"{r['cost_usd']:.4f}", _minute(r["created_at"]))
+    return table
+
+
+def _minute(iso_time: str) -> str:
+    """An ISO timestamp as `YYYY-MM-DD HH:MM` in UTC (the listing's JSON keeps the full one)."""
+    moment = dt.datetime.fromisoformat(iso_time)
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(dt.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M")
 
 
 def _r(value: Any) -> Any:

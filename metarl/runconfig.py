@@ -4,9 +4,35 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from schemas.base import ConfigError, FieldProblem, load_toml_model
+from schemas.base import ConfigError, FieldProblem, load_toml_model, read_toml_file, validate_model
+from schemas.config_error import printable
 from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
+
+
+def load_task_spec(path: Path) -> TaskSpec:
+    """Read one task spec file; besides the schema, its `family` must be one the learning backends implement.
+
+    A spec naming another family would pass the schema, start a run and then fail every probe
+    (blamed on the agent), so it is a ConfigError naming the file, the field and the families,
+    reported together with the schema's problems.
+    """
+    from metarl.learning.families import FAMILIES
+
+    data = read_toml_file(path)
+    family = data.get("family")
+    family_problems: list[FieldProblem] = []
+    if isinstance(family, str) and family not in FAMILIES:
+        message = f"unknown task family {printable(family)!r}"
+        family_problems.append(FieldProblem(field="family", message=message, fix=f"use one of {', '.join(sorted(FAMILIES))}"))
+    try:
+        spec = validate_model(TaskSpec, data, str(path))
+    except ConfigError as err:
+        schema_problems = [problem for problem in err.problems if not (family_problems and problem.field == "family")]
+        raise ConfigError(str(path), family_problems + schema_problems) from None
+    if family_problems:
+        raise ConfigError(str(path), family_problems)
+    return spec
 
 
 def load_run(path: Path) -> tuple[RunConfig, dict[str, TaskSpec]]:
@@ -30,7 +56,7 @@ def load_run(path: Path) -> tuple[RunConfig, dict[str, TaskSpec]]:
             raise ConfigError(
                 str(path), [FieldProblem(field=f"run.tasks.{index}", message=f"no task spec {spec_path}", fix=f"add {spec_path.name} to {specs_dir} or fix the id")]
             )
-        spec = load_toml_model(TaskSpec, spec_path)
+        spec = load_task_spec(spec_path)
         if spec.id != task_id:
             raise ConfigError(str(spec_path), [FieldProblem(field="id", message=f"id is {spec.id!r} but the file is {task_id}.toml", fix=f"set id = {task_id!r}")])
         specs[task_id] = spec

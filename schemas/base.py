@@ -53,6 +53,8 @@ def _fix_for(error_type: str, ctx: dict[str, Any] | None) -> str:
         "union_tag_invalid": f"set `type` to one of {ctx.get('expected_tags')}",
         "union_tag_not_found": "add a `type` key naming the backend",
         "string_pattern_mismatch": f"match the pattern {ctx.get('pattern')}",
+        "control_character": "remove control characters and escape sequences (plain text only; a description may use newlines and tabs)",
+        "dataset_size_range": "make min_dataset_size at most max_dataset_size",
     }
     if error_type in fixes:
         return fixes[error_type]
@@ -141,6 +143,11 @@ def validate_model(model_type: type[ModelT], data: dict[str, Any], source: str) 
 
 def load_toml_model(model_type: type[ModelT], path: str | Path) -> ModelT:
     """Read a TOML file into a schema; every failure is a ConfigError naming the file and field."""
+    return validate_model(model_type, read_toml_file(path), str(path))
+
+
+def read_toml_file(path: str | Path) -> dict[str, Any]:
+    """Read and parse a TOML file with the size and depth limits; every failure is a ConfigError naming the file."""
     path = Path(path)
     source = str(path)
     def problem(message: str, fix: str) -> ConfigError:
@@ -164,7 +171,7 @@ def load_toml_model(model_type: type[ModelT], path: str | Path) -> ModelT:
         raise problem(f"cannot read it: {exc.strerror or exc}", "check the path") from None
     except ValueError as exc:  # e.g. an embedded NUL byte
         raise problem(f"invalid path: {exc}", "check the path") from None
-    return validate_model(model_type, parse_toml_text(raw, source), source)
+    return parse_toml_text(raw, source)
 
 
 def dump_toml_model(model: BaseModel) -> str:

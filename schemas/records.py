@@ -237,16 +237,27 @@ class Evaluation(Base):
 
 
 class BaselineScore(Base):
-    """Cached hidden-eval score of an untrained base model, per task and eval version."""
+    """Cached hidden-eval score of an untrained base model, per `metarl.backends.base.BaseScoreKey` (the unique key; migration 0010)."""
 
     __tablename__ = "baseline_scores"
-    __table_args__ = (UniqueConstraint("task_id", "model_name", "eval_version", "backend"),)
+    __table_args__ = (
+        UniqueConstraint(
+            "task_id", "model_name", "model_build", "model_scale", "eval_version", "eval_items", "pass_k", "grader", "backend", "scorer",
+            name="uq_baseline_scores_key",
+        ),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     task_id: Mapped[str] = mapped_column(String(64), nullable=False)
     model_name: Mapped[str] = mapped_column(String(200), nullable=False)
+    model_build: Mapped[str] = mapped_column(String(200), nullable=False)  # the built model: a stand-in's build hash, hub name@revision, `simulator`
+    model_scale: Mapped[float] = mapped_column(Float, nullable=False)
     eval_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    eval_items: Mapped[int] = mapped_column(Integer, nullable=False)
+    pass_k: Mapped[int] = mapped_column(Integer, nullable=False)
+    grader: Mapped[str] = mapped_column(String(64), nullable=False)
     backend: Mapped[str] = mapped_column(String(32), nullable=False)
+    scorer: Mapped[str] = mapped_column(String(200), nullable=False)
     score: Mapped[float] = mapped_column(Float, nullable=False)
     ci_low: Mapped[float | None] = mapped_column(Float)
     ci_high: Mapped[float | None] = mapped_column(Float)

@@ -6,13 +6,36 @@ workspace.
 
 from __future__ import annotations
 
-from pydantic import Field
+import unicodedata
+
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from schemas.base import StrictModel
 
 KNOWN_BASE_MODELS = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B")
 
 IDENTIFIER = r"^[a-z][a-z0-9_\-]{0,63}$"
+
+MULTILINE_WHITESPACE = frozenset("\n\t")
+"""The only non-printable characters a task description may hold (it is rendered into TASK.md)."""
+
+
+def refuse_control_characters(value: str, allowed: frozenset[str] = frozenset(), what: str = "the text") -> str:
+    """``value`` unchanged, or a ``control_character`` error naming the first control, format or separator character.
+
+    Such characters (ESC of terminal escape sequences, NUL, bidi overrides, line separators) would
+    reach the agent's TASK.md and any terminal that shows it; ``str.isprintable`` is the test, as in
+    ``schemas.config_error.printable``.
+    """
+    for position, character in enumerate(value):
+        if character not in allowed and not character.isprintable():
+            raise PydanticCustomError(
+                "control_character",
+                "{what} contains U+{code} ({name}) at character {position}: terminal escapes and control characters are refused",
+                {"what": what, "code": f"{ord(character):04X}", "name": unicodedata.name(character, "a control character"), "position": position},
+            )
+    return value
 
 
 class TaskPublic(StrictModel):
@@ -23,20 +46,32 @@ class TaskPublic(StrictModel):
     example_prompt: str = Field(default="", max_length=2000, description="One example prompt in the task's format")
     example_answer: str = Field(default="", max_length=2000, description="The answer to the example prompt")
 
+    @field_validator("title", "example_prompt", "example_answer")
+    @classmethod
+    def _one_line_of_text(cls, value: str) -> str:
+        return refuse_control_characters(value)
+
+    @field_validator("description")
+    @classmethod
+    def _lines_of_text(cls, value: str) -> str:
+        return refuse_control_characters(value, MULTILINE_WHITESPACE)
+
 
 class TaskData(StrictModel):
-    """How training examples for this family are generated."""
+    """The dataset a job for this task must ship (its items come from the family's own generator)."""
 
-    generator: str = Field(pattern=IDENTIFIER, description="Name of the family's example generator")
-    max_dataset_size: int = Field(default=20000, ge=1, le=1_000_000, description="Largest dataset a job may ship")
     min_dataset_size: int = Field(default=16, ge=1, le=1_000_000, description="Smallest dataset a job may ship")
+    max_dataset_size: int = Field(default=20000, ge=1, le=1_000_000, description="Largest dataset a job may ship")
 
-
-class TaskGrader(StrictModel):
-    """How completions are graded."""
-
-    kind: str = Field(default="family", pattern=IDENTIFIER, description="Grader name; `family` uses the family's own grader")
-    partial_credit: bool = Field(default=True, description="Whether the grader gives partial credit")
+    @field_validator("max_dataset_size")
+    @classmethod
+    def _not_below_min(cls, value: int, info: ValidationInfo) -> int:
+        smallest = info.data.get("min_dataset_size")
+        if smallest is not None and value < smallest:
+            raise PydanticCustomError(
+                "dataset_size_range", "max_dataset_size {max} is below min_dataset_size {min}: no dataset size is allowed", {"max": value, "min": smallest}
+            )
+        return value
 
 
 class HiddenEval(StrictModel):
@@ -83,13 +118,19 @@ class TaskBudget(StrictModel):
 
 
 class TaskSpec(StrictModel):
-    """One task family: public description, data, grader, hidden eval, budget, held-out flag."""
+    """One task: its family, public description, dataset bounds, hidden eval, budget, held-out flag."""
 
     id: str = Field(pattern=IDENTIFIER, description="Unique task id (file name without .toml)")
-    family: str = Field(pattern=IDENTIFIER, description="Task family implemented by the learning backends")
+    family: str = Field(pattern=IDENTIFIER, description="Task family implemented by the learning backends (its generator and grader; checked by metarl.runconfig.load_task_spec)")
     held_out: bool = Field(default=False, description="Held out from outer training (evaluated only)")
     public: TaskPublic
     data: TaskData
-    grader: TaskGrader = Field(default_factory=TaskGrader)
     hidden_eval: HiddenEval = Field(default_factory=HiddenEval)
     budget: TaskBudget = Field(default_factory=TaskBudget)
+
+    @field_validator("budget")
+    @classmethod
+    def _printable_model_names(cls, value: TaskBudget) -> TaskBudget:
+        for index, name in enumerate(value.allowed_models):
+            refuse_control_characters(name, what=f"allowed_models entry {index}")
+        return value

@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from metarl import claims
 from metarl.backends import registry
 from metarl.baselines import baseline_lookup, cached_baseline, store_baseline
-from metarl.backends.base import EpisodeContext, TrainBackend
+from metarl.backends.base import BaseScoreKey, EpisodeContext, TrainBackend
 from metarl.claims import Claim, ClaimRefused
 from metarl.db import SqlTarget, run_sql, session_scope, sql_transaction
 from metarl.episodes import (
@@ -241,7 +241,9 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     if job is None:
         return "skipped"
     backend = registry.agent_backend(job.config)
-    lookup = baseline_lookup(database_url(), job.ctx.task, lambda: registry.eval_backend(job.config))
+    lookup = baseline_lookup(
+        database_url(), job.ctx.task, lambda model: registry.base_score_key(job.config, job.ctx.task, model), lambda: registry.eval_backend(job.config)
+    )
     with heartbeating(job) as beat:
         submission = run_with_retries(self, job, Stage.agent, lambda: backend.run_attempt(job.ctx, baseline=lookup))
     if submission is None or beat.lost.is_set():
@@ -399,10 +401,11 @@ def train_inputs(claimed: SqlTarget, config: RunConfig, ctx: EpisodeContext, row
 
 @dataclass(frozen=True)
 class EvalInputs:
-    """What the eval stage's claim read: the passing job, its finished inner job, the cached base score (None if not yet measured)."""
+    """What the eval stage's claim read: the passing job, its finished inner job, the base score's key and cached score (None if not yet measured)."""
 
     spec: JobSpec
     inner: InnerJobRow
+    base_key: BaseScoreKey
     base_score: float | None
 
 
@@ -412,8 +415,8 @@ def eval_inputs(session: SqlTarget, config: RunConfig, ctx: EpisodeContext, row:
     inner = row.inner_job
     if inner is None:
         raise RuntimeError(f"episode {ctx.episode_id} reached eval without an inner job record")
-    base_score = cached_baseline(session, ctx.task, spec.model.name, registry.eval_backend_name(config))
-    return EvalInputs(spec, inner, base_score)
+    base_key = registry.base_score_key(config, ctx.task, spec.model.name)
+    return EvalInputs(spec, inner, base_key, cached_baseline(session, base_key))
 
 
 @app.task(bind=True, name="metarl.stage.train", queue="train", max_retries=None)
@@ -521,7 +524,7 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
             if base is None:
                 return "failed"
             with session_scope(url) as session:
-                store_baseline(session, task, spec.model.name, backend.name, base)
+                store_baseline(session, inputs.base_key, base)
             base_score = base.score
         trained = run_with_retries(self, job, Stage.eval, lambda: backend.score_trained(job.ctx, spec, checkpoint, state))
     if trained is None or beat.lost.is_set():

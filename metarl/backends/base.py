@@ -98,6 +98,29 @@ class Score(Frozen):
     costs: list[CostItem] = Field(default_factory=list, max_length=1000, description="Charges of scoring")
 
 
+class BaseModelIdentity(Frozen):
+    """What an eval backend's base score depends on besides the task: the built model and the scorer's settings."""
+
+    build: str = Field(min_length=1, max_length=200, description="The built model: content hash of a local stand-in's build, hub name@revision, or `simulator`")
+    scale: float = Field(gt=0.0, le=10.0, description="Pretraining scale of a local stand-in (1 where the backend has none)")
+    scorer: str = Field(min_length=1, max_length=200, description="Scorer settings that change a score (engine, dtype, sampling seed)")
+
+
+class BaseScoreKey(Frozen):
+    """Everything a cached base score depends on: a stored score is reused only for an equal key (`metarl.baselines`)."""
+
+    task_id: str = Field(min_length=1, max_length=64, description="Task id")
+    model_name: str = Field(min_length=1, max_length=200, description="Base model as the job names it")
+    model_build: str = Field(min_length=1, max_length=200, description="BaseModelIdentity.build")
+    model_scale: float = Field(gt=0.0, le=10.0, description="BaseModelIdentity.scale")
+    eval_version: int = Field(ge=1, description="hidden_eval.version")
+    eval_items: int = Field(ge=1, description="hidden_eval.n_items")
+    pass_k: int = Field(ge=1, le=64, description="hidden_eval.pass_k")
+    grader: str = Field(min_length=1, max_length=64, description="The task family's grader and the version of its code")
+    backend: str = Field(min_length=1, max_length=32, description="Eval backend name")
+    scorer: str = Field(min_length=1, max_length=200, description="BaseModelIdentity.scorer")
+
+
 class OuterBatchEpisode(Frozen):
     """One episode of an outer batch."""
 
@@ -141,6 +164,11 @@ class TrainBackend(Protocol):
 class EvalBackend(Protocol):
     name: str
     simulated: bool
+
+    @staticmethod
+    def base_model_identity(config: Any, model_name: str) -> BaseModelIdentity:
+        """What this backend's base score of ``model_name`` depends on, from its config alone (no backend is built)."""
+        ...
 
     def score_base(self, task: TaskSpec, model_name: str) -> Score: ...
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 
-from metarl.backends.base import EpisodeContext, LaunchResult, PollResult, Score
+from metarl.backends.base import BaseModelIdentity, EpisodeContext, LaunchResult, PollResult, Score
 from metarl.errors import PermanentBackendError
 from metarl.learning.runtime import THREADS_ENV, threads_per_job
 from schemas.base import FieldProblem
@@ -240,6 +240,13 @@ class LocalEval:
 
     def __init__(self, config: LocalEvalBackend):
         self.config = config
+
+    @staticmethod
+    def base_model_identity(config: LocalEvalBackend, model_name: str) -> BaseModelIdentity:
+        """The stand-in's build at the configured scale; the seed matters for pass@k sampling."""
+        from metarl.learning.models import base_model_build
+
+        return BaseModelIdentity(build=base_model_build(model_name, config.model_scale), scale=config.model_scale, scorer=f"local torch seed={config.seed}")
 
     def _score(self, model_dir: Path, task: TaskSpec) -> Score:
         from metarl.learning.families import get_family

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from metarl.backends.base import AgentBackend, EvalBackend, OuterBackend, TrainBackend
+from metarl.backends.base import AgentBackend, BaseScoreKey, EvalBackend, OuterBackend, TrainBackend
 from metarl.backends.local import LocalEval, LocalTrain, local_compile_problems
 from metarl.backends.local_agent import LocalAgent, LocalOuter
 from metarl.backends.runpod_train import RunpodTrain
@@ -12,6 +12,7 @@ from metarl.backends.sim import SimAgent, SimEval, SimOuter, SimTrain
 from metarl.backends.tinker_agent import TinkerAgent
 from metarl.backends.tinker_outer import TinkerOuter
 from metarl.backends.vllm_eval import VllmEval
+from metarl.baselines import base_score_key as make_base_score_key
 from metarl.probe import BackendCheck
 from schemas.run_config import (
     LocalAgentBackend,
@@ -24,6 +25,7 @@ from schemas.run_config import (
     TinkerOuterBackend,
     VllmEvalBackend,
 )
+from schemas.task_spec import TaskSpec
 
 
 def agent_backend(config: RunConfig) -> AgentBackend:
@@ -57,9 +59,11 @@ def eval_backend(config: RunConfig) -> EvalBackend:
     return eval_backend_class(config)(config.backends.eval)  # type: ignore[arg-type]
 
 
-def eval_backend_name(config: RunConfig) -> str:
-    """The name base scores are cached under, without building the backend."""
-    return eval_backend_class(config).name
+def base_score_key(config: RunConfig, task: TaskSpec, model_name: str) -> BaseScoreKey:
+    """The key base scores of ``model_name`` on ``task`` are cached under with this run's eval backend, without building it."""
+    backend_class = eval_backend_class(config)
+    identity = backend_class.base_model_identity(config.backends.eval, model_name)  # type: ignore[arg-type]
+    return make_base_score_key(task, model_name, backend_class.name, identity)
 
 
 def outer_backend(config: RunConfig) -> OuterBackend:

@@ -19,6 +19,7 @@ from typing import Any
 
 from metarl.backends.base import (
     AgentSubmission,
+    BaseModelIdentity,
     CostItem,
     EpisodeContext,
     LaunchResult,
@@ -222,6 +223,11 @@ class SimEval:
 
     def __init__(self, config: SimEvalBackend):
         self.config = config
+
+    @staticmethod
+    def base_model_identity(config: SimEvalBackend, model_name: str) -> BaseModelIdentity:
+        """The simulator's base scores depend on the task, the model name and the eval version only."""
+        return BaseModelIdentity(build="simulator", scale=1.0, scorer="simulator")
 
     def score_base(self, task: TaskSpec, model_name: str) -> Score:
         rng = seeded_rng("base", task.id, model_name, task.hidden_eval.version)

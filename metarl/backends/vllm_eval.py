@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from metarl.backends.base import EpisodeContext, Score
+from metarl.backends.base import BaseModelIdentity, EpisodeContext, Score
 from metarl.errors import PermanentBackendError, TransientBackendError
 from schemas.base import ConfigError, FieldProblem
 from schemas.job import JobSpec
@@ -57,6 +57,14 @@ class VllmEval:
                 [FieldProblem(field="backends.eval.type", message="`vllm` needs the vllm package, which is not installed on this host", fix=f"{VLLM_EXTRA_FIX}, or use type = \"local\"")],
             )
         self.config = config
+
+    @staticmethod
+    def base_model_identity(config: VllmEvalBackend, model_name: str) -> BaseModelIdentity:
+        """The stand-in's build at the configured scale; the dtype changes the numbers, the seed pass@k sampling."""
+        from metarl.learning.models import base_model_build
+
+        scorer = f"vllm dtype={config.dtype} seed={config.seed}"
+        return BaseModelIdentity(build=base_model_build(model_name, config.model_scale), scale=config.model_scale, scorer=scorer)
 
     def _score(self, model_dir: Path, task: TaskSpec) -> Score:
         """Score ``model_dir`` on the task's hidden eval in a vLLM subprocess."""

@@ -226,6 +226,17 @@ def build_key(spec: BaseModelSpec, scale: float) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def base_model_build(name: str, scale: float = 1.0) -> str:
+    """The identity of the built model ``name`` (local or catalogued hub name) at ``scale``: ``<local name>-<build key>``.
+
+    It is the model's cache folder name and changes with anything that changes the weights (the
+    families, the tokenizer, the recipe, the scale, ``RECIPE_VERSION``); cached base scores are
+    keyed by it (``metarl.baselines``). ``KeyError`` for an unknown model name.
+    """
+    spec = BASE_MODELS[resolve_model_name(name)]
+    return f"{spec.name}-{build_key(spec, scale)}"
+
+
 def default_cache_dir() -> Path:
     """``$METARL_CACHE_DIR`` when set, else ``~/.cache/metarl/models``."""
     configured = os.environ.get(CACHE_DIR_ENV)
@@ -388,7 +399,7 @@ def ensure_base_model(name: str, cache_dir: Path | str | None = None, *, scale: 
     spec = BASE_MODELS[resolve_model_name(name)]
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
-    target = root / f"{spec.name}-{build_key(spec, scale)}"
+    target = root / base_model_build(name, scale)
     if (target / BUILD_INFO_FILE).exists():
         return target
     with _exclusive_lock(root / f"{target.name}.lock"):

@@ -151,7 +151,7 @@ def test_exporter_values(pg_url: str, redis_url: str, records: dict[str, str], q
     }
 
     version = families["metarl_policy_version"]
-    assert samples(version) == {(("run", "alpha"),): 3.0, (("run", "gamma"),): 1.0}, "only running/stopping runs"
+    assert samples(version) == {(("run", "alpha"),): 3.0, (("run", "beta"),): 7.0, (("run", "gamma"),): 1.0}, "every run, ended ones at their last version"
 
     cost = families["metarl_cost_usd"]
     assert cost.type == "counter"
@@ -207,6 +207,20 @@ def test_exporter_without_a_broker(pg_url: str, records: dict[str, str]) -> None
     _, families = scrape(pg_url, None)
     assert not samples(families["metarl_queue_depth"])
     assert samples(families["metarl_episodes"])
+
+
+def test_a_finished_run_keeps_its_last_policy_version_series(pg_url: str) -> None:
+    """The series of a run that ends (running -> finished, stopped or failed) stays, same labels, at its last version."""
+    with session_scope(pg_url) as session:
+        run_id = add_run(session, "ends", RunStatus.running, 4)
+    _, families = scrape(pg_url, None)
+    while_running = [(sample.labels, sample.value) for sample in families["metarl_policy_version"].samples]
+    assert while_running == [({"run": "ends", "run_id": run_id}, 4.0)]
+    for ended in (RunStatus.finished, RunStatus.stopped, RunStatus.failed):
+        with session_scope(pg_url) as session:
+            session.get(Run, run_id).status = ended
+        _, families = scrape(pg_url, None)
+        assert [(sample.labels, sample.value) for sample in families["metarl_policy_version"].samples] == while_running, ended
 
 
 # BUG (metarl/metrics.py): runs are labelled by name only, and names are not unique (a crashed run
@@ -295,7 +309,7 @@ def test_exporter_agrees_with_a_short_sim_run(service_env: dict[str, str], pg_ur
                 select(StageClaim.stage, func.count()).where(StageClaim.status == ClaimStatus.done, StageClaim.duration_s.is_not(None)).group_by(StageClaim.stage)
             ).all()
         )
-        active = session.execute(select(func.count()).select_from(Run).where(Run.status.in_((RunStatus.running, RunStatus.stopping)))).scalar_one()
+        versions = {(("run", name),): float(version) for name, version in session.execute(select(Run.name, Run.policy_version)).all()}
     assert samples(families["metarl_episodes"]) == {(("run", "sim-loop"), ("stage", stage.value)): float(count) for stage, count in stages.items()}
     assert sum(samples(families["metarl_cost_usd"], "_total").values()) == pytest.approx(float(ledger))
     assert float(ledger) > 0, "the sim backends record simulated costs"
@@ -303,4 +317,4 @@ def test_exporter_agrees_with_a_short_sim_run(service_env: dict[str, str], pg_ur
     for stage, count in done_claims.items():
         if stage.value in ("agent", "probe", "train", "eval"):
             assert counts[stage.value] == count, stage
-    assert len(samples(families["metarl_policy_version"])) == active
+    assert samples(families["metarl_policy_version"]) == versions, "the finished run keeps its last policy version"

@@ -160,6 +160,8 @@ def test_one_scalable_service_per_pool(pool: str, services: dict[str, Any]) -> N
     assert argv[:4] == ["metarl", "worker", "--pool", pool]
     args = build_parser().parse_args(argv[1:])
     assert args.pool == pool and args.concurrency >= 1
+    if pool != "outer":  # Flower can resize only a pool started with --autoscale (tests/integration/test_flower.py)
+        assert args.autoscale is not None and args.autoscale.split(",")[0] == args.autoscale.split(",")[1], args.autoscale
     # `docker compose up --scale <pool>=N` needs: no fixed name, no published host port, no fixed hostname.
     for key in ("container_name", "ports", "hostname"):
         assert key not in service, f"{pool}: `{key}` prevents --scale"
@@ -169,7 +171,8 @@ def test_one_scalable_service_per_pool(pool: str, services: dict[str, Any]) -> N
 
 def test_outer_pool_runs_one_update_at_a_time(services: dict[str, Any]) -> None:
     (argv,) = command_lines(services["outer"])
-    assert build_parser().parse_args(argv[1:]).concurrency == 1
+    args = build_parser().parse_args(argv[1:])
+    assert args.concurrency == 1 and args.autoscale is None
 
 
 def test_every_metarl_command_line_parses(services: dict[str, Any]) -> None:

@@ -40,7 +40,7 @@ def make_task(**public: Any) -> TaskSpec:
             "family": "addition",
             "held_out": True,
             "public": {"title": "Add two numbers", "description": "Teach the model to add.", "example_prompt": "add 1+2=", "example_answer": "3", **public},
-            "data": {"generator": "addition", "min_dataset_size": 16, "max_dataset_size": 500},
+            "data": {"min_dataset_size": 16, "max_dataset_size": 500},
             "hidden_eval": HIDDEN_VALUES,
             "budget": {"max_train_seconds": 90.0, "max_rollout_tokens": 123456, "allowed_models": ["Qwen/Qwen3-0.6B"]},
         }

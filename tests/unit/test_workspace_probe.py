@@ -65,7 +65,7 @@ def make_task() -> TaskSpec:
             "id": "addition",
             "family": "addition",
             "public": {"title": "Add", "description": "Add two numbers."},
-            "data": {"generator": "addition", "min_dataset_size": 32, "max_dataset_size": 200},
+            "data": {"min_dataset_size": 32, "max_dataset_size": 200},
         }
     )
 
