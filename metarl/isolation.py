@@ -272,6 +272,7 @@ def bwrap_command(
     command += ["--clearenv"]
     for key, value in {**SANDBOX_ENV, "LD_LIBRARY_PATH": ":".join(root.library_path)}.items():
         command += ["--setenv", key, value]
+    command += ["--size", str(tmp_bytes), "--tmpfs", "/tmp"]  # first: binds of an interpreter under /tmp go on top of it
     for folder in parent_folders(root):
         command += ["--perms", "0755", "--dir", folder]  # else bwrap copies the host's modes (a 0700 /root)
     for target, path in root.symlinks:
@@ -287,7 +288,6 @@ def bwrap_command(
         "--proc", "/proc",
         "--dev", "/dev",
         "--remount-ro", "/dev",
-        "--size", str(tmp_bytes), "--tmpfs", "/tmp",
         "--remount-ro", "/",
         "--chdir", SANDBOX_WORKSPACE,
         "--seccomp", str(seccomp_fd),

@@ -42,7 +42,7 @@ from schemas.job import JobSpec
 from schemas.run_config import LocalTrainBackend
 from schemas.task_spec import TaskSpec
 from tests.conftest import REPO
-from tests.unit.test_sandbox import abstract_listener, fill_args, victim  # noqa: F401 - fixtures
+from tests.unit.test_sandbox import abstract_listener, fill, victim  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.integration
 
@@ -311,10 +311,10 @@ def test_persistent_session_holds_the_hostile_corpus(
 ) -> None:
     """Every hostile module of the probe's corpus ends the same way in a persistent session."""
     monkeypatch.setenv("METARL_TEST_SECRET", SECRET)
-    source = (HOSTILE / case).read_text(encoding="utf-8")
-    expected = set((header(source, "expect") or "").split("|"))
     tag = abstract_listener[0]
-    args = fill_args(header(source, "args"), tmp_path, tmp_path / "hidden.jsonl", victim, tag)
+    source = fill((HOSTILE / case).read_text(encoding="utf-8"), tmp_path, tmp_path / "hidden.jsonl", victim, tag)
+    expected = set((header(source, "expect") or "").split("|"))
+    args = json.loads(header(source, "args") or '["add 1+2=", "3", "3"]')
     limits = SandboxLimits(**{**BASE_LIMITS, **json.loads(header(source, "limits") or "{}")})
     files = tmp_path / "files"
     files.mkdir()
@@ -341,10 +341,10 @@ def test_training_contains_a_module_that_behaves_only_in_the_probes_folder(tmp_p
     tag = abstract_listener[0]
     job_workspace = tmp_path / "jobs" / "job-1" / "workspace"  # LocalTrain's layout: JOB_DIR/workspace/
     job_workspace.mkdir(parents=True)
-    shutil.copy(HOSTILE / "mknod_in_training.py", job_workspace / "environment.py")
+    (job_workspace / "environment.py").write_text((HOSTILE / "mknod_in_training.py").read_text(encoding="utf-8").replace("{tag}", tag))
     spec = EnvironmentRewardSpec(step_wall_seconds=5.0, startup_wall_seconds=8.0, cpu_seconds=5)
     with pytest.raises(RewardFunctionError) as failed, SandboxRewardSource(job_workspace, spec) as reward_fn:
-        reward_fn([(tag, "3", "3")])
+        reward_fn([("add 1+2=", "3", "3")])
     assert "(forbidden)" in failed.value.message and "system call" in failed.value.message
     assert not list(Path("/tmp").glob(f"{tag}*"))
 

@@ -157,6 +157,7 @@ def test_bwrap_command_line(as_root: bool) -> None:
     assert options[-2:] == ["--seccomp", "7"] and options.index("--remount-ro") < options.index("--chdir")
     assert "/" in [options[i + 1] for i, item in enumerate(options) if item == "--remount-ro"]
     assert options[options.index("/tmp") - 3 : options.index("/tmp")] == ["--size", "4096", "--tmpfs"]
+    assert options.index("/tmp") < options.index("--ro-bind")  # a bind under /tmp (an interpreter there) lands on the private /tmp
     assert "--tmpfs" in options and "/opt/py/lib/python3.11/site-packages" in options
     env = dict(pairs(options, "--setenv"))
     assert env == {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "LD_LIBRARY_PATH": "/opt/py/lib:/usr/lib/x86_64-linux-gnu"}

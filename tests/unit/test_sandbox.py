@@ -107,22 +107,22 @@ def abstract_listener() -> Iterator[tuple[str, socket.socket]]:
         os.unlink(path)
 
 
-def fill_args(raw: str | None, tmp_path: Path, hidden: Path, victim: subprocess.Popen[bytes], tag: str) -> list[object]:
-    """A case's ``# args:`` with its placeholders filled in (see tests/fixtures/hostile/README.md)."""
+def fill(text: str, tmp_path: Path, hidden: Path, victim: subprocess.Popen[bytes], tag: str) -> str:
+    """A case's source or ``# args:`` with its placeholders filled in (see tests/fixtures/hostile/README.md)."""
     other = tmp_path / "other-attempt" / "files" / "dataset.jsonl"
     other.parent.mkdir(parents=True, exist_ok=True)
     other.write_text("other-workspace-marker\n", encoding="utf-8")
-    text = raw or '["add 1+2=", "3", "3"]'
     for name, value in {"hidden": hidden, "victim": victim.pid, "other": other, "tag": tag}.items():
         text = text.replace("{" + name + "}", str(value))
-    return json.loads(text)
+    return text
 
 
 def case_setup(case: str, tmp_path: Path, hidden: Path, victim: subprocess.Popen[bytes], tag: str) -> tuple[str, list[object], SandboxLimits]:
-    """A hostile module's source, its call arguments (placeholders filled in) and its limits."""
+    """A hostile module's source and call arguments (placeholders filled in) and its limits."""
     source = (HOSTILE / case).read_text(encoding="utf-8")
     limits = SandboxLimits(**{**BASE_LIMITS, **json.loads(header(source, "limits") or "{}")})
-    return source, fill_args(header(source, "args"), tmp_path, hidden, victim, tag), limits
+    args = json.loads(fill(header(source, "args") or '["add 1+2=", "3", "3"]', tmp_path, hidden, victim, tag))
+    return fill(source, tmp_path, hidden, victim, tag), args, limits
 
 
 def assert_contained(
@@ -379,3 +379,25 @@ def test_site_packages_are_not_readable(tmp_path: Path) -> None:
     source = "import os\ndef reward(p, c, a):\n    return open(os.path.dirname(os.__file__) + '/site-packages/x.py').read()\n"
     result = run_in_sandbox(workspace_with(tmp_path, "env.py", source), "env.py", "reward", [1, 2, 3], SandboxLimits(**BASE_LIMITS))
     assert result.error.kind == "forbidden" and "site-packages" in result.error.message
+
+
+@pytest.mark.slow
+def test_the_corpus_is_contained_for_an_unprivileged_worker() -> None:
+    """This file's corpus and kernel-layer tests again, run by pytest as nobody (a non-root worker):
+    bubblewrap then runs unprivileged, with a user namespace, and must hold the same way."""
+    from tests.unprivileged import NOBODY, nobody_python, shared_folder
+
+    found = nobody_python()
+    if isinstance(found, str):
+        pytest.skip(f"cannot run as an unprivileged user here: {found}")
+    prefix, env = found
+    basetemp = shared_folder("metarl-nobody-pytest-")
+    os.chown(basetemp, NOBODY, NOBODY)
+    selection = "hostile_corpus or kernel_layers or isolation_layers or full_isolation_is_available"
+    command = [*prefix, "-m", "pytest", str(Path(__file__)), "-q", "-p", "no:cacheprovider", "--basetemp", str(basetemp), "-k", selection]
+    try:
+        result = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, timeout=900, cwd=str(HOSTILE.parents[2]))
+    finally:
+        shutil.rmtree(basetemp, ignore_errors=True)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1], result.stdout[-1000:]

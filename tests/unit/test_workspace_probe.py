@@ -308,7 +308,7 @@ HOSTILE = Path(__file__).resolve().parent.parent / "fixtures" / "hostile"
 def test_a_module_that_behaves_only_in_the_probes_folder_is_caught_by_the_probe(ws: Workspace, tmp_path: Path) -> None:
     """The probe runs it where training runs it (/workspace), so what it does in training, it does here."""
     tag = f"metarl-probe-{tmp_path.name[-12:]}"
-    source = (HOSTILE / "mknod_in_training.py").read_text(encoding="utf-8").replace("f\"/tmp/{prompt}", f"f\"/tmp/{tag}")
+    source = (HOSTILE / "mknod_in_training.py").read_text(encoding="utf-8").replace("{tag}", tag)
     assert ws.write_file("environment.py", source).ok
     verdict = probe(ws)
     assert not verdict.passed
