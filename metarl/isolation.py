@@ -397,6 +397,6 @@ def unavailable_message(problem: str, minimum: IsolationLevel) -> str:
         f"this host cannot isolate agent-written code at the level {SETTING} = {minimum!r} requires: {problem}. "
         "Fix: allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ also "
         "kernel.apparmor_restrict_unprivileged_userns=0), or under Docker run the probe and train services with the "
-        "security options of docker-compose.yml (seccomp, apparmor and systempaths unconfined), or run the worker as root; "
+        "security options of docker-compose.yml (seccomp, apparmor and systempaths unconfined), or run the worker as root on the host; "
         f'only if you accept weaker isolation (rlimits and the audit hook), set {SETTING} = "process" in the run config'
     )

@@ -138,7 +138,7 @@ class SandboxLimits(StrictModel):
     max_request_bytes: int = Field(default=16 * 1024**2, ge=1024, le=30 * 1024**2, description="Largest request (source + arguments)")
     tmp_bytes: int = Field(default=16 * 1024**2, ge=4096, le=1024**3, description="Size of the sandbox's private /tmp (full isolation)")
     isolate_network: bool = Field(default=True, description="Try a new network namespace (process isolation; full always has one)")
-    drop_privileges: bool = Field(default=True, description="When root, run the child as nobody")
+    drop_privileges: bool = Field(default=True, description="When root, run the child as nobody (process isolation; full always does)")
     min_isolation: IsolationLevel = Field(
         default="full", description="Least isolation accepted ([sandbox] min_isolation); IsolationUnavailable when the host gives less"
     )

@@ -118,7 +118,7 @@ def _isolate(request, applied):
     (and ctypes is not even mounted): only a root start still drops to nobody here.
     """
     if request.get("bubblewrap"):
-        _drop_privileges(request, applied)
+        _drop_privileges({**request, "drop_privileges": True}, applied)  # bubblewrap kept CAP_SETUID for this alone
         with open("/proc/self/status") as handle:
             if "NoNewPrivs:\t1" in handle.read():
                 applied.append("no-new-privs")

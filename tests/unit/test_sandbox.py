@@ -286,6 +286,9 @@ def test_isolation_layers_reported(tmp_path: Path) -> None:
         assert "user-namespace" in result.isolation
     # the probe's and the trainer's layout: the workspace at /workspace, the working directory; PID 1 of its own namespace; nobody
     assert result.value == ["/workspace", 65534, 1, ["env.py"]]
+    # under bubblewrap a root start always drops to nobody, whatever the (process-level) knob says
+    kept = run_in_sandbox(files, "env.py", "reward", ["p", "c", "a"], SandboxLimits(**BASE_LIMITS, drop_privileges=False))
+    assert kept.ok and kept.value[1] == 65534
 
 
 def test_planted_symlink_in_workspace_is_not_followed(tmp_path: Path, hidden_file: tuple[Path, list[str]]) -> None:
