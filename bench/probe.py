@@ -6,19 +6,25 @@ and the median probe time per job.
 Valid jobs: samples of the untrained local policy that pass, rendered into workspaces through the
 workspace tools. Invalid jobs: each valid workspace broken in one way (job.toml semantics or syntax,
 environment module, dataset, contamination), plus every hostile module of tests/fixtures/hostile
-that must not pass. Target: every invalid job stopped before `train`; every valid one passes.
+that must not pass (its placeholders filled: a live victim process of the sandbox's uid, a unique
+/tmp tag, another workspace's file; the victim must survive and the host's /tmp stay clean).
+Target: every invalid job stopped before `train`; every valid one passes; the median probe time
+is printed beside the 57 ms measured before agent code ran under bubblewrap (aim: at most 200 ms).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 import tomllib
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +40,22 @@ from metarl.workspace_probe import probe_workspace
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = REPO / "tests" / "fixtures" / "hostile"
 PASSING_HOSTILE = {"good_reward.py", "read_workspace.py"}
+PREVIOUS_MEDIAN_MS = 57
+"""The median probe time before isolation (BENCHMARKS.md, probe section, before issue 31)."""
+NOBODY = 65534
+
+
+def start_victim() -> subprocess.Popen[bytes]:
+    """A live process of the sandbox's host uid (nobody under a root worker) that hostile modules aim at."""
+    extra = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
+    return subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL, start_new_session=True, **extra)  # type: ignore[call-overload]
+
+
+def filled(source: str, victim: int, tag: str, other: Path) -> str:
+    """A hostile module with its placeholders filled (tests/fixtures/hostile/README.md)."""
+    for name, value in {"victim": victim, "tag": tag, "other": other, "hidden": other}.items():
+        source = source.replace("{" + name + "}", str(value))
+    return source
 
 
 def edit(path: Path, change: Callable[[str], str]) -> None:
@@ -85,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     times: list[float] = []
     caught: Counter[str] = Counter()
     total: Counter[str] = Counter()
+    levels: Counter[str] = Counter()
+    victim = start_victim()
+    tag = f"metarl-bench-{uuid.uuid4().hex[:10]}"
     with tempfile.TemporaryDirectory(prefix="metarl-probe-bench-") as tmp:
         state = Path(tmp) / "policy.pt"
         LocalPolicy().save_state(state)
@@ -101,13 +126,16 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             verdict = probe_workspace(files, task, [local_compile_problems], seed=ctx.seed)
             times.append(time.perf_counter() - started)
+            levels[str(verdict.isolation)] += 1
             if verdict.passed:
                 valid.append((files, task.id))
         passed_again = 0
         for files, task_id in valid:
             started = time.perf_counter()
-            passed_again += probe_workspace(files, specs[task_id], [local_compile_problems]).passed
+            verdict = probe_workspace(files, specs[task_id], [local_compile_problems])
             times.append(time.perf_counter() - started)
+            passed_again += verdict.passed
+            levels[str(verdict.isolation)] += 1
         for index, (files, task_id) in enumerate(valid):
             for kind, breaker in breakages(specs[task_id].family).items():
                 broken = Path(tmp) / "broken" / f"{index}-{kind}"
@@ -116,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 started = time.perf_counter()
                 verdict = probe_workspace(broken, specs[task_id], [local_compile_problems])
                 times.append(time.perf_counter() - started)
+                levels[str(verdict.isolation)] += 1
                 total[kind] += 1
                 caught[kind] += not verdict.passed
         files, task_id = valid[0]
@@ -124,19 +153,27 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             broken = Path(tmp) / "hostile" / module.stem
             shutil.copytree(files, broken)
-            shutil.copy(module, broken / "environment.py")
+            (broken / "environment.py").write_text(filled(module.read_text(encoding="utf-8"), victim.pid, tag, files / "dataset.jsonl"), encoding="utf-8")
             started = time.perf_counter()
             verdict = probe_workspace(broken, specs[task_id], [local_compile_problems])
             times.append(time.perf_counter() - started)
+            levels[str(verdict.isolation)] += 1
             total["hostile_module"] += 1
             caught["hostile_module"] += not verdict.passed
+    escaped = [] if victim.poll() is None else ["the victim process was killed"]
+    escaped += [f"{len(list(Path('/tmp').glob(tag + '*')))} files in the host's /tmp"] if list(Path("/tmp").glob(tag + "*")) else []
+    victim.kill()
+    victim.wait()
     print(f"{'kind':<24} {'caught':>7} {'of':>4}")
     for kind in sorted(total):
         print(f"{kind:<24} {caught[kind]:>7} {total[kind]:>4}")
     invalid = sum(total.values())
     print(f"# catch rate on invalid jobs: {sum(caught.values())}/{invalid} = {sum(caught.values()) / invalid:.3f}")
     print(f"# pass rate on valid jobs: {passed_again}/{len(valid)} = {passed_again / max(1, len(valid)):.3f}")
-    print(f"# median probe time per job: {statistics.median(times) * 1000:.0f} ms over {len(times)} probes")
+    median_ms = statistics.median(times) * 1000
+    print(f"# median probe time per job: {median_ms:.0f} ms over {len(times)} probes (before isolation: {PREVIOUS_MEDIAN_MS} ms; aim <= 200 ms)")
+    print(f"# isolation level of the probes: {dict(sorted(levels.items()))} (None: the module did not run)")
+    print(f"# escapes: {', '.join(escaped) if escaped else 'none (victim alive, host /tmp clean)'}")
     return 0
 
 

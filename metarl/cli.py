@@ -126,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--port", type=whole_number(1, 65535, "a TCP port"), default=9108)
     metrics.add_argument("--host", default="127.0.0.1")
     metrics.add_argument("--interval", type=seconds_between(0.0, 3600.0), default=5.0, help="seconds between the serving loop's wake-ups (scrapes read the records when they come)")
+
+    from metarl.probe_command import add_parser as add_probe_parser
+
+    add_probe_parser(sub)
     return parser
 
 
@@ -156,6 +160,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, specs = load_run(args.config)
     if args.dry_run:
         return dry_run(args, config, specs)
+    if not args.no_workers:
+        from metarl.probe_command import preflight_isolation
+
+        if (refusal := preflight_isolation(config)) is not None:
+            print(f"error: {refusal}", file=sys.stderr)
+            return EXIT_CONFIG_ERROR
     with ExitStack() as stack:
         services = stack.enter_context(Services(config.services.database_url, config.services.broker_url, spawn_workers=not args.no_workers))
         from orchestrator.loop import create_run
@@ -422,6 +432,12 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from metarl.probe_command import cmd_probe as probe
+
+    return probe(args)
+
+
 class Services:
     """Database and broker for one command: the configured services, or the embedded default."""
 
@@ -479,6 +495,7 @@ COMMANDS = {
     "worker": cmd_worker,
     "db": cmd_db,
     "metrics": cmd_metrics,
+    "probe": cmd_probe,
 }
 
 

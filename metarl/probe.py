@@ -6,6 +6,7 @@ Failures are data (a list of FieldProblem) that go back to the agent as feedback
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,6 +23,10 @@ class ProbeVerdict(BaseModel):
     passed: bool = Field(description="True when the job may go to training")
     errors: list[FieldProblem] = Field(default_factory=list, max_length=200, description="Actionable problems, one per field")
     job: JobSpec | None = Field(default=None, description="The parsed job when it parsed")
+    isolation: Literal["process", "full"] | None = Field(
+        default=None, description="Isolation level the environment module ran under (metarl.isolation); None when it did not run"
+    )
+    isolation_layers: list[str] = Field(default_factory=list, max_length=40, description="The isolation layers of that run")
 
 
 def semantic_problems(job: JobSpec, task: TaskSpec) -> list[FieldProblem]:

@@ -13,7 +13,8 @@ This module holds
   and :func:`failed_job_status`, which turns a failure into the inner job's final status;
 - :class:`SandboxRewardSource`, the reward function of a local inner job: the agent's
   ``reward(prompt, completion, answer)`` run by :mod:`metarl.sandbox` with the probe's isolation
-  (rlimits, empty environment, no network, ``nobody``, workspace-only reads). In ``persistent``
+  (bubblewrap and seccomp, the workspace copy at ``/workspace``, rlimits, empty environment, the
+  audit hook; see :mod:`metarl.isolation`). In ``persistent``
   mode (the default) one sandboxed process is started per job and answers one request per step
   (:class:`metarl.sandbox.SandboxSession`); in ``per_step`` mode each step starts a fresh process
   (:func:`metarl.sandbox.run_calls_in_sandbox`). Measured on a shared, loaded 2-core box (niced):
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from metarl.errors import MetarlError
+from metarl.isolation import IsolationLevel
 from schemas.base import printable
 
 if TYPE_CHECKING:
@@ -133,6 +135,9 @@ class EnvironmentRewardSpec(BaseModel):
     )
     memory_bytes: int = Field(default=512 * 1024**2, ge=64 * 1024**2, le=64 * 1024**3, description="Address-space limit of the reward process.")
     bounds: RewardBounds = Field(default_factory=RewardBounds, description="Checks and clamping of the returned rewards.")
+    min_isolation: IsolationLevel = Field(
+        default="full", description="Least isolation of the reward process the run accepts (the run config's [sandbox] min_isolation)."
+    )
 
 
 def _show(text: str, limit: int = SHOWN_CHARS) -> str:
@@ -275,6 +280,7 @@ class SandboxRewardSource:
             cpu_seconds=spec.cpu_seconds if spec.mode == "persistent" else per_step_cpu,
             wall_seconds=spec.startup_wall_seconds if spec.mode == "persistent" else spec.step_wall_seconds,
             memory_bytes=spec.memory_bytes,
+            min_isolation=spec.min_isolation,
         )
 
     def __enter__(self) -> SandboxRewardSource:

@@ -11,17 +11,29 @@ request itself was unusable: a missing module file, arguments that are not JSON)
 What is enforced, and how
 -------------------------
 
+Agent code runs under kernel-enforced isolation: bubblewrap with new PID, mount, network, IPC and
+UTS namespaces (a user namespace too when the worker is not root), a read-only root made of the
+interpreter, its libraries, the standard library and the workspace (at ``/workspace``, the working
+directory, in the probe and in training alike), a private small ``/tmp``, no ``/etc``, and a
+seccomp filter; see :mod:`metarl.isolation` and :mod:`metarl.seccomp`. That is isolation level
+``full``. Without bubblewrap (a host that refuses user namespaces) the child runs as a plain
+process with the runner's own layers only (level ``process``), and only where the deployment
+accepts it (``SandboxLimits.min_isolation``, from the run config's ``[sandbox] min_isolation``);
+otherwise :class:`IsolationUnavailable` is raised, naming the setting and the fixes.
+``SandboxResult.level`` is the level of each run and ``SandboxResult.isolation`` its layers.
+
 The parent (this module):
 
 - reads the module file itself, with the workspace tools' confinement (relative safe path, no
   links, size cap, UTF-8), and sends its source on stdin; the child never needs to open it;
-- starts ``python -I -S -B metarl/sandbox_runner.py``: isolated mode (no ``PYTHON*`` variables,
-  no user site, no current directory or script directory on ``sys.path``), no ``site`` (so
-  site-packages are not importable), no bytecode writing;
-- passes an almost empty environment (``PATH=/usr/bin:/bin`` and ``LC_ALL=C.UTF-8``): no
-  secrets, whatever the worker's own environment holds;
-- cwd = the workspace folder, ``close_fds=True``, a new session (its own process group);
-- a wall-clock deadline, after which the whole process group is killed with SIGKILL;
+- starts ``python -I -S -B sandbox_runner.py``: isolated mode (no ``PYTHON*`` variables, no user
+  site, no current directory or script directory on ``sys.path``), no ``site`` (so site-packages
+  are not importable), no bytecode writing;
+- passes an almost empty environment (``PATH=/usr/bin:/bin``, ``LC_ALL=C.UTF-8`` and, under
+  bubblewrap, ``LD_LIBRARY_PATH``): no secrets, whatever the worker's own environment holds;
+- ``close_fds=True``, a new session (its own process group);
+- a wall-clock deadline, after which the sandbox is killed with SIGKILL (the runner first, the
+  init of its own PID namespace, which takes that namespace with it; then the process group);
 - caps on what it reads back: the result frame (``stdout_bytes``) and stderr (only a tail of
   ``stderr_tail_chars`` is kept; a child that writes more than ``max_stderr_bytes`` is killed);
 - validates the result frame (size, JSON, shape) before trusting any of it.
@@ -29,13 +41,10 @@ The parent (this module):
 The child (``metarl/sandbox_runner.py``, see its docstring for the order of steps):
 
 - RLIMIT_CPU (SIGXCPU at the soft limit, SIGKILL one second later), RLIMIT_AS (memory),
-  RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE = 0, RLIMIT_NPROC = 0;
-- a new network namespace (``unshare(CLONE_NEWNET)`` through ctypes, as Python 3.11 has no
-  ``os.unshare``; with a user namespace when not root), so there is no network device at all;
-- when started as root: ``setgroups([])``, ``setgid``/``setuid`` to ``nobody`` (65534), so that
-  RLIMIT_NPROC applies (root ignores it), signals to other users' processes fail, and ordinary
-  file permissions hold (e.g. ``/proc/<worker>/environ`` is unreadable); ``no_new_privs``;
-  not dumpable (no ptrace or /proc/<pid>/mem from other ``nobody`` processes);
+  RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE = 0, RLIMIT_NPROC = 0 (no processes or threads);
+- when started as root: ``setgroups([])``, ``setgid``/``setuid`` to ``nobody`` (65534) before the
+  agent's code (under bubblewrap with only CAP_SETUID/CAP_SETGID to do it);
+- without bubblewrap only: a network namespace, no_new_privs, not dumpable, PR_SET_PDEATHSIG;
 - imports limited to an allowlist of pure stdlib modules, imported before the hook;
 - an audit hook (``sys.addaudithook``) that denies every event not on an allowlist: ``os.fork``,
   ``os.system``, ``os.exec*``, ``os.posix_spawn``, ``os.spawn*``, ``subprocess.Popen``,
@@ -43,34 +52,25 @@ The child (``metarl/sandbox_runner.py``, see its docstring for the order of step
   changes (``os.remove``, ``os.rename``, ``os.mkdir``, ``os.symlink``, ``os.link``, ``os.chmod``,
   ...), ``gc.get_objects``/``get_referrers``, ``sys.addaudithook``, ``sys.settrace`` and the
   rest; ``open`` only for reading plain files lexically inside the workspace or the stdlib with
-  no symbolic link on the way (a write mode or flag, a file descriptor, a non-``str`` path, ``..``
-  or an absolute path elsewhere is denied); ``os.listdir``/``os.scandir`` only inside the
-  workspace. A denied event ends the child at once with a ``forbidden`` frame (it cannot be
-  caught by the agent's code). The hook uses only values captured before the agent's code
-  runs, so monkeypatching ``os``, ``builtins`` or ``str`` subclasses cannot change its decisions.
+  no symbolic link on the way; ``os.listdir``/``os.scandir`` only inside the workspace. A denied
+  event ends the child at once with a ``forbidden`` frame (it cannot be caught by the agent's
+  code). The hook uses only values captured before the agent's code runs.
 
-Residual risks (be honest about them)
--------------------------------------
+A system call the seccomp filter refuses kills the child with SIGSYS: a ``forbidden`` error whose
+``event`` is ``seccomp``.
 
-- Audit hooks are not a security boundary. They are a tripwire inside the same interpreter:
-  memory corruption (a crafted ``marshal`` blob or code object, a CPython bug, a C-level stack
-  overflow) runs native code that no hook sees. The layers the kernel enforces are the ones that
-  hold against such code: the rlimits, the network namespace, and (when started as root) the
-  ``nobody`` user with no capabilities. Where ``unshare`` is refused (some containers) or the
-  worker does not run as root, those layers are partly missing; ``SandboxResult.isolation``
-  says which layers were in place for a run.
-- ``nobody`` can still read world-readable files (``/etc/passwd``) if the hook is bypassed, and
-  two sandboxed children (both ``nobody``) could signal each other. ``stat``, ``readlink`` and
-  ``os.getcwd`` have no audit events: the child can learn whether paths exist and their sizes.
-- The child can write to its own result channel (fd), forging its frame. That only lets agent
-  code claim results it could have computed anyway; the parent still validates size and shape.
-- No seccomp filter, no mount namespace (the file system is visible, subject to permissions),
-  no cgroup (RLIMIT_AS bounds address space, not RSS; a child can still use the CPU for its
-  CPU-seconds limit and the wall clock until the deadline).
+Residual risks
+--------------
 
-Stronger isolation would run the child in a container or micro-VM (gVisor, Firecracker,
-nsjail/bubblewrap with a seccomp allowlist, a read-only bind mount of only the stdlib and the
-workspace, a PID namespace and a memory cgroup); the request/frame protocol here would stay.
+- The audit hook is a tripwire, not a boundary (``os.mknod``, ``os.mkfifo``,
+  ``signal.pidfd_send_signal`` and ``_imp.create_builtin`` raise no audit event; memory
+  corruption runs native code no hook sees): the kernel layers above are what holds.
+- Inside the sandbox the agent's code can use its CPU seconds and wall clock, up to
+  ``memory_bytes`` of address space and the private ``/tmp`` (``tmp_bytes``, whose inode count a
+  tmpfs does not cap below the kernel default); there is no cgroup.
+- ``stat``, ``readlink`` and ``os.getcwd`` have no audit events, but only the sandbox's own file
+  system is there to look at. The child can write to its own result channel, forging its frame;
+  that only lets agent code claim results it could have computed anyway.
 """
 
 from __future__ import annotations
@@ -88,7 +88,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
+from metarl import isolation
 from metarl.errors import MetarlError
+from metarl.isolation import IsolationLevel
+from metarl.sandbox_runner import ALLOWED_MODULES
 from metarl.workspace import WorkspaceError, WorkspaceLimits, read_workspace_text
 from schemas.base import StrictModel, printable
 
@@ -103,6 +106,12 @@ class SandboxUnavailable(MetarlError):
     """The sandbox itself could not run (the child could not be started, or its set-up before the
     agent's code failed, e.g. the privilege drop). Raised, not returned: it is not the agent's
     fault, so it must not become probe feedback; the caller retries or fails the stage."""
+
+
+class IsolationUnavailable(SandboxUnavailable):
+    """The host cannot provide the isolation level the deployment requires (``min_isolation``).
+
+    Not transient: retrying on the same host will not help. The message names the setting and the fixes."""
 
 FIXES: dict[str, str] = {
     "timeout": "make the module fast: no unbounded loops or sleeps, cheap top-level code",
@@ -127,8 +136,13 @@ class SandboxLimits(StrictModel):
     stderr_tail_chars: int = Field(default=4000, ge=0, le=100_000, description="Characters of stderr kept in the result")
     max_source_bytes: int = Field(default=1024**2, ge=1, le=64 * 1024**2, description="Largest module file")
     max_request_bytes: int = Field(default=16 * 1024**2, ge=1024, le=30 * 1024**2, description="Largest request (source + arguments)")
-    isolate_network: bool = Field(default=True, description="Try a new network namespace")
-    drop_privileges: bool = Field(default=True, description="When root, run the child as nobody")
+    tmp_bytes: int = Field(default=16 * 1024**2, ge=4096, le=1024**3, description="Size of the sandbox's private /tmp (full isolation)")
+    isolate_network: bool = Field(default=True, description="Try a new network namespace (process isolation; full always has one)")
+    drop_privileges: bool = Field(default=True, description="When root, run the child as nobody (process isolation; full always does)")
+    min_isolation: IsolationLevel = Field(
+        default="full", description="Least isolation accepted ([sandbox] min_isolation); IsolationUnavailable when the host gives less"
+    )
+    audit_hook: bool = Field(default=True, description="Install the audit hook (tests switch it off to check the kernel layers alone)")
 
 
 class SandboxError(BaseModel):
@@ -186,6 +200,7 @@ class SandboxResult(BaseModel):
     stderr_tail: str = Field(default="", description="The end of the child's stderr (its prints go there too)")
     wall_seconds: float = 0.0
     isolation: list[str] = Field(default_factory=list, description="Isolation layers that were in place")
+    level: IsolationLevel | None = Field(default=None, description="Isolation level of the run (None: nothing ran)")
 
 
 def _error(kind: ErrorKind, message: str, **extra: Any) -> SandboxError:
@@ -240,11 +255,12 @@ def run_calls_in_sandbox(
     """Import the module once in a sandbox and make every call; per-call outcomes in ``calls``."""
     limits = limits or SandboxLimits()
     started = time.monotonic()
-    prepared = _prepare_request(workspace_dir, module_file, [call.model_dump(mode="json") for call in calls], limits)
+    host = _host_for(limits)
+    prepared = _prepare_request(workspace_dir, module_file, [call.model_dump(mode="json") for call in calls], limits, {"bubblewrap": host is not None})
     if isinstance(prepared, SandboxResult):
         return prepared
     workspace, payload = prepared
-    run = _run_child(workspace, payload, limits)
+    run = _run_child(host, workspace, payload, limits)
     return _interpret(run, limits, len(calls), time.monotonic() - started)
 
 
@@ -276,6 +292,7 @@ def _prepare_request(
         },
         "isolate_network": limits.isolate_network,
         "drop_privileges": limits.drop_privileges,
+        "audit_hook": limits.audit_hook,
         "uid": NOBODY,
         "gid": NOBODY,
         **(extra or {}),
@@ -287,7 +304,7 @@ def _prepare_request(
 
 
 class _ChildRun:
-    def __init__(self) -> None:
+    def __init__(self, launch: _Launch | None = None) -> None:
         self.stdout = bytearray()
         self.stderr_tail = bytearray()
         self.stderr_total = 0
@@ -295,28 +312,80 @@ class _ChildRun:
         self.overflow: str | None = None
         self.status: int | None = None
         self.cpu_seconds = 0.0
+        self.launch = launch
 
 
-def _start_child(workspace: Path, *runner_args: str) -> subprocess.Popen:
-    """Start the sandbox runner in ``workspace``: isolated interpreter, empty environment, own session, piped stdio."""
+class _Launch:
+    """A started child: the process, its isolation level and the layers set up outside it."""
+
+    def __init__(self, process: subprocess.Popen[bytes], level: IsolationLevel, layers: list[str]) -> None:
+        self.process = process
+        self.level = level
+        self.layers = layers
+
+    @property
+    def bubblewrap(self) -> bool:
+        """True when the child is bubblewrap (its exit status says how the runner ended)."""
+        return self.level == "full"
+
+
+def _host_for(limits: SandboxLimits) -> isolation.HostIsolation | None:
+    """The bubblewrap set-up to use (None: a plain process, which ``limits.min_isolation`` accepts);
+    :class:`IsolationUnavailable` when the host cannot give the required level."""
+    host = isolation.host_isolation(str(RUNNER), ALLOWED_MODULES)
+    if host.problem is None:
+        return host
+    if not isolation.level_at_least("process", limits.min_isolation):
+        raise IsolationUnavailable(isolation.unavailable_message(host.problem, limits.min_isolation))
+    return None
+
+
+def _start_child(host: isolation.HostIsolation | None, workspace: Path, limits: SandboxLimits, *runner_args: str) -> _Launch:
+    """Start the sandbox runner on ``workspace``: under bubblewrap (``host``), else as a plain process."""
+    if host is not None:
+        assert host.bwrap is not None and host.root is not None
+        as_root = os.geteuid() == 0
+        fd = isolation.seccomp_pipe()
+        try:
+            command = isolation.bwrap_command(
+                host.bwrap,
+                host.root,
+                runner=str(RUNNER),
+                workspace=str(workspace.absolute()),
+                as_root=as_root,
+                tmp_bytes=limits.tmp_bytes,
+                seccomp_fd=fd,
+                argv=isolation.runner_argv(host.root, runner_args),
+            )
+            process = _popen(command, cwd="/", env={}, pass_fds=(fd,))
+        finally:
+            os.close(fd)
+        return _Launch(process, "full", isolation.layers(as_root))
+    process = _popen([sys.executable, "-I", "-S", "-B", str(RUNNER), *runner_args], cwd=str(workspace), env=dict(CHILD_ENV), pass_fds=())
+    return _Launch(process, "process", [])
+
+
+def _popen(command: list[str], *, cwd: str, env: dict[str, str], pass_fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
     try:
         return subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", str(RUNNER), *runner_args],
+            command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=workspace,
-            env=dict(CHILD_ENV),
+            cwd=cwd,
+            env=env,
             close_fds=True,
+            pass_fds=pass_fds,
             start_new_session=True,
         )
     except OSError as exc:
         raise SandboxUnavailable(f"cannot start the sandbox child: {exc.strerror or type(exc).__name__}") from None
 
 
-def _run_child(workspace: Path, payload: bytes, limits: SandboxLimits) -> _ChildRun:
-    run = _ChildRun()
-    process = _start_child(workspace)
+def _run_child(host: isolation.HostIsolation | None, workspace: Path, payload: bytes, limits: SandboxLimits) -> _ChildRun:
+    launch = _start_child(host, workspace, limits)
+    run = _ChildRun(launch)
+    process = launch.process
     deadline = time.monotonic() + limits.wall_seconds
     tail_bytes = max(limits.stderr_tail_chars * 4, 1)
     selector = selectors.DefaultSelector()
@@ -370,7 +439,7 @@ def _run_child(workspace: Path, payload: bytes, limits: SandboxLimits) -> _Child
                 break
     finally:
         selector.close()
-        _kill_group(process.pid)
+        _end_sandbox(process.pid, grace=0.0 if run.timed_out or run.overflow else 1.0)
         for stream in (process.stdin, process.stdout, process.stderr):
             if stream is not None and not stream.closed:
                 stream.close()
@@ -384,12 +453,49 @@ def _run_child(workspace: Path, payload: bytes, limits: SandboxLimits) -> _Child
     return run
 
 
-def _kill_group(pid: int) -> None:
-    for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-        try:
-            kill()
-        except (ProcessLookupError, PermissionError):
-            pass
+def _exited(pid: int) -> bool:
+    """True once ``pid`` (a child) has ended; it is not reaped (the caller reaps it with its usage)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _end_sandbox(pid: int, grace: float) -> None:
+    """End a child and everything it started, leaving it to be reaped.
+
+    Waits up to ``grace`` seconds for it to end by itself (a runner that has finished), then kills
+    bubblewrap's child (the runner, init of its PID namespace, which goes with it; bubblewrap reaps
+    it, so nothing is left to the worker's own init), waits a moment for bubblewrap to exit, and
+    kills the process group.
+    """
+    deadline = time.monotonic() + grace
+    while not _exited(pid) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    if _exited(pid):
+        return
+    for child in _children(pid):
+        _signal(lambda: os.kill(child, signal.SIGKILL))
+    deadline = time.monotonic() + 1.0
+    while not _exited(pid) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    _signal(lambda: os.killpg(pid, signal.SIGKILL))
+    _signal(lambda: os.kill(pid, signal.SIGKILL))
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as handle:
+            return [int(item) for item in handle.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _signal(send: Any) -> None:
+    try:
+        send()
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _interpret(run: _ChildRun, limits: SandboxLimits, n_calls: int, elapsed: float) -> SandboxResult:
@@ -402,8 +508,14 @@ def _interpret(run: _ChildRun, limits: SandboxLimits, n_calls: int, elapsed: flo
             raise SandboxUnavailable(printable(str(frame.get("message", "sandbox set-up failed")))[:2000])
         detail = "timed out" if run.timed_out else f"ended with status {run.status}"
         raise SandboxUnavailable(f"the sandbox set-up {detail} before running the module; stderr: {tail[-500:]}")
-    if frame is not None:
-        common["isolation"] = [printable(str(item))[:100] for item in frame.get("isolation", [])][:20] if isinstance(frame.get("isolation"), list) else []
+    launch = run.launch
+    layers = list(launch.layers) if launch is not None else []
+    if frame is not None and isinstance(frame.get("isolation"), list):
+        layers += [printable(str(item))[:100] for item in frame["isolation"]][:20]
+    common["isolation"] = layers
+    common["level"] = launch.level if launch is not None else None
+    if launch is not None and launch.bubblewrap and run.status is not None and run.status > 128:
+        run.status = -(run.status - 128)  # bubblewrap exits with 128 + the signal that ended the runner
     if run.timed_out:
         return _failed("timeout", f"the module ran past the wall-clock limit of {limits.wall_seconds:g} s", **common)
     if run.overflow:
@@ -414,6 +526,9 @@ def _interpret(run: _ChildRun, limits: SandboxLimits, n_calls: int, elapsed: flo
             return _failed("timeout", f"the module used more than its {limits.cpu_seconds} CPU seconds", **common)
         if status == -signal.SIGXFSZ:
             return _failed("forbidden", "the module tried to write a file larger than allowed", **common)
+        if status == -signal.SIGSYS:
+            message = "the module made a system call the sandbox forbids (seccomp: devices, other processes, mounts, namespaces, sockets...)"
+            return SandboxResult(ok=False, error=_error("forbidden", message, event="seccomp"), **common)
         if "MemoryError" in tail or "Cannot allocate memory" in tail:
             return _failed("memory", f"the module ran out of memory (limit {limits.memory_bytes} bytes)", **common)
         if status < 0:
@@ -535,7 +650,9 @@ class SandboxSession:
         self.limits = limits or SandboxLimits()
         self.exports: ModuleExports | None = None
         self.isolation: list[str] = []
+        self.level: IsolationLevel | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._launch: _Launch | None = None
         self._selector: selectors.BaseSelector | None = None
         self._buffer = bytearray()
         self._stderr_tail = bytearray()
@@ -565,13 +682,15 @@ class SandboxSession:
         if self._process is not None or self._closed_with is not None:
             raise RuntimeError("a sandbox session starts once")
         started = time.monotonic()
-        prepared = _prepare_request(self.workspace_dir, self.module_file, [], self.limits, {"die_with_parent": True, "parent_pid": os.getpid()})
+        host = _host_for(self.limits)
+        extra = {"die_with_parent": True, "parent_pid": os.getpid(), "bubblewrap": host is not None}
+        prepared = _prepare_request(self.workspace_dir, self.module_file, [], self.limits, extra)
         if isinstance(prepared, SandboxResult):
             self._closed_with = prepared
             return prepared
         workspace, payload = prepared
-        self._process = _start_child(workspace, "--serve")
-        process = self._process
+        self._launch = _start_child(host, workspace, self.limits, "--serve")
+        self._process = process = self._launch.process
         assert process.stdin and process.stdout and process.stderr
         for stream in (process.stdin, process.stdout, process.stderr):
             os.set_blocking(stream.fileno(), False)
@@ -688,7 +807,7 @@ class SandboxSession:
         if line is None:
             run = self._end(deadline, _READY_BYTES + bytes(self._buffer))
             return self._closed(_interpret(run, limits, n_calls, time.monotonic() - started))
-        run = _ChildRun()
+        run = _ChildRun(self._launch)
         run.stdout = bytearray(_READY_BYTES + line + b"\n")
         run.stderr_tail = bytearray(self._stderr_tail)
         frame = _parse_frame(bytes(run.stdout))[1]
@@ -701,6 +820,7 @@ class SandboxSession:
         result = _interpret(run, limits, n_calls, time.monotonic() - started)
         if result.isolation:
             self.isolation = list(result.isolation)
+            self.level = result.level
         if not result.ok:
             self._kill()
             return self._closed(result)
@@ -708,28 +828,28 @@ class SandboxSession:
 
     def _end(self, deadline: float, stdout: bytes) -> _ChildRun:
         """Kill and reap the child; what is known about how it ended, for :func:`_interpret`."""
-        run = _ChildRun()
+        run = _ChildRun(self._launch)
         run.stdout = bytearray(stdout)
         run.stderr_tail = bytearray(self._stderr_tail)
         run.stderr_total = self._stderr_total
         run.overflow = self._overflow
         run.timed_out = self._overflow is None and time.monotonic() >= deadline
-        run.status, run.cpu_seconds = self._kill()
+        run.status, run.cpu_seconds = self._kill(grace=0.0 if run.timed_out or run.overflow else 1.0)
         return run
 
     def _closed(self, result: SandboxResult) -> SandboxResult:
         self._closed_with = result
         return result
 
-    def _kill(self) -> tuple[int | None, float]:
-        """Kill the process group and reap the child (once); its exit status and CPU seconds."""
+    def _kill(self, grace: float = 0.0) -> tuple[int | None, float]:
+        """End the child (after ``grace`` seconds to end by itself) and reap it (once); its exit status and CPU seconds."""
         process = self._process
         if self._selector is not None:
             self._selector.close()
             self._selector = None
         if process is None or process.returncode is not None:
             return (process.returncode if process is not None else None), 0.0
-        _kill_group(process.pid)
+        _end_sandbox(process.pid, grace=grace)
         for stream in (process.stdin, process.stdout, process.stderr):
             if stream is not None and not stream.closed:
                 stream.close()

@@ -112,7 +112,17 @@ def _short(text):
 
 
 def _isolate(request, applied):
-    """Network namespace, privilege drop, no_new_privs, not dumpable (ctypes unloaded afterwards)."""
+    """Network namespace, privilege drop, no_new_privs, not dumpable (ctypes unloaded afterwards).
+
+    Under bubblewrap the namespaces, no_new_privs and the parent-death signal are already in place
+    (and ctypes is not even mounted): only a root start still drops to nobody here.
+    """
+    if request.get("bubblewrap"):
+        _drop_privileges({**request, "drop_privileges": True}, applied)  # bubblewrap kept CAP_SETUID for this alone
+        with open("/proc/self/status") as handle:
+            if "NoNewPrivs:\t1" in handle.read():
+                applied.append("no-new-privs")
+        return
     libc = None
     try:
         import ctypes
@@ -136,14 +146,7 @@ def _isolate(request, applied):
             applied.append("network-namespace")
         elif os.geteuid() != 0 and unshared(CLONE_NEWUSER | CLONE_NEWNET):
             applied.append("network-namespace(user)")
-    if request.get("drop_privileges", True) and os.geteuid() == 0:
-        uid, gid = int(request.get("uid", 65534)), int(request.get("gid", 65534))
-        os.setgroups([])
-        os.setgid(gid)
-        os.setuid(uid)
-        if os.getuid() == 0 or os.geteuid() == 0:
-            raise RuntimeError("could not drop root privileges")
-        applied.append(f"uid-{uid}")
+    _drop_privileges(request, applied)
     if libc is not None:
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
             applied.append("no-new-privs")
@@ -157,6 +160,18 @@ def _isolate(request, applied):
     libc = None  # drop the handle; ctypes is unloaded next
     for name in [name for name in sys.modules if name == "ctypes" or name.startswith(("ctypes.", "_ctypes"))]:
         del sys.modules[name]
+
+
+def _drop_privileges(request, applied):
+    """When root: no supplementary groups, then the gid and uid of nobody (fails closed)."""
+    if request.get("drop_privileges", True) and os.geteuid() == 0:
+        uid, gid = int(request.get("uid", 65534)), int(request.get("gid", 65534))
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+        if os.getuid() == 0 or os.geteuid() == 0:
+            raise RuntimeError("could not drop root privileges")
+        applied.append(f"uid-{uid}")
 
 
 def _limits(limits, applied):
@@ -451,16 +466,19 @@ def main():
         _isolate(request, applied)
         _limits(limits, applied)
         os.dup2(2, 1)
-        applied.append("audit-hook")
-        stdlib = os.path.realpath(os.path.dirname(os.__file__))
-        hook = _make_hook(out_fd, [workspace, stdlib], [workspace], dumps(applied))
+        hook = None
+        if request.get("audit_hook", True):
+            applied.append("audit-hook")
+            stdlib = os.path.realpath(os.path.dirname(os.__file__))
+            hook = _make_hook(out_fd, [workspace, stdlib], [workspace], dumps(applied))
         reserve = bytearray(RESERVE_BYTES)
     except BaseException as exc:  # noqa: BLE001 - bootstrap failure: fail closed
         kind, message = _describe(exc)
         finish({"status": "error", "kind": "bootstrap", "type": kind, "message": "sandbox bootstrap failed: " + message})
         return
 
-    sys.addaudithook(hook)
+    if hook is not None:
+        sys.addaudithook(hook)
     _write_all(out_fd, READY_LINE)  # set-up done: anything after this is the agent's responsibility
     namespace = {"__name__": "environment", "__builtins__": __builtins__}
     try:

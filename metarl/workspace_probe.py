@@ -8,15 +8,18 @@ actionable fix; nothing raises on bad agent input.
 The environment-module contract (shown to the agent in TASK.md, see
 :func:`metarl.workspace.environment_contract`):
 
-- ``reward(prompt: str, completion: str, answer: str) -> float``: required; a finite number;
-  on sample items of the task (drawn by the family's generator at the job's difficulty, from the
+- ``reward(prompt: str, completion: str, answer: str) -> float``: required; a number the local
+  trainer accepts (:func:`metarl.reward_source.reward_problem` under the trainer's
+  :class:`metarl.reward_source.RewardBounds`: finite, magnitude at most 1e6); on sample items of the task (drawn by the family's generator at the job's difficulty, from the
   training partition only), the reference answer must score strictly higher than each of two
   wrong completions (another item's answer, or a mutated one, and the empty string);
 - ``COMPONENTS: dict[str, callable]``: optional; same signature; when present, every name in
-  job.toml ``[reward.components]`` must be a key, and each named component must return finite
-  numbers on the sample items;
-- the module runs in :mod:`metarl.sandbox` (no network, processes, writes or secrets; imports
-  from an allowlist of pure stdlib modules; CPU, memory and wall-clock limits).
+  job.toml ``[reward.components]`` must be a key, and each named component must return numbers
+  the trainer accepts on the sample items;
+- the module runs exactly as the local trainer runs it (:class:`metarl.reward_source.SandboxRewardSource`):
+  one persistent :class:`metarl.sandbox.SandboxSession` (the same runner, layout, working directory
+  ``/workspace``, memory and file limits and isolation), the import first, then one batch of
+  calls. The isolation level it ran under comes back in :attr:`metarl.probe.ProbeVerdict.isolation`.
 
 The dataset (job.toml ``[dataset] path``): UTF-8 JSON Lines of ``{"prompt": str, "answer": str}``
 objects (blank lines ignored) that validate as :class:`metarl.learning.families.Example`; as
@@ -27,9 +30,9 @@ Contamination is reported as a count only: which items are hidden-eval items is 
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -40,13 +43,15 @@ from metarl.learning.families import (
     contaminated_prompts,
     get_family,
 )
+from metarl.isolation import IsolationLevel
 from metarl.probe import BackendCheck, ProbeVerdict, capped, probe_job_text
+from metarl.reward_source import RewardBounds, reward_problem
 from metarl.sandbox import (
     CallOutcome,
     SandboxCall,
     SandboxLimits,
     SandboxResult,
-    run_calls_in_sandbox,
+    SandboxSession,
 )
 from metarl.workspace import (
     COMPONENTS_NAME,
@@ -89,12 +94,15 @@ def wrong_answer(item: Example, others: Sequence[Example]) -> str:
     return item.answer + "x"
 
 
+TRAINER_BOUNDS = RewardBounds()
+"""The local trainer's reward rule (the defaults of the job's ``reward.bounds``, see :mod:`metarl.reward_source`)."""
+
+
 def _number(outcome: CallOutcome) -> float | None:
-    value = outcome.value
-    if not outcome.ok or isinstance(value, bool) or not isinstance(value, (int, float)):
+    """The reward as the trainer would take it, or None when the trainer would fail the job on it."""
+    if not outcome.ok or reward_problem(outcome.value, TRAINER_BOUNDS) is not None:
         return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+    return float(outcome.value)  # type: ignore[arg-type]
 
 
 def _call_failure(outcome: CallOutcome) -> str:
@@ -103,7 +111,29 @@ def _call_failure(outcome: CallOutcome) -> str:
         where = f" (line {error.line})" if error.line else ""
         kind = f"{error.exception_type}: " if error.exception_type else ""
         return f"{kind}{error.message}{where}"
+    problem = reward_problem(outcome.value, TRAINER_BOUNDS)
+    if problem is not None and not isinstance(outcome.value, (str, list, dict)):
+        return f"{problem} (the trainer fails a job on it)"
     return f"returned {_show(json.dumps(outcome.value), 40)}, not a number"
+
+
+@dataclass(frozen=True)
+class EnvironmentCheck:
+    """The environment module's problems and the isolation it ran under (None: it did not run)."""
+
+    problems: list[FieldProblem]
+    level: IsolationLevel | None = None
+    layers: list[str] = field(default_factory=list)
+
+
+def run_as_training(files_dir: str | Path, module: str, calls: list[SandboxCall], limits: SandboxLimits | None) -> SandboxResult:
+    """Import the module and make ``calls`` the way the trainer's reward session does: one
+    persistent sandboxed process, the import, then one batch (the result carries the exports)."""
+    with SandboxSession(files_dir, module, limits) as session:
+        imported = session.start()
+        if not imported.ok:
+            return imported
+        return session.call(calls)
 
 
 def environment_problems(
@@ -116,6 +146,19 @@ def environment_problems(
     seed: int = 0,
 ) -> list[FieldProblem]:
     """Import the environment module in the sandbox and check the reward contract on sample items."""
+    return check_environment(files_dir, job, family, limits=limits, samples=samples, seed=seed).problems
+
+
+def check_environment(
+    files_dir: str | Path,
+    job: JobSpec,
+    family: TaskFamily,
+    *,
+    limits: SandboxLimits | None = None,
+    samples: int = DEFAULT_SAMPLES,
+    seed: int = 0,
+) -> EnvironmentCheck:
+    """:func:`environment_problems` with the isolation level and layers of the run."""
     module = job.environment.module
     items = sample_items(family, samples, job.dataset.difficulty, seed)
     checks: list[tuple[Example, str]] = []
@@ -130,8 +173,8 @@ def environment_problems(
         for item in items:
             calls.append(SandboxCall(function=COMPONENTS_NAME, key=name, args=[item.prompt, item.answer, item.answer]))
 
-    result = run_calls_in_sandbox(files_dir, module, calls, limits)
-    return _reward_problems(result, module, checks, items, component_names)
+    result = run_as_training(files_dir, module, calls, limits)
+    return EnvironmentCheck(_reward_problems(result, module, checks, items, component_names), result.level, list(result.isolation))
 
 
 def _reward_problems(
@@ -167,7 +210,10 @@ def _reward_problems(
                         f"{ENVIRONMENT_FUNCTION}() failed on {len(failures)} of {len(checks)} sample calls; first: "
                         f"prompt={_show(item.prompt)}, completion={_show(completion)}, answer={_show(item.answer)}: {_call_failure(outcome)}"
                     ),
-                    fix="return a finite float for every (prompt, completion, answer), including empty or odd completions",
+                    fix=(
+                        "return a finite float of magnitude at most "
+                        f"{TRAINER_BOUNDS.reject_above:g} for every (prompt, completion, answer), including empty or odd completions"
+                    ),
                 )
             )
         else:
@@ -213,7 +259,7 @@ def _reward_problems(
                     FieldProblem(
                         field=component_field,
                         message=f"component {_show(name)} failed on {len(failures)} of {len(items)} sample items; first: {_call_failure(failures[0])}",
-                        fix="return a finite float for every (prompt, completion, answer)",
+                        fix=f"return a finite float of magnitude at most {TRAINER_BOUNDS.reject_above:g} for every (prompt, completion, answer)",
                     )
                 )
     return problems
@@ -353,7 +399,19 @@ def probe_workspace(
     verdict = probe_job_text(raw, task, backend_checks)
     if verdict.job is None:
         return verdict
-    problems: list[FieldProblem] = list(verdict.errors)
-    problems += workspace_problems(files_dir, verdict.job, task, limits=limits, workspace_limits=workspace_limits, samples=samples, seed=seed)
-    return ProbeVerdict(passed=not problems, errors=capped(problems), job=verdict.job)
+    try:
+        family = get_family(task.family)
+    except KeyError:
+        problem = FieldProblem(field="(task)", message=f"task family {task.family!r} is unknown to the probe", fix="fix the task spec (an operator problem)")
+        return ProbeVerdict(passed=False, errors=[problem], job=verdict.job)
+    environment = check_environment(files_dir, verdict.job, family, limits=limits, samples=samples, seed=seed)
+    problems: list[FieldProblem] = [*verdict.errors, *environment.problems]
+    problems += dataset_problems(files_dir, verdict.job, task, family, workspace_limits=workspace_limits)
+    return ProbeVerdict(
+        passed=not problems,
+        errors=capped(problems),
+        job=verdict.job,
+        isolation=environment.level,
+        isolation_layers=environment.layers,
+    )
 

@@ -492,6 +492,18 @@ class ServicesConfig(StrictModel):
     broker_url: str | None = Field(default=None, max_length=4096, description="Celery broker URL (Redis)")
 
 
+class SandboxConfig(StrictModel):
+    """Isolation of agent-written code (the probe and the local trainer's reward session; metarl/isolation.py)."""
+
+    min_isolation: Literal["full", "process"] = Field(
+        default="full",
+        description=(
+            "Least isolation the deployment accepts: full = bubblewrap namespaces, read-only root and seccomp, plus rlimits "
+            "and the audit hook; process = rlimits and the audit hook only (hosts that refuse user namespaces)"
+        ),
+    )
+
+
 class ArtifactsConfig(StrictModel):
     """Where checkpoints, logs and workspaces go."""
 
@@ -518,6 +530,7 @@ class RunConfig(StrictModel):
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     services: ServicesConfig = Field(default_factory=ServicesConfig)
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     @model_validator(mode="after")
     def _local_agent_needs_local_outer(self) -> "RunConfig":

@@ -280,9 +280,11 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     started = time.perf_counter()
     checks = registry.probe_checks(job.config)
     if workspace_uri is not None:
-        verdict = run_with_retries(self, job, Stage.probe, lambda: probe_workspace_or_fail(workspace_uri, job.ctx.task, checks, job.ctx.seed))
+        minimum = job.config.sandbox.min_isolation
+        verdict = run_with_retries(self, job, Stage.probe, lambda: probe_workspace_or_fail(workspace_uri, job.ctx.task, checks, job.ctx.seed, minimum))
         if verdict is None:
             return "failed"
+        log.info("probe episode=%s attempt=%s passed=%s isolation=%s", episode_id, probe_attempt, verdict.passed, verdict.isolation)
     else:
         verdict = probe_job_text(job_toml, job.ctx.task, checks)
     seconds = time.perf_counter() - started
@@ -306,13 +308,16 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     return "passed" if verdict.passed else "rejected"
 
 
-def probe_workspace_or_fail(workspace_uri: str, task, checks, seed: int):  # type: ignore[no-untyped-def]
-    """The whole-workspace probe; a sandbox that cannot start is a transient infrastructure error."""
-    from metarl.sandbox import SandboxUnavailable
+def probe_workspace_or_fail(workspace_uri: str, task, checks, seed: int, min_isolation: str = "full"):  # type: ignore[no-untyped-def]
+    """The whole-workspace probe; a sandbox that cannot start is a transient infrastructure error, a
+    host that cannot give the run's ``[sandbox] min_isolation`` a permanent one (never the agent's fault)."""
+    from metarl.sandbox import IsolationUnavailable, SandboxLimits, SandboxUnavailable
     from metarl.workspace_probe import probe_workspace
 
     try:
-        return probe_workspace(workspace_uri, task, checks, seed=seed)
+        return probe_workspace(workspace_uri, task, checks, seed=seed, limits=SandboxLimits(min_isolation=min_isolation))
+    except IsolationUnavailable as err:
+        raise PermanentBackendError(str(err)) from None
     except SandboxUnavailable as err:
         raise TransientBackendError(f"sandbox unavailable: {err}") from None
 

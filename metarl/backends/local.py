@@ -29,6 +29,7 @@ import psutil
 
 from metarl.backends.base import BaseModelIdentity, EpisodeContext, LaunchResult, PollResult, Score
 from metarl.errors import PermanentBackendError
+from metarl.isolation import IsolationLevel
 from metarl.learning.runtime import THREADS_ENV, threads_per_job
 from schemas.base import FieldProblem
 from schemas.job import JobSpec
@@ -47,7 +48,9 @@ def reward_process_cpu_seconds(max_train_seconds: float) -> int:
     return int(min(3600, max(30, math.ceil(max_train_seconds))))
 
 
-def compile_local_job(job: JobSpec, task: TaskSpec, model_scale: float = 1.0, *, environment_reward: bool = False) -> dict[str, Any]:
+def compile_local_job(
+    job: JobSpec, task: TaskSpec, model_scale: float = 1.0, *, environment_reward: bool = False, min_isolation: IsolationLevel = "full"
+) -> dict[str, Any]:
     """Turn a validated job.toml into the local trainer's config (raises ValueError naming the field).
 
     With ``environment_reward`` the job scores rollouts with the workspace's environment module
@@ -88,6 +91,7 @@ def compile_local_job(job: JobSpec, task: TaskSpec, model_scale: float = 1.0, *,
             module=job.environment.module,
             step_wall_seconds=REWARD_STEP_WALL_SECONDS,
             cpu_seconds=reward_process_cpu_seconds(task.budget.max_train_seconds),
+            min_isolation=min_isolation,
         )
         compiled["reward"] = spec.model_dump(mode="json")
     return compiled
@@ -163,9 +167,10 @@ class LocalTrain:
     name = "local"
     simulated = False
 
-    def __init__(self, config: LocalTrainBackend, jobs_dir: Path):
+    def __init__(self, config: LocalTrainBackend, jobs_dir: Path, *, min_isolation: IsolationLevel = "full"):
         self.config = config
         self.jobs_dir = jobs_dir
+        self.min_isolation = min_isolation
 
     def capacity(self) -> int:
         return self.config.max_concurrent_jobs
@@ -180,7 +185,9 @@ class LocalTrain:
         if launch_file.exists():
             return LaunchResult(external_id=f"local-{job_name}", state=json.loads(launch_file.read_text(encoding="utf-8")))
         try:
-            compiled = compile_local_job(job, ctx.task, self.config.model_scale, environment_reward=ctx.workspace_uri is not None)
+            compiled = compile_local_job(
+                job, ctx.task, self.config.model_scale, environment_reward=ctx.workspace_uri is not None, min_isolation=self.min_isolation
+            )
         except ValueError as err:
             raise PermanentBackendError(f"job does not compile for the local trainer: {err}") from None
         compiled["model_cache_dir"] = self.config.model_cache_dir

@@ -40,7 +40,7 @@ def agent_backend(config: RunConfig) -> AgentBackend:
 def train_backend(config: RunConfig) -> TrainBackend:
     backend = config.backends.train
     if isinstance(backend, LocalTrainBackend):
-        return LocalTrain(backend, Path(config.artifacts.root) / "jobs")
+        return LocalTrain(backend, Path(config.artifacts.root) / "jobs", min_isolation=config.sandbox.min_isolation)
     if isinstance(backend, RunpodTrainBackend):
         return RunpodTrain(backend, config.artifacts.root, config.budget)
     return SimTrain(backend, Path(config.artifacts.root) / "sim-cloud")

@@ -36,12 +36,13 @@ from metarl.learning.families import generate_dataset, get_family
 from metarl.learning.grpo import LocalTrainConfig, RewardWeights, read_metrics, rollout_reward, train
 from metarl.learning.models import ensure_base_model
 from metarl.learning.runtime import threads_per_job
-from metarl.reward_source import EnvironmentRewardSpec, Rollout, SandboxRewardSource
+from metarl.reward_source import EnvironmentRewardSpec, RewardFunctionError, Rollout, SandboxRewardSource
 from metarl.sandbox import SandboxCall, SandboxLimits, SandboxSession
 from schemas.job import JobSpec
 from schemas.run_config import LocalTrainBackend
 from schemas.task_spec import TaskSpec
 from tests.conftest import REPO
+from tests.unit.test_sandbox import abstract_listener, fill, victim  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.integration
 
@@ -305,12 +306,15 @@ def header(source: str, key: str) -> str | None:
 
 
 @pytest.mark.parametrize("case", HOSTILE_CASES)
-def test_persistent_session_holds_the_hostile_corpus(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_persistent_session_holds_the_hostile_corpus(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: subprocess.Popen[bytes], abstract_listener: tuple[str, object]
+) -> None:
     """Every hostile module of the probe's corpus ends the same way in a persistent session."""
     monkeypatch.setenv("METARL_TEST_SECRET", SECRET)
-    source = (HOSTILE / case).read_text(encoding="utf-8")
+    tag = abstract_listener[0]
+    source = fill((HOSTILE / case).read_text(encoding="utf-8"), tmp_path, tmp_path / "hidden.jsonl", victim, tag)
     expected = set((header(source, "expect") or "").split("|"))
-    args = json.loads((header(source, "args") or '["add 1+2=", "3", "3"]').replace("{hidden}", str(tmp_path / "hidden.jsonl")))
+    args = json.loads(header(source, "args") or '["add 1+2=", "3", "3"]')
     limits = SandboxLimits(**{**BASE_LIMITS, **json.loads(header(source, "limits") or "{}")})
     files = tmp_path / "files"
     files.mkdir()
@@ -328,6 +332,21 @@ def test_persistent_session_holds_the_hostile_corpus(case: str, tmp_path: Path, 
         if not result.ok:
             assert not session.alive and session.call([SandboxCall(function="reward", args=args)]) == result
     assert sorted(path.name for path in files.iterdir()) == [case]
+    assert victim.poll() is None and not list(Path("/tmp").glob(f"{tag}*"))
+
+
+def test_training_contains_a_module_that_behaves_only_in_the_probes_folder(tmp_path: Path, abstract_listener: tuple[str, object]) -> None:
+    """Issue 31: mknod_in_training.py behaved in the probe's files/ folder and filled /tmp from a
+    training job's workspace copy. The trainer's reward session now refuses it, and /tmp stays clean."""
+    tag = abstract_listener[0]
+    job_workspace = tmp_path / "jobs" / "job-1" / "workspace"  # LocalTrain's layout: JOB_DIR/workspace/
+    job_workspace.mkdir(parents=True)
+    (job_workspace / "environment.py").write_text((HOSTILE / "mknod_in_training.py").read_text(encoding="utf-8").replace("{tag}", tag))
+    spec = EnvironmentRewardSpec(step_wall_seconds=5.0, startup_wall_seconds=8.0, cpu_seconds=5)
+    with pytest.raises(RewardFunctionError) as failed, SandboxRewardSource(job_workspace, spec) as reward_fn:
+        reward_fn([("add 1+2=", "3", "3")])
+    assert "(forbidden)" in failed.value.message and "system call" in failed.value.message
+    assert not list(Path("/tmp").glob(f"{tag}*"))
 
 
 def test_persistent_session_answers_many_batches_and_keeps_state(tmp_path: Path) -> None:

@@ -1,18 +1,25 @@
-"""Hostile workspaces through a real probe worker, end to end (issue 4 acceptance).
+"""Hostile workspaces through a real probe worker, end to end (issue 4 and issue 31 acceptance).
 
-Every module of the hostile corpus (tests/fixtures/hostile, as the sandbox unit tests use it) and a
-set of hostile workspace layouts (path traversal, links, special and huge files, deep TOML, invalid
-UTF-8, hidden-eval items) is submitted as a probe attempt and sent as the real `metarl.stage.probe`
-task to a real probe worker process whose environment holds fake secrets. Every hostile workspace
-must come back with probe errors in `probe_attempts`, the worker must survive and serve the next
-task, and no secret and no hidden-eval item may appear in a transcript, a log file or a database row.
+Every module of the hostile corpus (tests/fixtures/hostile, as the sandbox unit tests use it, with
+its placeholders filled: a live victim process of the sandbox's host uid, a unique /tmp tag with
+an abstract unix socket listening under that name, another attempt's file) and a set of hostile
+workspace layouts (path traversal, links, special and huge files, deep TOML, invalid UTF-8,
+hidden-eval items) is submitted as a probe attempt and sent as the real `metarl.stage.probe` task
+to a real probe worker process whose environment holds fake secrets. The worker runs as root and,
+in a second run, as an unprivileged user (nobody, through setpriv). Every hostile workspace must
+come back with probe errors in `probe_attempts`, the worker must survive and serve the next task,
+the victim must live, nothing may appear in the host's /tmp or reach the socket, every module must
+have run under the `full` isolation level (from the worker's log line of each verdict), and no
+secret and no hidden-eval item may appear in a transcript, a log file or a database row.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -32,8 +39,9 @@ from schemas.records import Base, Episode, EpisodeGroup, ProbeAttempt, Stage
 from schemas.task_spec import TaskSpec
 from tests.conftest import REPO
 from tests.integration.helpers import sim_config
-from tests.unit.test_sandbox import CASES, HOSTILE, SECRET
+from tests.unit.test_sandbox import CASES, HOSTILE, SECRET, abstract_listener, fill  # noqa: F401 - fixture
 from tests.unit.test_workspace_probe import JOB, dataset_text
+from tests.unprivileged import NOBODY, nobody_python, shared_folder
 from workers.app import make_app
 from workers.dispatch import send_stage
 
@@ -192,17 +200,49 @@ def wait_for_verdicts(pg_url: str, episode_ids: list[int], timeout_s: float, wor
     raise AssertionError(f"no verdict after {timeout_s}s for episodes {missing}")
 
 
+WORKER_USERS = ["root", "nobody"] if os.geteuid() == 0 else ["self"]
+
+
+@pytest.fixture(params=WORKER_USERS)
+def worker_user(request: pytest.FixtureRequest) -> str:
+    """Who the probe worker runs as: root (the test's own user) or nobody (an unprivileged worker)."""
+    return str(request.param)
+
+
 @pytest.fixture
-def probe_worker(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def probe_worker(pg_url: str, redis_url: str, tmp_path: Path, worker_user: str) -> Iterator[subprocess.Popen[bytes]]:
     """One real probe pool process (two pool processes) with fake secrets in its environment."""
     env = {**os.environ, "METARL_DATABASE_URL": pg_url, "METARL_BROKER_URL": redis_url, **SECRET_ENV}
+    command = worker_command("probe", concurrency=2)
+    if worker_user == "nobody":
+        found = nobody_python()
+        if isinstance(found, str):
+            pytest.skip(f"no unprivileged worker: {found}")
+        prefix, extra = found
+        command, env = [*prefix, *command[1:]], {**env, **extra, "METARL_HOME": extra["HOME"]}
     (tmp_path / "logs").mkdir()
     with open(tmp_path / "logs" / "worker-probe.log", "ab") as log_file:
-        process = subprocess.Popen(
-            worker_command("probe", concurrency=2), env=env, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
+        process = subprocess.Popen(command, env=env, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     yield process
     stop_process_group(process)
+
+
+@pytest.fixture
+def victim(worker_user: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A live process of the sandbox's host uid (nobody; for the nobody worker, the worker's own uid too)."""
+    extra = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
+    process = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL, start_new_session=True, **extra)  # type: ignore[call-overload]
+    yield process
+    process.kill()
+    process.wait()
+
+
+@pytest.fixture
+def workspaces() -> Iterator[Path]:
+    """A folder every worker user can read, for the attempts' workspaces."""
+    folder = shared_folder("metarl-hostile-workspaces-")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def all_row_text(pg_url: str) -> str:
@@ -213,15 +253,20 @@ def all_row_text(pg_url: str) -> str:
         )
 
 
-def test_hostile_workspaces_through_a_real_probe_worker(tmp_path, pg_url, redis_url, probe_worker):
+VERDICT_LOG = re.compile(r"probe episode=(\d+) attempt=1 passed=(True|False) isolation=(\w+)")
+
+
+def test_hostile_workspaces_through_a_real_probe_worker(tmp_path, pg_url, redis_url, probe_worker, worker_user, victim, abstract_listener, workspaces):
     config, specs = load_run(sim_config(tmp_path, name="hostile", extra="max_probe_attempts = 1\n"))
     task = specs[TASK_ID]
     run_id = create_run(pg_url, config, specs)
-    base = tmp_path / "workspaces"
+    tag, listener = abstract_listener
+    base = workspaces
     good_env = (HOSTILE / CONTROL_MODULE).read_text(encoding="utf-8")
     cases: dict[str, Path] = {}
     for module in CASES:
-        cases[f"module:{module}"] = valid_workspace(base, f"module-{module}", task, (HOSTILE / module).read_text(encoding="utf-8"))
+        source = fill((HOSTILE / module).read_text(encoding="utf-8"), base, base / HIDDEN_FILE, victim, tag)
+        cases[f"module:{module}"] = valid_workspace(base, f"module-{module}", task, source)
     for name, source in EXFILTRATING_MODULES.items():
         cases[f"module:{name}"] = valid_workspace(base, f"module-{name}", task, source)
     for name, breaker in LAYOUTS.items():
@@ -257,6 +302,12 @@ def test_hostile_workspaces_through_a_real_probe_worker(tmp_path, pg_url, redis_
     assert all(stages[episodes[name]] == Stage.done for name in episodes if name != control), "a hostile episode did not end at the retry cap"
     assert stages[episodes[control]] == Stage.train
 
+    # Nothing escaped: the victim lives, the host's /tmp and the abstract socket saw nothing.
+    assert victim.poll() is None, "a module killed another process of the sandbox's uid"
+    assert not list(Path("/tmp").glob(f"{tag}*")), "a module created files in the host's /tmp"
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+
     # The worker survived every case (no pool process lost either) and serves the next task.
     assert probe_worker.poll() is None, "the probe worker died"
     next_files = valid_workspace(base, "next", task, good_env)
@@ -265,6 +316,11 @@ def test_hostile_workspaces_through_a_real_probe_worker(tmp_path, pg_url, redis_
     assert wait_for_verdicts(pg_url, [next_episode], 30, probe_worker)[next_episode].passed
     log_text = "\n".join(path.read_text(encoding="utf-8", errors="replace") for path in (tmp_path / "logs").rglob("*") if path.is_file())
     assert "WorkerLostError" not in log_text and "exited with" not in log_text, "a pool process of the probe worker died"
+
+    # Every module ran under the full isolation level, whoever the worker runs as.
+    levels = {int(episode): level for episode, _, level in VERDICT_LOG.findall(log_text)}
+    module_episodes = [episode_id for name, episode_id in episodes.items() if name.startswith("module:")]
+    assert {levels.get(episode_id) for episode_id in module_episodes} == {"full"}, {name: levels.get(e) for name, e in episodes.items()}
 
     # No secret and no hidden-eval item in a transcript, a log file or a database row.
     transcripts = [root.parent / TRANSCRIPT_FILE for root in cases.values()] + [next_files.parent / TRANSCRIPT_FILE]
@@ -284,4 +340,3 @@ def test_hostile_workspaces_through_a_real_probe_worker(tmp_path, pg_url, redis_
         assert not leaked, f"hidden-eval items leaked into the {where}: {len(leaked)} of them"
     assert "root:x:0:0" not in texts["database rows"], "/etc/passwd leaked into the records"
     assert elapsed < 110
-    shutil.rmtree(base)

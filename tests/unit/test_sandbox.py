@@ -7,17 +7,23 @@ prompt in what comes back.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
 import shutil
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from metarl import sandbox
+from metarl import isolation, sandbox
 from metarl.learning.families import get_family
 from metarl.sandbox import (
+    IsolationUnavailable,
     SandboxCall,
     SandboxLimits,
     SandboxResult,
@@ -25,11 +31,19 @@ from metarl.sandbox import (
     run_calls_in_sandbox,
     run_in_sandbox,
 )
+from metarl.sandbox_runner import ALLOWED_MODULES
 
 HOSTILE = Path(__file__).resolve().parent.parent / "fixtures" / "hostile"
 SECRET = "metarl-test-secret-4f9c2a71"
 CASES = sorted(path.name for path in HOSTILE.glob("*.py"))
 BASE_LIMITS = {"cpu_seconds": 1, "wall_seconds": 8.0, "memory_bytes": 256 * 1024**2, "max_stderr_bytes": 4 * 1024**2}
+HOST = isolation.host_isolation(str(sandbox.RUNNER), ALLOWED_MODULES)
+FULL = HOST.problem is None
+ALLOW_PROCESS = os.environ.get("METARL_ALLOW_PROCESS_ISOLATION") == "1"
+"""Only a developer host that cannot run bubblewrap sets this (then the kernel-layer tests skip)."""
+KERNEL_CASES = [case for case in CASES if re.search(r"^# without-hook: ", (HOSTILE / case).read_text(encoding="utf-8"), re.MULTILINE)]
+SANDBOX_UID = 65534 if os.geteuid() == 0 else os.geteuid()
+"""The host uid of sandboxed code: nobody for a root worker, the worker's own uid otherwise."""
 
 
 def header(source: str, key: str) -> str | None:
@@ -59,43 +73,150 @@ def workspace_with(tmp_path: Path, name: str, source: str) -> Path:
     return files
 
 
-def assert_clean(result: SandboxResult, hidden_prompts: list[str]) -> None:
+def assert_clean(result: SandboxResult, hidden_prompts: list[str], must_not_see: tuple[str, ...] = ()) -> None:
     text = result.model_dump_json()
     assert SECRET not in text
     assert "root:x:0:0" not in text  # /etc/passwd
     for prompt in hidden_prompts:
         assert prompt not in text
+    for needle in must_not_see:
+        assert needle not in text, f"{needle!r} leaked into the result"
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_hostile_corpus(case: str, tmp_path: Path, secret_env: str, hidden_file: tuple[Path, list[str]]) -> None:
+@pytest.fixture
+def victim() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process of the sandbox's host uid (another reward session, say) that must survive."""
+    extra = {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []} if os.geteuid() == 0 else {}
+    process = subprocess.Popen(["sleep", "120"], stdin=subprocess.DEVNULL, start_new_session=True, **extra)  # type: ignore[call-overload]
+    yield process
+    process.kill()
+    process.wait()
+
+
+@pytest.fixture
+def abstract_listener() -> Iterator[tuple[str, socket.socket]]:
+    """A tag for host paths, and an abstract unix socket of that name listening in this process."""
+    tag = f"metarl-hostile-{uuid.uuid4().hex[:12]}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + tag)
+    listener.listen(4)
+    listener.setblocking(False)
+    yield tag, listener
+    listener.close()
+    for path in glob.glob(f"/tmp/{tag}*"):
+        os.unlink(path)
+
+
+def fill(text: str, tmp_path: Path, hidden: Path, victim: subprocess.Popen[bytes], tag: str) -> str:
+    """A case's source or ``# args:`` with its placeholders filled in (see tests/fixtures/hostile/README.md)."""
+    other = tmp_path / "other-attempt" / "files" / "dataset.jsonl"
+    other.parent.mkdir(parents=True, exist_ok=True)
+    other.write_text("other-workspace-marker\n", encoding="utf-8")
+    for name, value in {"hidden": hidden, "victim": victim.pid, "other": other, "tag": tag}.items():
+        text = text.replace("{" + name + "}", str(value))
+    return text
+
+
+def case_setup(case: str, tmp_path: Path, hidden: Path, victim: subprocess.Popen[bytes], tag: str) -> tuple[str, list[object], SandboxLimits]:
+    """A hostile module's source and call arguments (placeholders filled in) and its limits."""
     source = (HOSTILE / case).read_text(encoding="utf-8")
-    expected = set((header(source, "expect") or "").split("|"))
-    assert expected, f"{case} has no '# expect:' header"
-    args = json.loads((header(source, "args") or '["add 1+2=", "3", "3"]').replace("{hidden}", str(hidden_file[0])))
     limits = SandboxLimits(**{**BASE_LIMITS, **json.loads(header(source, "limits") or "{}")})
-    files = workspace_with(tmp_path, case, source)
+    args = json.loads(fill(header(source, "args") or '["add 1+2=", "3", "3"]', tmp_path, hidden, victim, tag))
+    return fill(source, tmp_path, hidden, victim, tag), args, limits
 
-    result = run_in_sandbox(files, case, "reward", args, limits)
 
+def assert_contained(
+    case: str, result: SandboxResult, expected: set[str], files: Path, victim: subprocess.Popen[bytes], listener: socket.socket, tag: str
+) -> None:
+    """The outcome is one of ``expected`` and nothing outside the sandbox changed."""
     outcome = "ok" if result.ok else result.error.kind
     assert outcome in expected, f"{case}: got {outcome}: {result.error} / stderr: {result.stderr_tail[-500:]}"
     if not result.ok:
         assert result.error.message and result.error.fix
-    assert_clean(result, hidden_file[1])
-    if outcome in ("ok", "forbidden"):
-        assert "audit-hook" in result.isolation and "rlimits" in result.isolation
-    # nothing was written or linked in the workspace or next to it
-    assert sorted(p.name for p in files.iterdir()) == [case]
+    assert victim.poll() is None, f"{case} killed another process of the sandbox's uid"
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+    assert glob.glob(f"/tmp/{tag}*") == [], f"{case} created files in the host's /tmp"
+    assert sorted(p.name for p in files.iterdir()) == [case]  # nothing written or linked in the workspace
     assert not Path("/tmp/metarl-sandbox-escape.txt").exists()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_hostile_corpus(
+    case: str, tmp_path: Path, secret_env: str, hidden_file: tuple[Path, list[str]], victim: subprocess.Popen[bytes], abstract_listener: tuple[str, socket.socket]
+) -> None:
+    tag, listener = abstract_listener
+    source, args, limits = case_setup(case, tmp_path, hidden_file[0], victim, tag)
+    expected = set((header(source, "expect") or "").split("|"))
+    assert expected, f"{case} has no '# expect:' header"
+    files = workspace_with(tmp_path, case, source)
+
+    result = run_in_sandbox(files, case, "reward", args, limits)
+
+    assert_contained(case, result, expected, files, victim, listener, tag)
+    assert_clean(result, hidden_file[1], tuple((header(source, "must-not-see") or "").split("|")) if header(source, "must-not-see") else ())
+    assert result.level == ("full" if FULL else "process")
+    if FULL:
+        assert {"bubblewrap", "pid-namespace", "mount-namespace", "network-namespace", "seccomp"} <= set(result.isolation)
+    if result.ok or (result.error.kind == "forbidden" and result.error.event != "seccomp"):
+        assert "audit-hook" in result.isolation and "rlimits" in result.isolation
+
+
+@pytest.mark.skipif(not FULL, reason=f"no full isolation on this host: {HOST.problem}")
+@pytest.mark.parametrize("case", KERNEL_CASES)
+def test_kernel_layers_hold_without_the_audit_hook(
+    case: str, tmp_path: Path, secret_env: str, hidden_file: tuple[Path, list[str]], victim: subprocess.Popen[bytes], abstract_listener: tuple[str, socket.socket]
+) -> None:
+    """The audit hook switched off: bubblewrap's namespaces and root, seccomp and the rlimits alone contain each case."""
+    tag, listener = abstract_listener
+    source, args, limits = case_setup(case, tmp_path, hidden_file[0], victim, tag)
+    expected = set((header(source, "without-hook") or "").split("|"))
+    files = workspace_with(tmp_path, case, source)
+
+    result = run_in_sandbox(files, case, "reward", args, limits.model_copy(update={"audit_hook": False}))
+
+    assert_contained(case, result, expected, files, victim, listener, tag)
+    assert_clean(result, hidden_file[1], tuple((header(source, "must-not-see") or "").split("|")) if header(source, "must-not-see") else ())
+    assert result.level == "full" and "audit-hook" not in result.isolation
+    if not result.ok and result.error.kind == "forbidden":
+        assert result.error.event == "seccomp" or "larger than allowed" in result.error.message, result.error
+
+
+def test_full_isolation_is_available() -> None:
+    """The default ([sandbox] min_isolation = "full") must work here, as root and as any other user."""
+    if not ALLOW_PROCESS:
+        assert FULL, HOST.problem
+
+
+@pytest.fixture
+def without_bubblewrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host where bubblewrap cannot run (user namespaces refused, say)."""
+    unavailable = isolation.HostIsolation(bwrap=None, root=None, problem="bwrap failed (exit 1): No permissions to create a new namespace")
+    monkeypatch.setattr(isolation, "host_isolation", lambda runner, modules: unavailable)
+
+
+def test_weaker_isolation_is_refused_unless_the_deployment_accepts_it(tmp_path: Path, without_bubblewrap: None) -> None:
+    files = workspace_with(tmp_path, "env.py", "def reward(p, c, a):\n    return 1.0\n")
+    with pytest.raises(IsolationUnavailable) as refused:
+        run_in_sandbox(files, "env.py", "reward", ["p", "c", "a"], SandboxLimits(**BASE_LIMITS))
+    message = str(refused.value)
+    assert "[sandbox] min_isolation" in message and "No permissions to create a new namespace" in message
+    assert 'min_isolation = "process"' in message and "user namespaces" in message  # the fixes
+    with pytest.raises(IsolationUnavailable):
+        sandbox.SandboxSession(files, "env.py", SandboxLimits(**BASE_LIMITS)).start()
+    accepted = run_in_sandbox(files, "env.py", "reward", ["p", "c", "a"], SandboxLimits(**BASE_LIMITS, min_isolation="process"))
+    assert accepted.ok and accepted.value == 1.0
+    assert accepted.level == "process" and "bubblewrap" not in accepted.isolation and "rlimits" in accepted.isolation
 
 
 def test_environment_is_empty_but_for_path(tmp_path: Path, secret_env: str) -> None:
     source = (HOSTILE / "env_vars.py").read_text(encoding="utf-8")
     result = run_in_sandbox(workspace_with(tmp_path, "env_vars.py", source), "env_vars.py", "reward", ["p", "c", "a"], SandboxLimits(**BASE_LIMITS))
     assert result.ok, result.error
-    assert set(result.value["os"]) <= {"PATH", "LC_ALL"}
-    assert set(result.value["posix"]) <= {"PATH", "LC_ALL"}
+    # under bubblewrap: the loader's library path and the working directory bwrap sets; nothing of ours
+    allowed = {"PATH", "LC_ALL"} | ({"LD_LIBRARY_PATH", "PWD"} if result.level == "full" else set())
+    assert set(result.value["os"]) <= allowed
+    assert set(result.value["posix"]) <= allowed
 
 
 def test_forbidden_reports_the_event(tmp_path: Path) -> None:
@@ -146,14 +267,28 @@ def test_batch_calls_and_exports(tmp_path: Path) -> None:
     assert {"reward", "fmt", "broken"} <= set(result.exports.functions)
 
 
+@pytest.mark.skipif(not FULL, reason=f"no full isolation on this host: {HOST.problem}")
 def test_isolation_layers_reported(tmp_path: Path) -> None:
-    files = workspace_with(tmp_path, "env.py", "def reward(p, c, a):\n    return 1.0\n")
+    source = (
+        "import os\n"
+        "def reward(p, c, a):\n"
+        "    return [os.getcwd(), os.getuid(), os.getpid(), sorted(os.listdir('/workspace'))]\n"
+    )
+    files = workspace_with(tmp_path, "env.py", source)
     result = run_in_sandbox(files, "env.py", "reward", ["p", "c", "a"], SandboxLimits(**BASE_LIMITS))
-    assert result.ok
-    assert {"rlimits", "audit-hook"} <= set(result.isolation)
+    assert result.ok, result.error
+    assert result.level == "full"
+    assert {"bubblewrap", "pid-namespace", "mount-namespace", "network-namespace", "ipc-namespace", "uts-namespace", "seccomp"} <= set(result.isolation)
+    assert {"rlimits", "audit-hook", "no-new-privs"} <= set(result.isolation)
     if os.geteuid() == 0:
         assert "uid-65534" in result.isolation  # root must never run agent code as root
-        assert "network-namespace" in result.isolation
+    else:
+        assert "user-namespace" in result.isolation
+    # the probe's and the trainer's layout: the workspace at /workspace, the working directory; PID 1 of its own namespace; nobody
+    assert result.value == ["/workspace", 65534, 1, ["env.py"]]
+    # under bubblewrap a root start always drops to nobody, whatever the (process-level) knob says
+    kept = run_in_sandbox(files, "env.py", "reward", ["p", "c", "a"], SandboxLimits(**BASE_LIMITS, drop_privileges=False))
+    assert kept.ok and kept.value[1] == 65534
 
 
 def test_planted_symlink_in_workspace_is_not_followed(tmp_path: Path, hidden_file: tuple[Path, list[str]]) -> None:
@@ -205,9 +340,16 @@ def test_missing_workspace_and_invalid_source(tmp_path: Path) -> None:
 def test_sandbox_failures_are_raised_not_blamed_on_the_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     files = workspace_with(tmp_path, "env.py", "def reward(p, c, a):\n    return 1.0\n")
     with monkeypatch.context() as patch:
-        patch.setattr(sandbox.sys, "executable", str(tmp_path / "no-python"))
+        missing = isolation.HostIsolation(bwrap=str(tmp_path / "no-bwrap"), root=HOST.root, problem=None)
+        patch.setattr(isolation, "host_isolation", lambda runner, modules: missing)
         with pytest.raises(SandboxUnavailable, match="cannot start"):
             run_in_sandbox(files, "env.py", "reward", [])
+    with monkeypatch.context() as patch:
+        unavailable = isolation.HostIsolation(bwrap=None, root=None, problem="test")
+        patch.setattr(isolation, "host_isolation", lambda runner, modules: unavailable)
+        patch.setattr(sandbox.sys, "executable", str(tmp_path / "no-python"))
+        with pytest.raises(SandboxUnavailable, match="cannot start"):
+            run_in_sandbox(files, "env.py", "reward", [], SandboxLimits(min_isolation="process"))
     if os.geteuid() == 0:
         with monkeypatch.context() as patch:
             patch.setattr(sandbox, "NOBODY", 2**40)  # the privilege drop fails during set-up
@@ -226,10 +368,10 @@ def test_agent_cannot_forge_a_setup_failure(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", ["fork_bomb.py", "read_passwd.py", "socket_import.py", "proc_environ.py", "write_file.py"])
-def test_audit_hook_alone_still_refuses(case: str, tmp_path: Path, secret_env: str) -> None:
-    """With the kernel layers switched off (no privilege drop, no network namespace) the hook still holds."""
+def test_audit_hook_alone_still_refuses(case: str, tmp_path: Path, secret_env: str, without_bubblewrap: None) -> None:
+    """With the kernel layers switched off (no bubblewrap, no privilege drop, no network namespace) the hook still holds."""
     source = (HOSTILE / case).read_text(encoding="utf-8")
-    limits = SandboxLimits(**BASE_LIMITS, drop_privileges=False, isolate_network=False)
+    limits = SandboxLimits(**BASE_LIMITS, drop_privileges=False, isolate_network=False, min_isolation="process")
     result = run_in_sandbox(workspace_with(tmp_path, case, source), case, "reward", ["p", "c", "a"], limits)
     assert not result.ok and result.error.kind == "forbidden"
     assert not any(layer.startswith(("uid-", "network-namespace")) for layer in result.isolation)
@@ -240,3 +382,25 @@ def test_site_packages_are_not_readable(tmp_path: Path) -> None:
     source = "import os\ndef reward(p, c, a):\n    return open(os.path.dirname(os.__file__) + '/site-packages/x.py').read()\n"
     result = run_in_sandbox(workspace_with(tmp_path, "env.py", source), "env.py", "reward", [1, 2, 3], SandboxLimits(**BASE_LIMITS))
     assert result.error.kind == "forbidden" and "site-packages" in result.error.message
+
+
+@pytest.mark.slow
+def test_the_corpus_is_contained_for_an_unprivileged_worker() -> None:
+    """This file's corpus and kernel-layer tests again, run by pytest as nobody (a non-root worker):
+    bubblewrap then runs unprivileged, with a user namespace, and must hold the same way."""
+    from tests.unprivileged import NOBODY, nobody_python, shared_folder
+
+    found = nobody_python()
+    if isinstance(found, str):
+        pytest.skip(f"cannot run as an unprivileged user here: {found}")
+    prefix, env = found
+    basetemp = shared_folder("metarl-nobody-pytest-")
+    os.chown(basetemp, NOBODY, NOBODY)
+    selection = "hostile_corpus or kernel_layers or isolation_layers or full_isolation_is_available"
+    command = [*prefix, "-m", "pytest", str(Path(__file__)), "-q", "-p", "no:cacheprovider", "--basetemp", str(basetemp), "-k", selection]
+    try:
+        result = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, timeout=900, cwd=str(HOSTILE.parents[2]))
+    finally:
+        shutil.rmtree(basetemp, ignore_errors=True)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1], result.stdout[-1000:]

@@ -265,3 +265,52 @@ def test_property_dataset_problems_never_raise(tmp_path_factory: pytest.TempPath
     problems = dataset_problems(files, job, make_task(), get_family("addition"))
     for problem in problems:
         assert problem.field in ("dataset.path", "dataset.size") and problem.message and problem.fix
+
+
+# -- the trainer's acceptance rule and the trainer's way of running the module (issue 31) ------------
+
+
+@pytest.mark.parametrize(
+    ("correct_reward", "trainer_accepts"),
+    [(1e300, False), (2e6, False), (-1e7, False), (1e6, True), (1e5, True), (-1e6 + 1, True)],
+)
+def test_probe_applies_the_trainers_reward_rule(ws: Workspace, correct_reward: float, trainer_accepts: bool) -> None:
+    """One rule for both: the probe passes a module exactly when the trainer would take its rewards."""
+    from metarl.reward_source import RewardBounds, RewardFunctionError, checked_rewards
+
+    low = min(correct_reward, 0.0) - 1.0
+    source = f"def reward(prompt, completion, answer):\n    return {correct_reward!r} if completion.strip() == answer else {low!r}\n"
+    assert ws.write_file("environment.py", source).ok
+    (ws.files_dir / "job.toml").write_text(JOB.replace("[reward.components]\ncorrectness = 1.0\nformat = 0.1\n", ""), encoding="utf-8")
+    verdict = probe(ws)
+    try:
+        checked_rewards([correct_reward, low], [("p", "3", "3"), ("p", "4", "3")], RewardBounds())
+        trainer = True
+    except RewardFunctionError:
+        trainer = False
+    assert trainer is trainer_accepts
+    assert verdict.passed is trainer_accepts, verdict.errors
+    if not trainer_accepts:
+        message = " ".join(problem.message for problem in verdict.errors)
+        assert "beyond the allowed magnitude 1e+06" in message and "the trainer fails a job on it" in message
+
+
+def test_probe_reports_the_isolation_level(ws: Workspace) -> None:
+    verdict = probe(ws)
+    assert verdict.passed
+    assert verdict.isolation == "full"
+    assert {"bubblewrap", "seccomp", "pid-namespace", "mount-namespace", "network-namespace", "rlimits", "audit-hook"} <= set(verdict.isolation_layers)
+
+
+HOSTILE = Path(__file__).resolve().parent.parent / "fixtures" / "hostile"
+
+
+def test_a_module_that_behaves_only_in_the_probes_folder_is_caught_by_the_probe(ws: Workspace, tmp_path: Path) -> None:
+    """The probe runs it where training runs it (/workspace), so what it does in training, it does here."""
+    tag = f"metarl-probe-{tmp_path.name[-12:]}"
+    source = (HOSTILE / "mknod_in_training.py").read_text(encoding="utf-8").replace("{tag}", tag)
+    assert ws.write_file("environment.py", source).ok
+    verdict = probe(ws)
+    assert not verdict.passed
+    assert any("seccomp" in problem.message or "system call" in problem.message for problem in verdict.errors), verdict.errors
+    assert not list(Path("/tmp").glob(f"{tag}*"))
