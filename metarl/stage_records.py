@@ -65,7 +65,7 @@ ON CONFLICT ON CONSTRAINT uq_probe_attempts_episode_id DO NOTHING
 VERDICT_SQL = f"""
 UPDATE probe_attempts
 SET passed = %(passed)s, errors = %(errors)s, probe_seconds = %(probe_seconds)s, probed_at = now(), model_name = %(model_name)s,
-    explicit_hyperparameters = %(explicit_hyperparameters)s
+    explicit_hyperparameters = %(explicit_hyperparameters)s, isolation = %(isolation)s
 WHERE episode_id = %(episode_id)s AND attempt = %(attempt)s AND {WHEN_HELD}
 """
 """Written with the stage's move, inside its statement (as is EVALUATION_SQL)."""
@@ -115,9 +115,12 @@ def verdict_record(
     probe_seconds: float,
     model_name: str | None,
     explicit_hyperparameters: int | None,
+    isolation: str | None = None,
 ) -> StageRecord:
-    """The probe's verdict on a submission, written with the probe stage's move."""
+    """The probe's verdict on a submission, written with the probe stage's move (``isolation``: the
+    level its environment module ran under, None when none ran)."""
     params = {
+        "isolation": isolation,
         "passed": passed,
         "errors": json_param(errors),
         "probe_seconds": probe_seconds,

@@ -297,7 +297,8 @@ def episode_report(session: Session, episode_id: int) -> dict[str, Any]:
             for c in claims
         ],
         "attempts": [
-            {"attempt": a.attempt, "passed": a.passed, "model": a.model_name, "agent_tokens": a.agent_tokens, "errors": a.errors, "workspace": a.workspace_uri}
+            {"attempt": a.attempt, "passed": a.passed, "model": a.model_name, "agent_tokens": a.agent_tokens, "errors": a.errors, "workspace": a.workspace_uri,
+             "isolation": a.isolation}
             for a in attempts
         ],
         "inner_job": None if job is None else {

@@ -182,6 +182,7 @@ class ProbeAttempt(Base):
     passed: Mapped[bool | None] = mapped_column(Boolean)
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     probe_seconds: Mapped[float | None] = mapped_column(Float)
+    isolation: Mapped[str | None] = mapped_column(String(16))  # level the environment module ran under (migration 0011)
     submitted_at: Mapped[dt.datetime] = _now_column()
     probed_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 

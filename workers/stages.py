@@ -297,6 +297,7 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         probe_seconds=seconds,
         model_name=verdict.job.model.name if verdict.job else None,
         explicit_hyperparameters=verdict.job.explicit_hyperparameters() if verdict.job else None,
+        isolation=verdict.isolation,
     )
     records = [probed]
     if to.ends_unvalidated:

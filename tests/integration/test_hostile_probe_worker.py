@@ -317,10 +317,11 @@ def test_hostile_workspaces_through_a_real_probe_worker(tmp_path, pg_url, redis_
     log_text = "\n".join(path.read_text(encoding="utf-8", errors="replace") for path in (tmp_path / "logs").rglob("*") if path.is_file())
     assert "WorkerLostError" not in log_text and "exited with" not in log_text, "a pool process of the probe worker died"
 
-    # Every module ran under the full isolation level, whoever the worker runs as.
-    levels = {int(episode): level for episode, _, level in VERDICT_LOG.findall(log_text)}
+    # Every module ran under the full isolation level, whoever the worker runs as: each verdict records it.
     module_episodes = [episode_id for name, episode_id in episodes.items() if name.startswith("module:")]
-    assert {levels.get(episode_id) for episode_id in module_episodes} == {"full"}, {name: levels.get(e) for name, e in episodes.items()}
+    assert {verdicts[episode_id].isolation for episode_id in module_episodes} == {"full"}, {name: verdicts[e].isolation for name, e in episodes.items()}
+    levels = {int(episode): level for episode, _, level in VERDICT_LOG.findall(log_text)}
+    assert {levels.get(episode_id) for episode_id in module_episodes} == {"full"}
 
     # No secret and no hidden-eval item in a transcript, a log file or a database row.
     transcripts = [root.parent / TRANSCRIPT_FILE for root in cases.values()] + [next_files.parent / TRANSCRIPT_FILE]
