@@ -151,6 +151,7 @@ class EvalServer:
     def wait_for_request(self) -> EvalRequest | None:
         """The published request, or None after ``wait_s`` or once the pod is no longer this job's."""
         deadline = time.monotonic() + self.settings.wait_s
+        self.on_state("awaiting_eval", "waiting for the eval request")
         while time.monotonic() < deadline and self.still_assigned():
             try:
                 return EvalRequest.model_validate_json(self.results.read_bytes(REQUEST_FILE))
@@ -158,7 +159,6 @@ class EvalServer:
                 pass
             except (ValidationError, OSError) as err:  # a partial or unreadable write: look again
                 log(f"eval request unreadable, retrying: {err}")
-            self.on_state("awaiting_eval", "waiting for the eval request")
             time.sleep(self.settings.poll_s)
         return None
 

@@ -297,6 +297,18 @@ def judge_eval(
     return Verdict(action="running")
 
 
+def eval_refusal(exit_report: ExitReport) -> str | None:
+    """Why the hidden prompts must not go to this job's pod (None: they may): only after a successful
+    exit report that confirms the agent's processes are gone and the runner waits for the request."""
+    if not exit_report.succeeded:
+        return f"the job did not succeed ({exit_report.reason})"
+    if not exit_report.agent_stopped:
+        return "the pod did not confirm that the agent's processes stopped; no hidden item was sent"
+    if not exit_report.eval_on_pod:
+        return "the pod's runner does not serve an on-pod eval for this job; no hidden item was sent"
+    return None
+
+
 def eval_targets(trained_is_base: bool, base_known: bool) -> list[Target]:
     """Models the pod must score: the trained one (unless it is the base), and the base unless its score is known."""
     targets: list[Target] = [] if trained_is_base else ["trained"]
@@ -538,8 +550,9 @@ class RunpodTrain:
                 assert current.pod_id is not None
                 self._settle(ctx.run_id, ctx.episode_id, current.pod_id, current.pod_name, pod, current)
                 return PollResult(status="failed", state=current.model_dump(mode="json"), error="the pod was lost before its on-pod eval", costs=costs)
-            if not exit_report.agent_stopped or not exit_report.eval_on_pod:
-                return self._end_after_eval(ctx, current, pod, exit_report, costs, "failed", "the pod did not confirm that the agent's processes stopped; no hidden item was sent")
+            refusal = eval_refusal(exit_report)
+            if refusal is not None:
+                return self._end_after_eval(ctx, current, pod, exit_report, costs, "failed", refusal)
             targets = eval_targets(exit_report.trained_is_base, self._base_known(ctx.task, job.model.name))
             if not targets:
                 return self._end_after_eval(ctx, current, pod, exit_report, costs, "succeeded", None)

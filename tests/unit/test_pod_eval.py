@@ -31,9 +31,10 @@ from metarl.backends.pod_eval import (
     grade,
     hidden_items,
 )
-from metarl.backends.runpod_train import RunpodTrain, eval_targets, judge_eval, pod_charges
+from metarl.backends.runpod_train import RunpodTrain, eval_refusal, eval_targets, judge_eval, pod_charges
 from metarl.errors import PermanentBackendError
-from metarl.pod_eval import EvalRequest, EvalResult, TargetOutput, items_digest
+from metarl.pod_eval import REQUEST_FILE, EvalRequest, EvalResult, TargetOutput, items_digest
+from metarl.pod_runner import ExitReport
 from metarl.runpod_provider import PodState
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec
@@ -131,6 +132,13 @@ def test_eval_phase_verdicts_in_order() -> None:
     assert judge_eval(**{**base, "stop_for_run_cap": True}).action == "abort"
     assert judge_eval(**{**base, "job_cost": 5}).action == "abort"
     assert "eval_timeout_s" in (judge_eval(**{**base, "waited_s": 101}).reason or "")
+    report = ExitReport(
+        succeeded=True, reason="completed", prime_rl_tag="v0.8.0", started_at=0, finished_at=1, duration_s=1, agent_stopped=True, eval_on_pod=True
+    )
+    assert eval_refusal(report) is None
+    assert "did not succeed" in (eval_refusal(report.model_copy(update={"succeeded": False, "reason": "rl_failed"})) or "")
+    assert "agent's processes" in (eval_refusal(report.model_copy(update={"agent_stopped": False})) or "")
+    assert eval_refusal(report.model_copy(update={"eval_on_pod": False})) is not None
     assert eval_targets(trained_is_base=False, base_known=False) == ["trained", "base"]
     assert eval_targets(trained_is_base=False, base_known=True) == ["trained"]
     assert eval_targets(trained_is_base=True, base_known=False) == ["base"]
@@ -334,6 +342,12 @@ def test_backend_publishes_the_eval_after_training_and_the_pod_scores_it(cloud: 
         while time.monotonic() < deadline:
             result = backend.poll(ctx, job, launched.external_id, state)
             ledger.extend((episode, item) for item in result.costs)
+            if state.get("eval_requested_at") is None and result.state.get("eval_requested_at") is not None:
+                # a worker that published and died before recording it: the next poll adopts the request, never writes another
+                request_file = Path(artifacts) / "runpod" / "jobs" / f"metarl-0a1b2c3d-{episode}" / "a0" / REQUEST_FILE
+                written = request_file.stat().st_mtime_ns
+                again = backend.poll(ctx, job, launched.external_id, state)
+                assert again.state["eval_requested_at"] == result.state["eval_requested_at"] and request_file.stat().st_mtime_ns == written
             state = result.state
             if result.status != "running":
                 break
