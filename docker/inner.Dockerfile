@@ -16,7 +16,8 @@
 # with metarl/pod_scoring.py: both scripts run with prime-rl's own Python (vLLM, torch, safetensors).
 # The agent's reward code runs as appuser during training; the base image lets appuser sudo, which
 # is removed here, and the runner's code stays root-owned, so that code cannot rewrite the runner
-# or the scoring scripts the eval runs later.
+# or the scoring scripts the eval runs later; prime-rl's venv and source (appuser's) are recorded in
+# a root-owned manifest that the eval verifies before it scores.
 ARG PRIME_RL_IMAGE=ghcr.io/primeintellect-ai/prime-rl:v0.8.0
 FROM ${PRIME_RL_IMAGE}
 
@@ -55,12 +56,14 @@ RUN rm -rf /opt/metarl-runner/src/metarl/primerl/__pycache__ \
     && /opt/metarl-runner/bin/python -c "import metarl.pod_runner as r, metarl.pod_supervisor as s, metarl.pod_eval as e, metarl.primerl.pin as p; assert p.PRIME_RL_TAG == '${PRIME_RL_TAG}'" \
     && /app/.venv/bin/python /opt/metarl-runner/src/metarl/pod_scoring.py --help > /dev/null \
     && { /app/.venv/bin/python /opt/metarl-runner/src/metarl/pod_lora_merge.py 2> /dev/null; test $? -eq 2; } \
+    && /opt/metarl-runner/bin/python -m metarl.pod_eval --write-manifest /opt/metarl-runner/scoring-stack.json /app/.venv /app/src \
     && chown -R root:root /opt/metarl-runner && chmod -R go-w /opt/metarl-runner \
     && mkdir -p /tmp/metarl-job && chown -R appuser:appuser /tmp/metarl-job
 
 USER appuser
 # Nothing else runs as appuser on a pod: once rl stops, every other appuser process is the agent's.
-ENV METARL_RUNNER_WORK_DIR=/tmp/metarl-job METARL_RUNNER_AGENT_SWEEP=uid
+# /app stays appuser's (prime-rl's layout): the eval checks it against the manifest recorded above.
+ENV METARL_RUNNER_WORK_DIR=/tmp/metarl-job METARL_RUNNER_AGENT_SWEEP=uid METARL_RUNNER_EVAL_STACK_MANIFEST=/opt/metarl-runner/scoring-stack.json
 
 ENTRYPOINT ["/app/docker-entrypoint.sh", "/opt/metarl-runner/bin/python", "-m", "metarl.pod_supervisor"]
 CMD []

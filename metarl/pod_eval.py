@@ -14,15 +14,28 @@ Order of events (the train backend is ``metarl.backends.runpod_train``, the eval
 4. The train backend sees the result, releases the pod (warm pool or settlement) and ends the
    train stage; the eval stage grades the completions with the task's graders.
 
-Pydantic and the stdlib only: the pod runner imports this module.
+The agent's code ran on this pod as the same user, so before generating the runner checks that the
+scoring stack (prime-rl's venv and source, with vLLM) is what the image was built with
+(:func:`verify_manifest` against the root-owned manifest :func:`write_manifest` made at build: no
+recorded file changed, no new importable file outside the jobs' own packages), runs the scoring
+with every cache (bytecode, compile, Hugging Face, home) in a fresh private folder
+(:func:`private_environment`), and downloads the base model afresh there (``base_source =
+"download"``) rather than reading the cache the training run filled.
+
+Pydantic and the stdlib only: the pod runner imports this module. ``python -m metarl.pod_eval
+--write-manifest OUT ROOT...`` writes the manifest (the image build runs it).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
+import re
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -38,6 +51,11 @@ REQUEST_FILE = f"{EVAL_DIR}/request.json"
 RESULT_FILE = f"{EVAL_DIR}/result.json"
 SCORING_SCRIPT = Path(__file__).with_name("pod_scoring.py")
 STDERR_TAIL_CHARS = 1500
+STARTUP_HOOKS = ("sitecustomize.py", "usercustomize.py")
+"""Files Python runs at start-up wherever they sit on the path (with ``*.pth`` files in site-packages)."""
+IMPORTABLE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".pyd")
+JOB_PACKAGE = re.compile(r"^metarl_env_[0-9a-f]{12}($|-)")
+"""A job's environment package and its dist-info, installed into prime-rl's venv for each job (metarl.primerl.compiler.env_names)."""
 
 Target = Literal["trained", "base"]
 
@@ -122,6 +140,93 @@ class EvalSettings(BaseModel):
     timeout_s: float = Field(default=3600.0, gt=0, le=86_400, description="Cap on one model's scoring subprocess")
     poll_s: float = Field(default=2.0, gt=0, le=60, description="Seconds between looks for the request")
     model_aliases: dict[str, str] = Field(default_factory=dict, max_length=16, description="Base model name -> what to load instead (tests)")
+    stack_manifest: str | None = Field(default=None, max_length=1000, description="Build-time manifest of the scoring stack to verify first (None: no check)")
+    base_source: Literal["download", "cache"] = Field(
+        default="download", description="Base model: downloaded afresh after the agent's code stopped, or read from the pod's cache"
+    )
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tree_files(root: Path) -> list[Path]:
+    """Every file and symlink under ``root`` except bytecode caches (symlinked folders are not followed;
+    the scoring runs with its own bytecode cache, so no ``__pycache__`` file is ever read)."""
+    out = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [name for name in subfolders if name != "__pycache__"]
+        out += [Path(folder) / name for name in names]
+    return sorted(out)
+
+
+def new_file_problem(path: Path, root: Path) -> str | None:
+    """Why a file that was not in the image matters: it can be imported or run at start-up (outside the jobs' packages)."""
+    relative = path.relative_to(root).parts
+    if any(JOB_PACKAGE.match(part) for part in relative):
+        return None
+    if path.suffix in IMPORTABLE_SUFFIXES or ".so." in path.name or path.name in STARTUP_HOOKS:
+        return f"{path}: new importable file"
+    return None
+
+
+def private_environment(environment: Mapping[str, str], scratch: Path, fresh_hub_cache: bool) -> dict[str, str]:
+    """The scoring's environment: home, bytecode, compile and kernel caches (and the Hugging Face cache, when the
+    base model is downloaded afresh) in ``scratch``, so nothing the agent's code left in a cache is loaded."""
+    home = scratch / "home"
+    env = dict(environment)
+    env.update(
+        HOME=str(home),
+        XDG_CACHE_HOME=str(home / ".cache"),
+        PYTHONPYCACHEPREFIX=str(scratch / "pycache"),
+        VLLM_CACHE_ROOT=str(home / ".cache" / "vllm"),
+        TRITON_CACHE_DIR=str(home / ".triton"),
+        TORCHINDUCTOR_CACHE_DIR=str(home / "inductor"),
+    )
+    if fresh_hub_cache:
+        env["HF_HOME"] = str(home / "huggingface")
+        env.pop("HF_HUB_CACHE", None)
+        env.pop("HF_HUB_OFFLINE", None)
+    return env
+
+
+def write_manifest(roots: Sequence[Path], out: Path) -> int:
+    """Record every file under ``roots`` (sha256, or the link target of a symlink); returns how many."""
+    files: dict[str, str] = {}
+    for root in roots:
+        for path in tree_files(root):
+            files[str(path)] = f"link:{os.readlink(path)}" if path.is_symlink() else file_digest(path)
+    out.write_text(json.dumps({"roots": [str(root) for root in roots], "files": files}), encoding="utf-8")
+    return len(files)
+
+
+def verify_manifest(manifest: Path) -> list[str]:
+    """What differs from the manifest: a recorded file changed, replaced or gone, or a new file that can be imported or
+    run at start-up outside the jobs' own packages (the jobs' packages are installed there; their code never runs in the scoring)."""
+    recorded = json.loads(manifest.read_text(encoding="utf-8"))
+    files: dict[str, str] = recorded["files"]
+    problems = []
+    for name, expected in files.items():
+        path = Path(name)
+        if expected.startswith("link:"):
+            if not path.is_symlink() or f"link:{os.readlink(path)}" != expected:
+                problems.append(f"{name}: link changed")
+        elif path.is_symlink() or not path.is_file():
+            problems.append(f"{name}: replaced or removed")
+        elif file_digest(path) != expected:
+            problems.append(f"{name}: content changed")
+    for root in recorded["roots"]:
+        for path in tree_files(Path(root)):
+            if str(path) not in files:
+                problem = new_file_problem(path, Path(root))
+                if problem is not None:
+                    problems.append(problem)
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,6 +280,7 @@ class EvalServer:
         outputs: dict[str, TargetOutput] = {}
         error = None
         try:
+            self.verify_stack()
             fd = os.open(request_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(request.model_dump_json())
@@ -184,8 +290,7 @@ class EvalServer:
         except EvalFailed as err:
             error, outputs = str(err), {}
         finally:
-            for path in self.scratch.glob("*"):
-                path.unlink(missing_ok=True)
+            shutil.rmtree(self.scratch, ignore_errors=True)
         deleted = self.delete_request()
         result = EvalResult(
             request_id=request.request_id,
@@ -200,6 +305,17 @@ class EvalServer:
         log(f"eval {request.request_id}: {'failed: ' + error if error else 'completions uploaded'}")
         return result
 
+    def verify_stack(self) -> None:
+        """Refuse to score with a scoring stack that differs from the image's (the agent's code could write to it)."""
+        if self.settings.stack_manifest is None:
+            return
+        try:
+            problems = verify_manifest(Path(self.settings.stack_manifest))
+        except (OSError, ValueError, KeyError) as err:
+            raise EvalFailed(f"cannot check the scoring stack against {self.settings.stack_manifest}: {err}") from None
+        if problems:
+            raise EvalFailed(f"the pod's scoring stack differs from the image ({len(problems)} files), e.g. {'; '.join(problems[:3])}")
+
     def model_for(self, target: str, trained_dir: Path | None, base_model: str) -> str:
         if target == "trained" and trained_dir is not None:
             return str(trained_dir)
@@ -208,8 +324,12 @@ class EvalServer:
     def generate(self, request_path: Path, model: str, target: str) -> TargetOutput:
         out = self.scratch / f"{target}.json"
         command = [*self.settings.python_command, str(SCORING_SCRIPT), "--request", str(request_path), "--model", model, "--out", str(out), "--engine", self.settings.engine]
+        download = self.settings.base_source == "download" and not Path(model).is_dir()
+        if download:
+            command += ["--download-to", str(self.scratch / "base-model")]
+        environment = private_environment(self.environment, self.scratch, fresh_hub_cache=download)
         try:
-            done = subprocess.run(command, env=self.environment, capture_output=True, timeout=self.settings.timeout_s, stdin=subprocess.DEVNULL, check=False)
+            done = subprocess.run(command, env=environment, capture_output=True, timeout=self.settings.timeout_s, stdin=subprocess.DEVNULL, check=False)
         except subprocess.TimeoutExpired:
             raise EvalFailed(f"scoring {target} ran past {self.settings.timeout_s:g} s") from None
         except OSError as err:
@@ -240,3 +360,18 @@ class EvalFailed(Exception):
 
 def log(message: str) -> None:
     print(f"[metarl-eval] {message}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``--write-manifest OUT ROOT...``: record the scoring stack at image build time."""
+    parser = argparse.ArgumentParser(prog="python -m metarl.pod_eval", description=main.__doc__)
+    parser.add_argument("--write-manifest", required=True, metavar="OUT", help="manifest file to write")
+    parser.add_argument("roots", nargs="+", help="folders to record")
+    args = parser.parse_args(argv)
+    count = write_manifest([Path(root) for root in args.roots], Path(args.write_manifest))
+    print(f"{count} files recorded in {args.write_manifest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

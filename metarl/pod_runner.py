@@ -198,8 +198,12 @@ class RunnerConfig(BaseModel):
     eval_timeout_s: float = Field(default=3600.0, gt=0, le=86_400, description="Cap on scoring one model on the pod")
     eval_poll_s: float = Field(default=2.0, gt=0, le=60, description="Seconds between looks for the eval request")
     eval_model_aliases: dict[str, str] = Field(default_factory=dict, max_length=16, description="Base model name -> weights to load instead (tests)")
-    eval_extra_env: dict[str, str] = Field(
-        default_factory=lambda: {"HF_HUB_OFFLINE": "1"}, max_length=50, description="Variables set for the eval's scoring processes (the base model is already cached)"
+    eval_extra_env: dict[str, str] = Field(default_factory=dict, max_length=50, description="Variables set for the eval's scoring processes")
+    eval_base_source: Literal["download", "cache"] = Field(
+        default="download", description="Base model of the eval: downloaded afresh once the agent's code stopped, or read from the pod's cache"
+    )
+    eval_stack_manifest: str | None = Field(
+        default=None, max_length=1000, description="The image's manifest of prime-rl's venv and source, verified before scoring (the image sets it)"
     )
 
     def eval_settings(self) -> EvalSettings:
@@ -211,6 +215,8 @@ class RunnerConfig(BaseModel):
             timeout_s=self.eval_timeout_s,
             poll_s=self.eval_poll_s,
             model_aliases=self.eval_model_aliases,
+            stack_manifest=self.eval_stack_manifest,
+            base_source=self.eval_base_source,
         )
 
 

@@ -10,7 +10,9 @@ REQUEST is the ``eval/request.json`` the train backend published (``metarl.pod_e
 the hidden prompts, the completion budget, pass@k, seeds and engine settings. MODEL is a Hugging
 Face weights folder or a hub id already in the pod's cache (the base model). OUT gets
 ``{"model", "prompt_format", "completions", "load_s", "generate_s"}``: ``pass_k`` completion
-texts per prompt, in prompt order. Grading happens on the workers, which hold the answers.
+texts per prompt, in prompt order. Grading happens on the workers, which hold the answers. With
+``--download-to DIR`` a hub MODEL is downloaded afresh into DIR first (the runner does this for
+the base model, so nothing the agent's code could have left in the pod's cache is scored).
 
 The rules are those of the CPU scorer (``metarl.learning.scoring``): prompt token ids as the
 model's tokenizer gives them, pad and BOS never generated, stop at EOS, the completion decoded
@@ -153,6 +155,17 @@ def generate_torch(model: Any, prompt_rows: list[list[int]], kwargs: dict[str, A
     return rows
 
 
+MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+"""What a fresh download of a hub model fetches (weights, config, tokenizer, chat template)."""
+
+
+def download_model(model: str, target: Path) -> str:
+    """Download a hub model's current files into ``target`` (a private folder) and return it."""
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(repo_id=model, local_dir=str(target), allow_patterns=MODEL_FILES)
+
+
 def score_request(request: dict[str, Any], model: str, engine: str, *, llm_class: Any = None, sampling_params_class: Any = None) -> dict[str, Any]:
     """Completions of ``model`` on the request's prompts: ``{"model", "prompt_format", "completions", "load_s", "generate_s"}``."""
     from transformers import AutoTokenizer
@@ -208,9 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="Hugging Face weights folder or cached hub id")
     parser.add_argument("--out", required=True, help="where to write the completions JSON")
     parser.add_argument("--engine", default="vllm", choices=("vllm", "torch"), help="generation engine (torch: CPU, no vLLM)")
+    parser.add_argument("--download-to", help="download the hub model MODEL afresh into this folder and score that copy")
     args = parser.parse_args(argv)
     request = json.loads(Path(args.request).read_text(encoding="utf-8"))
-    result = score_request(request, args.model, args.engine)
+    model = download_model(args.model, Path(args.download_to)) if args.download_to else args.model
+    result = score_request(request, model, args.engine)
+    result["model"] = args.model
     out = Path(args.out)
     temporary = out.with_suffix(".tmp")
     temporary.write_text(json.dumps(result), encoding="utf-8")

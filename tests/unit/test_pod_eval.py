@@ -387,3 +387,68 @@ def test_backend_publishes_the_eval_after_training_and_the_pod_scores_it(cloud: 
     for item in unique.values():
         billed[item.key.split(":")[1]] = billed.get(item.key.split(":")[1], 0.0) + item.quantity
     assert billed == {row["pod_id"]: float(row["seconds"]) for row in cloud.billing() if row["seconds"]}
+
+
+# --- what the agent's code could have left on the pod -------------------------------------------
+
+
+def test_the_scoring_stack_is_checked_against_the_images_manifest(tmp_path: Path) -> None:
+    from metarl.pod_eval import verify_manifest, write_manifest
+
+    venv = tmp_path / "venv" / "site-packages"
+    (venv / "vllm" / "__pycache__").mkdir(parents=True)
+    (venv / "vllm" / "__init__.py").write_text("real = True\n")
+    (venv / "vllm" / "__pycache__" / "__init__.cpython-312.pyc").write_bytes(b"compiled")
+    (venv / "vllm" / "kernel.so").write_bytes(b"\x7fELF")
+    (venv / "libcuda.so.1").symlink_to(venv / "vllm" / "kernel.so")
+    manifest = tmp_path / "stack.json"
+    assert write_manifest([tmp_path / "venv"], manifest) == 3  # __pycache__ is never recorded (the scoring has its own)
+    assert verify_manifest(manifest) == []
+    # what a job legitimately adds: its package and dist-info, bytecode, data files
+    package = venv / "metarl_env_0123456789ab"
+    package.mkdir()
+    (package / "__init__.py").write_text("import os\n")
+    (venv / "metarl_env_0123456789ab-0.1.0.dist-info").mkdir()
+    (venv / "metarl_env_0123456789ab-0.1.0.dist-info" / "RECORD").write_text("")
+    (venv / "vllm" / "__pycache__" / "other.cpython-312.pyc").write_bytes(b"planted, but never read")
+    (venv / "notes.json").write_text("{}")
+    assert verify_manifest(manifest) == []
+    # what it must not: change a recorded file, add an importable one, a start-up hook, re-point a link
+    (venv / "vllm" / "__init__.py").write_text("real = False\n")
+    (venv / "flash_attn.py").write_text("print('optional import hijacked')\n")
+    (venv / "zz.pth").write_text("import os\n")
+    (venv / "libcuda.so.1").unlink()
+    (venv / "libcuda.so.1").symlink_to(venv / "notes.json")
+    problems = verify_manifest(manifest)
+    assert len(problems) == 4 and any("vllm/__init__.py: content changed" in p for p in problems)
+    assert any("flash_attn.py: new importable file" in p for p in problems) and any("zz.pth" in p for p in problems) and any("link changed" in p for p in problems)
+
+
+def test_a_modified_stack_is_refused_and_the_prompts_still_deleted(tmp_path: Path) -> None:
+    from metarl.pod_eval import EvalServer, EvalSettings, write_manifest
+    from metarl.pod_runner import Storage
+
+    stack = tmp_path / "stack"
+    stack.mkdir()
+    (stack / "vllm.py").write_text("ok\n")
+    write_manifest([stack], tmp_path / "stack.json")
+    (stack / "vllm.py").write_text("tampered\n")
+    results = tmp_path / "results"
+    request = eval_request(small_task(8), PodVllmEvalBackend(type="pod_vllm"), request_id="j:a0", targets=["trained"], published_at=1.0)
+    (results / "eval").mkdir(parents=True)
+    (results / REQUEST_FILE).write_text(request.model_dump_json())
+    settings = EvalSettings(python_command=[sys.executable, "-c", "raise SystemExit('the scoring must not run')"], poll_s=0.05, wait_s=5, stack_manifest=str(tmp_path / "stack.json"))
+    served = EvalServer(Storage(str(results)), settings, tmp_path / "scratch", {}).serve(tmp_path, "Qwen/Qwen3-0.6B")
+    assert served is not None and served.outputs == {} and "differs from the image" in (served.error or "")
+    assert not (results / REQUEST_FILE).exists() and not (tmp_path / "scratch").exists()
+
+
+def test_the_scoring_runs_with_private_caches(tmp_path: Path) -> None:
+    from metarl.pod_eval import private_environment
+
+    env = private_environment({"PATH": "/bin", "HF_HOME": "/home/appuser/.cache/hf", "HF_HUB_OFFLINE": "1"}, tmp_path, fresh_hub_cache=True)
+    assert env["PATH"] == "/bin" and env["HOME"].startswith(str(tmp_path)) and env["PYTHONPYCACHEPREFIX"].startswith(str(tmp_path))
+    assert all(env[name].startswith(str(tmp_path)) for name in ("XDG_CACHE_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME"))
+    assert "HF_HUB_OFFLINE" not in env
+    kept = private_environment({"HF_HOME": "/cache/hf"}, tmp_path, fresh_hub_cache=False)
+    assert kept["HF_HOME"] == "/cache/hf"

@@ -574,7 +574,7 @@ def test_the_on_pod_eval_answers_the_request_after_exit_json_and_deletes_the_ite
     result = EvalResult.model_validate_json((results / RESULT_FILE).read_text())
     assert result.error is None and result.request_deleted and result.digest == request.digest
     assert not (results / REQUEST_FILE).exists(), "the hidden prompts stay in storage after scoring"
-    assert not any((Path(config["work_dir"]) / "eval").iterdir()), "the pod keeps a copy of the hidden prompts"
+    assert not (Path(config["work_dir"]) / "eval").exists(), "the pod keeps a copy of the hidden prompts"
     assert set(result.outputs) == {"trained", "base"}
     assert all(len(output.completions) == 8 and all(len(c) == 1 for c in output.completions) for output in result.outputs.values())
     assert result.outputs["base"].model == str(tiny_model_dir) and result.outputs["trained"].model.endswith("weights/step_2")
