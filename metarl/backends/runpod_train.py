@@ -493,6 +493,8 @@ class RunpodTrain:
             self.config.hang_timeout_s,
         )
         current.last_step, current.last_progress_at = progress.last_step, progress.last_progress_at
+        if exit_report is not None:
+            current.trained_is_base = exit_report.succeeded and exit_report.trained_is_base  # the eval scores the base for it
         verdict = judge(
             pod_state=pod.state if pod else None,
             exit_report=exit_report,
@@ -543,7 +545,6 @@ class RunpodTrain:
         request_path = posixpath.join(attempt_dir, *REQUEST_FILE.split("/"))
         result_path = posixpath.join(attempt_dir, *RESULT_FILE.split("/"))
         request_id = f"{current.job_name}:a{current.attempt}"
-        current.trained_is_base = exit_report.trained_is_base
         result = self.store.read_model(result_path, EvalResult)
         if current.eval_requested_at is None and result is None:
             if pod is None or pod.state in (PodState.stopped, PodState.terminated):

@@ -10,6 +10,9 @@ It trains nothing: it exists so that progress, heartbeats, hangs and preemptions
 processes doing real file I/O. It ends by itself after FAKE_POD_MAX_S seconds, so nothing outlives
 a test for long.
 
+A job whose name ends with FAKE_POD_NO_SIGNAL_SUFFIX ends as the runner reports a job without a
+learning signal that saved no weights (`no_signal`, `trained_is_base`).
+
 With FAKE_POD_MODEL (a Hugging Face model folder, e.g. a local stand-in) its "trained" weights are a
 copy of that model, and an assignment with `eval_on_pod` is followed, after exit.json, by the real
 pod side of the on-pod eval (`metarl.pod_eval.EvalServer`, generating with the torch engine of
@@ -72,7 +75,7 @@ class Timeline:
             handle.write(json.dumps({"t": time.time(), "event": event, "job": job, **fields}) + "\n")
 
 
-def train(attempt: Path, steps: int, step_s: float, job: str, timeline: Timeline, eval_on_pod: bool) -> Path:
+def train(attempt: Path, steps: int, step_s: float, job: str, timeline: Timeline, eval_on_pod: bool) -> Path | None:
     started = time.time()
     beat(attempt, 0, started, None, steps)
     (attempt / "metrics").mkdir(parents=True, exist_ok=True)
@@ -84,26 +87,31 @@ def train(attempt: Path, steps: int, step_s: float, job: str, timeline: Timeline
             beat(attempt, step, started, step, steps)
             timeline.note("step", job, step=step, request_present=(attempt / REQUEST_FILE).exists())
     weights = attempt / "weights" / f"step_{steps}"
+    no_signal = bool(os.environ.get("FAKE_POD_NO_SIGNAL_SUFFIX")) and job.endswith(os.environ["FAKE_POD_NO_SIGNAL_SUFFIX"])
     model = os.environ.get("FAKE_POD_MODEL")
-    if model:
+    if no_signal:
+        pass  # as metarl.pod_runner reports a job whose orchestrator found no learning signal before any weights were saved
+    elif model:
         shutil.copytree(model, weights, dirs_exist_ok=True)
     else:
         weights.mkdir(parents=True, exist_ok=True)
         (weights / "config.json").write_text(json.dumps({"fake": True, "steps": steps}), encoding="utf-8")
     finished = time.time()
     report = ExitReport(
-        succeeded=True, reason="completed", exit_code=0, steps=steps, max_steps=steps, weights_step=steps, weights_url=str(weights),
-        training_finished_logged=True, prime_rl_tag=PRIME_RL_TAG, started_at=started, finished_at=finished, duration_s=round(finished - started, 3),
-        uploaded=[f"weights/step_{steps}/config.json", "metrics/metrics.jsonl"], message="fake training finished",
-        agent_stopped=True, eval_on_pod=eval_on_pod,
+        succeeded=True, reason="no_signal" if no_signal else "completed", exit_code=1 if no_signal else 0, steps=steps, max_steps=steps,
+        weights_step=None if no_signal else steps, weights_url=None if no_signal else str(weights),
+        training_finished_logged=not no_signal, prime_rl_tag=PRIME_RL_TAG, started_at=started, finished_at=finished, duration_s=round(finished - started, 3),
+        uploaded=["metrics/metrics.jsonl"] if no_signal else [f"weights/step_{steps}/config.json", "metrics/metrics.jsonl"],
+        message="fake: no learning signal" if no_signal else "fake training finished",
+        agent_stopped=True, eval_on_pod=eval_on_pod, trained_is_base=no_signal,
     )
     timeline.note("training_ended", job, request_present=(attempt / REQUEST_FILE).exists())
     write_json(attempt / "exit.json", report.model_dump_json())
     timeline.note("exit_written", job)
-    return weights
+    return None if no_signal else weights
 
 
-def serve_eval(root: Path, name: str, assignment: PodAssignment, weights: Path, timeline: Timeline) -> None:
+def serve_eval(root: Path, name: str, assignment: PodAssignment, weights: Path | None, timeline: Timeline) -> None:
     """The real pod side of the on-pod eval, scoring with the torch engine on the CPU."""
     assert assignment.job_name is not None and assignment.result_url is not None
     job = json.loads((root / "jobs" / assignment.job_name / "job.json").read_text(encoding="utf-8"))

@@ -298,6 +298,7 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path)
             "FAKE_POD_MAX_S": "180",
             "FAKE_POD_MODEL": str(tiny_model_dir),
             "FAKE_POD_TIMELINE": str(tmp_path / "timeline"),
+            "FAKE_POD_NO_SIGNAL_SUFFIX": "-3",
         },
         boot_s=0.05,
         max_requests=3000,
@@ -335,7 +336,7 @@ def test_backend_publishes_the_eval_after_training_and_the_pod_scores_it(cloud: 
         evaluator.score_base(task, "Qwen/Qwen3-0.6B")
 
     polled = []
-    for episode in (1, 2):
+    for episode in (1, 2, 3):
         ctx = EpisodeContext(run_id=RUN_ID, episode_id=episode, task=task, policy_version=0, probe_attempt=1, seed=1, artifacts_root=artifacts)
         launched = backend.launch(ctx, job, f"metarl-0a1b2c3d-{episode}")
         state, deadline = launched.state, time.monotonic() + 150
@@ -355,15 +356,19 @@ def test_backend_publishes_the_eval_after_training_and_the_pod_scores_it(cloud: 
         assert result.status == "succeeded", result.error
         polled.append((ctx, result))
 
-    (first_ctx, first), (second_ctx, second) = polled
+    (first_ctx, first), (second_ctx, second), (third_ctx, third) = polled
     assert first.state["eval_targets"] == ["trained", "base"] and second.state["eval_targets"] == ["trained"]  # the base was kept after the first
+    # job 3 had no learning signal and saved nothing: its trained model is the base, whose completions are kept: no request at all
+    assert third.state["trained_is_base"] and third.state["eval_targets"] == [] and third.checkpoint_uri is None
     assert second.state["pod_id"] == first.state["pod_id"], "the warm pod was not reused"
     trained = evaluator.score_trained(first_ctx, job, first.checkpoint_uri, first.state)
     base = evaluator.score_base(task, "Qwen/Qwen3-0.6B")
     assert trained.n_items == 8 and trained == base  # the fake's "trained" weights are a copy of the base model
     assert evaluator.score_trained(second_ctx, job, second.checkpoint_uri, second.state) == trained
+    assert evaluator.score_trained(third_ctx, job, third.checkpoint_uri, third.state) == base
+    assert not (Path(artifacts) / "runpod" / "jobs" / "metarl-0a1b2c3d-3" / "a0" / "eval").exists()
     assert Path(baseline_path(evaluator.store, task, "Qwen/Qwen3-0.6B")).is_file()
-    for _, outcome in polled:
+    for _, outcome in polled[:2]:
         attempt = Path(artifacts) / "runpod" / "jobs" / outcome.state["job_name"] / "a0"
         assert not (attempt / "eval" / "request.json").exists() and (attempt / "eval" / "result.json").is_file()
 
