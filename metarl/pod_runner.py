@@ -440,9 +440,12 @@ def read_processes() -> list[ProcessInfo]:
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
-            uid = os.stat(f"/proc/{entry}").st_uid
+            status = Path(f"/proc/{entry}/status").read_text()
         except OSError:
             continue
+        # the real uid from status (the owner of /proc/<pid> is root for a process that made itself non-dumpable)
+        uid_line = next((line for line in status.splitlines() if line.startswith("Uid:")), "Uid:\t0")
+        uid = int(uid_line.split()[1])
         fields = stat[stat.rindex(")") + 2 :].split()
         out.append(ProcessInfo(pid=int(entry), ppid=int(fields[1]), session=int(fields[3]), uid=uid, zombie=fields[0] == "Z"))
     return out
