@@ -552,11 +552,13 @@ class RunpodTrain:
                 self._settle(ctx.run_id, ctx.episode_id, current.pod_id, current.pod_name, pod, current)
                 return PollResult(status="failed", state=current.model_dump(mode="json"), error="the pod was lost before its on-pod eval", costs=costs)
             refusal = eval_refusal(exit_report)
-            if refusal is not None:
-                return self._end_after_eval(ctx, current, pod, exit_report, costs, "failed", refusal)
+            if refusal is not None:  # the agent's code may still run there: the pod takes no next job either
+                assert current.pod_id is not None
+                self._settle(ctx.run_id, ctx.episode_id, current.pod_id, current.pod_name, pod, current)
+                return PollResult(status="failed", state=current.model_dump(mode="json"), error=refusal, costs=costs)
             targets = eval_targets(exit_report.trained_is_base, self._base_known(ctx.task, job.model.name))
             if not targets:
-                return self._end_after_eval(ctx, current, pod, exit_report, costs, "succeeded", None)
+                return self._end_after_eval(ctx, current, pod, exit_report, costs)
             published = self.store.read_model(request_path, EvalRequest)  # a poll that died after publishing
             if published is None:
                 from metarl.backends.pod_eval import eval_request
@@ -583,28 +585,25 @@ class RunpodTrain:
             if verdict.action == "succeeded":
                 self._keep_base(ctx.task, job.model.name, result, current.job_name)
                 current.eval_result_uri = self.store.uri(result_path)
-        if verdict.action == "abort":
+        if verdict.action in ("abort", "failed"):  # a pod whose eval failed (a changed scoring stack, say) takes no next job
             self._remove(request_path)
             log.warning("runpod job %s on pod %s: %s", current.job_name, current.pod_id, verdict.reason)
             assert current.pod_id is not None
             self._settle(ctx.run_id, ctx.episode_id, current.pod_id, current.pod_name, pod, current)
             return PollResult(status="failed", state=current.model_dump(mode="json"), error=verdict.reason, costs=costs)
-        return self._end_after_eval(ctx, current, pod, exit_report, costs, verdict.action, verdict.reason)
+        return self._end_after_eval(ctx, current, pod, exit_report, costs)
 
-    def _end_after_eval(
-        self, ctx: EpisodeContext, current: JobState, pod: PodInfo | None, exit_report: ExitReport, costs: list[CostItem], status: str, error: str | None
-    ) -> PollResult:
-        """The job is over (eval done or not needed): release its pod and end the train stage."""
+    def _end_after_eval(self, ctx: EpisodeContext, current: JobState, pod: PodInfo | None, exit_report: ExitReport, costs: list[CostItem]) -> PollResult:
+        """The job is over and its eval done (or not needed): release its pod and end the train stage."""
         self._release(ctx.run_id, ctx.episode_id, current, pod)
         attempt_dir = self.store.attempt_path(current.job_name, current.attempt)
-        log.info("runpod job %s %s on pod %s (attempt %s, on-pod eval)", current.job_name, status, current.pod_id, current.attempt)
+        log.info("runpod job %s succeeded on pod %s (attempt %s, on-pod eval)", current.job_name, current.pod_id, current.attempt)
         return PollResult(
-            status="succeeded" if status == "succeeded" else "failed",
+            status="succeeded",
             state=current.model_dump(mode="json"),
-            checkpoint_uri=exit_report.weights_url if status == "succeeded" else None,
+            checkpoint_uri=exit_report.weights_url,
             metrics_uri=self.store.uri(posixpath.join(attempt_dir, METRICS_DIR, "metrics.jsonl")),
             train_seconds=exit_report.duration_s,
-            error=error,
             costs=costs,
         )
 

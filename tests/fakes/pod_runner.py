@@ -11,7 +11,8 @@ processes doing real file I/O. It ends by itself after FAKE_POD_MAX_S seconds, s
 a test for long.
 
 A job whose name ends with FAKE_POD_NO_SIGNAL_SUFFIX ends as the runner reports a job without a
-learning signal that saved no weights (`no_signal`, `trained_is_base`).
+learning signal that saved no weights (`no_signal`, `trained_is_base`); one whose name ends with
+FAKE_POD_TAMPERED_SUFFIX cannot check its scoring stack, so its eval fails.
 
 With FAKE_POD_MODEL (a Hugging Face model folder, e.g. a local stand-in) its "trained" weights are a
 copy of that model, and an assignment with `eval_on_pod` is followed, after exit.json, by the real
@@ -116,7 +117,16 @@ def serve_eval(root: Path, name: str, assignment: PodAssignment, weights: Path |
     assert assignment.job_name is not None and assignment.result_url is not None
     job = json.loads((root / "jobs" / assignment.job_name / "job.json").read_text(encoding="utf-8"))
     model = os.environ["FAKE_POD_MODEL"]
-    settings = EvalSettings(python_command=[sys.executable], engine="torch", poll_s=0.1, wait_s=120, timeout_s=300, model_aliases={job["job"]["model"]["name"]: model})
+    tampered = bool(os.environ.get("FAKE_POD_TAMPERED_SUFFIX")) and assignment.job_name.endswith(os.environ["FAKE_POD_TAMPERED_SUFFIX"])
+    settings = EvalSettings(
+        python_command=[sys.executable],
+        engine="torch",
+        poll_s=0.1,
+        wait_s=120,
+        timeout_s=300,
+        model_aliases={job["job"]["model"]["name"]: model},
+        stack_manifest=str(root / "no-such-manifest.json") if tampered else None,
+    )
 
     def still_assigned() -> bool:
         current = read_assignment(root / "pods" / name / "assignment.json")
