@@ -2,11 +2,34 @@
 
 Lifecycle (one job per process): **setup** (read the config, fetch the job bundle from artifact
 storage and check it against its manifest), **start** (install the environment package into
-prime-rl's environment, start ``rl @ rl.toml`` in its own process group with a clean
-environment), **main loop** (every ``heartbeat_interval_s``: parse the new rows of the run's
-``metrics.jsonl`` files and write a heartbeat to ``status.json``; stop the run when it exits,
-stalls, never starts producing metrics, or outlives ``max_runtime_s``), **stop** (upload the
-final weights, the metrics and the logs, then write ``exit.json``: an :class:`ExitReport`).
+prime-rl's environment, start ``rl @ rl.toml`` in its own session with a clean environment),
+**main loop** (every ``heartbeat_interval_s``: parse the new rows of the run's ``metrics.jsonl``
+files and write a heartbeat to ``status.json``; stop the run when it exits, stalls, never starts
+producing metrics, outlives ``max_runtime_s`` or reaches the task's ``max_train_seconds``),
+**stop** (kill what is left of rl's session, so none of the agent's code runs any more; pick the
+newest *complete* weights folder; merge a LoRA adapter into it; upload weights, metrics and logs;
+write ``exit.json``: an :class:`ExitReport`), then, when the job's hidden eval runs on this pod,
+**eval** (``metarl.pod_eval``: wait for the request the train backend publishes after
+``exit.json``, generate, upload the completions, delete the hidden prompts).
+
+Facts of prime-rl v0.8.0 this relies on (paths relative to its ``src/prime_rl/``):
+
+- a weights folder ``<output_dir>/weights/step_N`` is complete only once its ``STABLE`` file
+  exists (``trainer/ckpt.py`` ``WeightCheckpointManager.mark_stable``); a folder being written when
+  rl is stopped has none and is never used;
+- rl exits 1 on SIGTERM (``entrypoints/rl.py``), so after the runner stops rl itself the reason is
+  the runner's (``train_timeout``, ``stalled``, ...), never rl's exit code; a job cut at the task's
+  ``max_train_seconds`` succeeds with its newest complete weights;
+- a LoRA job's weights folder holds the untrained base; the adapter is in ``lora_adapters/`` only
+  with ``save_adapter_separately`` (``trainer/weights.py``, ``trainer/lora.py``,
+  ``trainer/ckpt.py``). The runner merges it (``metarl/pod_lora_merge.py``, run with the image's
+  Python) and uploads the merged model: every evaluator then scores the trained model with no LoRA
+  support of its own; a LoRA job without an adapter fails (``adapter_missing``) instead of passing
+  the base off as trained;
+- with no learning signal the orchestrator raises after 10 empty batches in a row and rl exits 1
+  (``orchestrator/orchestrator.py``: "... consecutive empty train batches ..." in
+  ``logs/orchestrator.log``). That is an outcome, not a failure: ``no_signal`` succeeds with the
+  newest complete weights, or with none (``trained_is_base``: the trained model is the base).
 
 Storage is any fsspec URL (``file://`` or a plain path in tests, ``s3://...`` on pods). The
 ``rl`` process (which runs the agent's reward code) gets only the environment variables listed
@@ -31,12 +54,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from metarl.pod_eval import RESULT_FILE, EvalServer, EvalSettings
 from metarl.primerl.manifest import (
     EXIT_FILE,
     LOGS_DIR,
@@ -90,11 +115,23 @@ FIXED_CHILD_ENV = {"PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
 TRAINING_FINISHED = "Training finished!"
 LOG_TAIL_CHARS = 4000
 LATEST_METRICS_MAX = 32
+STABLE_MARKER = "STABLE"
+"""Written last into a complete weights folder (prime-rl v0.8.0 src/prime_rl/trainer/ckpt.py mark_stable)."""
+NO_SIGNAL_MARKER = "consecutive empty train batches"
+"""Words of the orchestrator's abort after 10 batches without a learning signal (prime-rl v0.8.0
+src/prime_rl/orchestrator/orchestrator.py finalize_train_batch), logged to logs/orchestrator.log."""
+ORCHESTRATOR_LOG = "logs/orchestrator.log"
+ADAPTER_DIR = "lora_adapters"
+MERGE_SCRIPT = Path(__file__).with_name("pod_lora_merge.py")
+MERGED_DIR = "merged"
 
 Reason = Literal[
     "completed",
+    "no_signal",
     "rl_failed",
     "no_weights",
+    "adapter_missing",
+    "merge_failed",
     "stalled",
     "startup_timeout",
     "timeout",
@@ -106,12 +143,13 @@ Reason = Literal[
 ]
 
 
-SUCCESS_REASONS = ("completed", "train_timeout")
+SUCCESS_REASONS = ("completed", "train_timeout", "no_signal")
 """Ends whose newest uploaded weights are the job's result (a job cut at the task's training time
-keeps what it trained, as the local backend's time budget does)."""
+keeps what it trained, as the local backend's time budget does; a job without a learning signal
+keeps what it trained before, or the base)."""
 
 
-State = Literal["fetching", "installing", "running", "uploading", "finished"]
+State = Literal["fetching", "installing", "running", "uploading", "awaiting_eval", "evaluating", "finished"]
 
 
 class RunnerConfig(BaseModel):
@@ -146,6 +184,40 @@ class RunnerConfig(BaseModel):
         max_length=8,
         description="metrics.jsonl files under output_dir; the first is the trainer's (steps)",
     )
+    agent_sweep: Literal["session", "uid"] = Field(
+        default="session",
+        description="What is killed once rl stops: rl's session, or (on a pod, where nothing else runs as this user) every other process of this user",
+    )
+    pod_python: list[str] = Field(
+        default_factory=lambda: [PRIME_RL_VENV_PYTHON], min_length=1, max_length=8, description="The image's Python with torch, safetensors and vLLM (LoRA merge, eval)"
+    )
+    merge_timeout_s: float = Field(default=1800.0, gt=0, le=86_400, description="Cap on merging a LoRA adapter into the weights")
+    eval_on_pod: bool = Field(default=False, description="After exit.json, serve the job's hidden-eval request on this pod (set from the assignment)")
+    eval_engine: Literal["vllm", "torch"] = Field(default="vllm", description="Engine of the on-pod eval (torch: CPU, tests)")
+    eval_wait_s: float = Field(default=3600.0, gt=0, le=86_400, description="Longest wait for the eval request after exit.json")
+    eval_timeout_s: float = Field(default=3600.0, gt=0, le=86_400, description="Cap on scoring one model on the pod")
+    eval_poll_s: float = Field(default=2.0, gt=0, le=60, description="Seconds between looks for the eval request")
+    eval_model_aliases: dict[str, str] = Field(default_factory=dict, max_length=16, description="Base model name -> weights to load instead (tests)")
+    eval_extra_env: dict[str, str] = Field(default_factory=dict, max_length=50, description="Variables set for the eval's scoring processes")
+    eval_base_source: Literal["download", "cache"] = Field(
+        default="download", description="Base model of the eval: downloaded afresh once the agent's code stopped, or read from the pod's cache"
+    )
+    eval_stack_manifest: str | None = Field(
+        default=None, max_length=1000, description="The image's manifest of prime-rl's venv and source, verified before scoring (the image sets it)"
+    )
+
+    def eval_settings(self) -> EvalSettings:
+        """The on-pod eval's settings."""
+        return EvalSettings(
+            python_command=self.pod_python,
+            engine=self.eval_engine,
+            wait_s=self.eval_wait_s,
+            timeout_s=self.eval_timeout_s,
+            poll_s=self.eval_poll_s,
+            model_aliases=self.eval_model_aliases,
+            stack_manifest=self.eval_stack_manifest,
+            base_source=self.eval_base_source,
+        )
 
 
 class Heartbeat(BaseModel):
@@ -173,7 +245,7 @@ class ExitReport(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    succeeded: bool = Field(description="True only when rl exited 0 and weights were uploaded")
+    succeeded: bool = Field(description="True when the job's result is its uploaded weights (or the base, see trained_is_base)")
     reason: Reason = Field(description="Why the job ended")
     exit_code: int | None = Field(default=None, description="rl's exit code (negative: killed by that signal); None if it never ran")
     steps: int | None = Field(default=None, ge=0, description="Highest trainer step seen in metrics.jsonl")
@@ -189,6 +261,10 @@ class ExitReport(BaseModel):
     uploaded: list[str] = Field(default_factory=list, max_length=100_000, description="Result files uploaded (relative paths)")
     message: str = Field(default="", max_length=2000, description="One-line explanation")
     log_tail: str = Field(default="", max_length=LOG_TAIL_CHARS, description="End of rl's output")
+    trained_is_base: bool = Field(default=False, description="A no-signal job that saved no weights: the trained model is the base")
+    lora_merged: bool = Field(default=False, description="The uploaded weights are the base with the trained LoRA adapter merged in")
+    agent_stopped: bool = Field(default=False, description="No process of rl's (the agent's code) was left when the report was written")
+    eval_on_pod: bool = Field(default=False, description="The runner serves the job's hidden eval after this report")
 
 
 class PodAssignment(BaseModel):
@@ -209,6 +285,7 @@ class PodAssignment(BaseModel):
     released_at: float | None = Field(default=None, description="Wall time the pod went idle")
     billed_chunks: int = Field(default=0, ge=0, description="Billing intervals of this pod already charged when it went idle")
     terminated: bool = Field(default=False, description="The pod was settled and terminated (or is being)")
+    eval_on_pod: bool = Field(default=False, description="The job's hidden eval runs on this pod after training (metarl.pod_eval)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,14 +352,27 @@ def numeric_metrics(row: Mapping[str, Any], limit: int = LATEST_METRICS_MAX) -> 
 
 
 def latest_weights_step(weights_dir: Path) -> int | None:
-    """Highest N of the ``step_N`` folders prime-rl writes under ``<output_dir>/weights``."""
+    """Highest N of the *complete* ``step_N`` folders prime-rl writes under ``<output_dir>/weights``
+    (those with the ``STABLE`` file it writes last; a folder still being written has none)."""
     steps = []
     if weights_dir.is_dir():
         for child in weights_dir.iterdir():
             match = re.fullmatch(r"step_(\d+)", child.name)
-            if match and child.is_dir():
+            if match and child.is_dir() and (child / STABLE_MARKER).is_file():
                 steps.append(int(match.group(1)))
     return max(steps) if steps else None
+
+
+def is_lora_job(rl_config: Mapping[str, Any]) -> bool:
+    """True when rl.toml trains a LoRA adapter (``[trainer.model.lora]``)."""
+    trainer = rl_config.get("trainer")
+    model = trainer.get("model") if isinstance(trainer, dict) else None
+    return isinstance(model, dict) and isinstance(model.get("lora"), dict)
+
+
+def no_signal_logged(log_text: str) -> bool:
+    """True when the orchestrator's log holds its abort for batches without a learning signal."""
+    return NO_SIGNAL_MARKER in log_text
 
 
 def decide_stop(
@@ -305,11 +395,60 @@ def decide_stop(
     return "stalled" if now - last_progress > config.stall_timeout_s else None
 
 
-def exit_reason(exit_code: int, has_weights: bool) -> Reason:
-    """Reason for an rl process that exited by itself."""
+def exit_reason(exit_code: int, has_weights: bool, no_signal: bool = False) -> Reason:
+    """Reason for an rl process that exited by itself (``no_signal``: its orchestrator aborted for lack of a learning signal)."""
     if exit_code != 0:
-        return "rl_failed"
+        return "no_signal" if no_signal else "rl_failed"
     return "completed" if has_weights else "no_weights"
+
+
+class ProcessInfo(BaseModel):
+    """One process as /proc shows it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pid: int = Field(ge=1, description="Process id")
+    ppid: int = Field(ge=0, description="Parent process id")
+    session: int = Field(ge=0, description="Session id")
+    uid: int = Field(ge=0, description="Real user id")
+    zombie: bool = Field(default=False, description="Exited, not yet reaped")
+
+
+def sweep_targets(processes: Iterable[ProcessInfo], mode: str, session: int, uid: int, own_pid: int) -> list[int]:
+    """Processes still running the agent's code: rl's session, or (``uid``) every other live process of
+    this user except this process and its ancestors (and pid 1)."""
+    table = {proc.pid: proc for proc in processes}
+    protected = {1, own_pid}
+    cursor = table.get(own_pid)
+    while cursor is not None and cursor.ppid not in protected and cursor.ppid > 0:
+        protected.add(cursor.ppid)
+        cursor = table.get(cursor.ppid)
+    out = []
+    for proc in table.values():
+        if proc.zombie or proc.pid in protected:
+            continue
+        if proc.session == session or (mode == "uid" and proc.uid == uid):
+            out.append(proc.pid)
+    return sorted(out)
+
+
+def read_processes() -> list[ProcessInfo]:
+    """Every process /proc lists (those that vanish while read are skipped)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        # the real uid from status (the owner of /proc/<pid> is root for a process that made itself non-dumpable)
+        uid_line = next((line for line in status.splitlines() if line.startswith("Uid:")), "Uid:\t0")
+        uid = int(uid_line.split()[1])
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out.append(ProcessInfo(pid=int(entry), ppid=int(fields[1]), session=int(fields[3]), uid=uid, zombie=fields[0] == "Z"))
+    return out
 
 
 def fill_command(command: list[str], **values: str) -> list[str]:
@@ -434,11 +573,12 @@ class RunnerError(Exception):
 
 
 class PodRunner:
-    """One job: setup, start, main loop, stop (see the module docstring)."""
+    """One job: setup, start, main loop, stop, then the on-pod eval when asked (see the module docstring)."""
 
-    def __init__(self, config: RunnerConfig, environ: Mapping[str, str] | None = None):
+    def __init__(self, config: RunnerConfig, environ: Mapping[str, str] | None = None, still_assigned: Callable[[], bool] = lambda: True):
         self.config = config
         self.environ = dict(os.environ if environ is None else environ)
+        self.still_assigned = still_assigned
         self.work = Path(config.work_dir).resolve()
         self.bundle_dir = self.work / "bundle"
         self.run_dir = self.work / "run"
@@ -447,17 +587,19 @@ class PodRunner:
         self.started = time.time()
         self.sequence = 0
         self.manifest: BundleManifest | None = None
+        self.rl_config: dict[str, Any] = {}
         self.process: subprocess.Popen[bytes] | None = None
         self.rl_started = 0.0
         self.follower: MetricsFollower | None = None
         self.last_progress: float | None = None
         self.first_progress: float | None = None
         self.stop_requested: str | None = None
+        self.trained_dir: Path | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def run(self) -> ExitReport:
-        """Run the job to the end and write its exit report; never raises for a job failure."""
+        """Run the job to the end, write its exit report, then serve its on-pod eval if asked; never raises for a job failure."""
         exit_code: int | None = None
         try:
             self.setup()
@@ -466,7 +608,10 @@ class PodRunner:
             message = self.reason_message(reason, exit_code)
         except RunnerError as err:
             reason, message = err.reason, err.message
-        return self.stop(reason, exit_code, message)
+        report = self.stop(reason, exit_code, message)
+        if report.eval_on_pod:
+            self.serve_eval(report)
+        return report
 
     def setup(self) -> None:
         """Fetch the bundle, check it against its manifest and the image's prime-rl tag."""
@@ -487,6 +632,10 @@ class PodRunner:
             raise RunnerError("bad_bundle", "bundle does not match its manifest: " + "; ".join(problems[:5]))
         if manifest.prime_rl_tag != self.config.expected_tag:
             raise RunnerError("bad_bundle", f"bundle compiled for prime-rl {manifest.prime_rl_tag}, image has {self.config.expected_tag}")
+        try:
+            self.rl_config = tomllib.loads(files[RL_TOML_FILE].decode("utf-8"))
+        except (KeyError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+            raise RunnerError("bad_bundle", f"{RL_TOML_FILE} cannot be read: {err}") from None
         for relative, data in files.items():
             target = self.bundle_dir / relative
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -494,7 +643,7 @@ class PodRunner:
         self.manifest = manifest
 
     def start(self) -> None:
-        """Install the environment package, then start rl in its own process group."""
+        """Install the environment package, then start rl in a session of its own."""
         assert self.manifest is not None
         self.heartbeat("installing", f"installing {self.manifest.env_id}")
         env = child_environment(self.environ, self.config.passthrough_env, self.config.allow_secret_names, self.config.extra_env)
@@ -521,7 +670,10 @@ class PodRunner:
         self.heartbeat("running", "rl started")
 
     def main_loop(self) -> tuple[Reason, int | None]:
-        """Heartbeat and watch rl until it exits or must be stopped; returns (reason, exit code)."""
+        """Heartbeat and watch rl until it exits or must be stopped; returns (reason, exit code).
+
+        When the runner stops rl, the reason is the runner's: rl's own exit code after a SIGTERM is 1
+        whatever it trained (prime-rl v0.8.0 src/prime_rl/entrypoints/rl.py)."""
         assert self.process is not None and self.follower is not None
         next_beat = time.time() + self.config.heartbeat_interval_s
         while True:
@@ -531,7 +683,7 @@ class PodRunner:
                 self.last_progress = now
                 self.first_progress = self.first_progress or now
             if code is not None:
-                return exit_reason(code, self.weights_step() is not None), code
+                return exit_reason(code, self.weights_step() is not None, code != 0 and no_signal_logged(self.orchestrator_log())), code
             cap = self.manifest.max_train_seconds if self.manifest else None
             reason: Reason | None = (
                 "terminated" if self.stop_requested else decide_stop(now, self.rl_started, self.last_progress, self.config, self.first_progress, cap)
@@ -544,20 +696,22 @@ class PodRunner:
             time.sleep(self.config.poll_interval_s)
 
     def stop(self, reason: Reason, exit_code: int | None, message: str) -> ExitReport:
-        """Upload weights, metrics and logs, then write the exit report."""
+        """Stop the agent's code, settle the weights (newest complete step, LoRA merged), upload, write the exit report."""
         if self.process is not None and self.process.poll() is None:
             exit_code = self.kill_rl()
+        agent_stopped = self.sweep_agent_processes()
         if self.follower is not None:
             self.follower.poll()
         self.heartbeat("uploading", f"uploading results ({reason})")
-        uploaded: list[str] = []
         output = self.run_dir / (self.manifest.output_dir if self.manifest else "outputs")
         weights_step = self.weights_step()
+        reason, message, weights_dir, merged = self.trained_weights(reason, message, weights_step)
+        uploaded: list[str] = []
         weights_url = None
         upload_errors = []
         try:
-            if weights_step is not None:
-                uploaded += self.results.upload_tree(output / "weights" / f"step_{weights_step}", f"{WEIGHTS_DIR}/step_{weights_step}")
+            if weights_dir is not None:
+                uploaded += self.results.upload_tree(weights_dir, f"{WEIGHTS_DIR}/step_{weights_step}")
                 weights_url = self.results.url_of(f"{WEIGHTS_DIR}/step_{weights_step}")
             for name in self.config.metrics_files:
                 path = output / name
@@ -573,9 +727,11 @@ class PodRunner:
         except OSError as err:
             upload_errors.append(str(err))
         log_tail = tail_text(self.log_path)
-        succeeded = reason in SUCCESS_REASONS and weights_url is not None and not upload_errors
+        trained_is_base = reason == "no_signal" and weights_step is None
+        succeeded = reason in SUCCESS_REASONS and (weights_url is not None or trained_is_base) and not upload_errors
         if upload_errors:
             message = f"{message}; upload failed: {upload_errors[0]}"[:2000]
+        self.trained_dir = weights_dir if succeeded else None
         finished = time.time()
         report = ExitReport(
             succeeded=succeeded,
@@ -594,32 +750,119 @@ class PodRunner:
             uploaded=uploaded,
             message=message[:2000],
             log_tail=log_tail,
+            trained_is_base=succeeded and trained_is_base,
+            lora_merged=merged and weights_url is not None,
+            agent_stopped=agent_stopped,
+            eval_on_pod=self.config.eval_on_pod and succeeded and agent_stopped,
         )
         self.results.write_bytes(EXIT_FILE, (report.model_dump_json(indent=2) + "\n").encode())
         self.heartbeat("finished", f"{reason}: {message}"[:1000])
         return report
 
+    def trained_weights(self, reason: Reason, message: str, step: int | None) -> tuple[Reason, str, Path | None, bool]:
+        """(reason, message, folder to upload, merged): the newest complete weights, a LoRA adapter merged into them.
+
+        A LoRA job's folder without its adapter is the untrained base: the job fails (``adapter_missing``)."""
+        if step is None or self.manifest is None:
+            return reason, message, None, False
+        step_dir = self.run_dir / self.manifest.output_dir / WEIGHTS_DIR / f"step_{step}"
+        if not is_lora_job(self.rl_config):
+            return reason, message, step_dir, False
+        if not (step_dir / ADAPTER_DIR).is_dir():
+            return (
+                "adapter_missing",
+                f"rl.toml trains a LoRA adapter but weights/step_{step} has no {ADAPTER_DIR}/: prime-rl {self.config.expected_tag} saves the "
+                "untrained base there and the adapter only with [trainer.ckpt.weights] save_adapter_separately = true",
+                None,
+                False,
+            )
+        merged_dir = self.work / MERGED_DIR / f"step_{step}"
+        command = [*self.config.pod_python, str(MERGE_SCRIPT), str(step_dir), str(merged_dir)]
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=self.config.merge_timeout_s, stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired:
+            return "merge_failed", f"merging the LoRA adapter of step {step} ran past {self.config.merge_timeout_s:g} s", None, False
+        except OSError as err:
+            return "merge_failed", f"the LoRA merge could not start: {err}", None, False
+        if done.returncode != 0:
+            tail = done.stderr.decode("utf-8", errors="replace")[-800:].strip()
+            return "merge_failed", f"merging the LoRA adapter of step {step} failed: {tail}", None, False
+        return reason, f"{message}; LoRA adapter merged", merged_dir, True
+
+    def serve_eval(self, report: ExitReport) -> None:
+        """Answer the job's hidden-eval request on this pod (``metarl.pod_eval``), then report ``finished``."""
+        base_model = str((self.rl_config.get("model") or {}).get("name") or "")
+        env = child_environment(self.environ, self.config.passthrough_env, (), self.config.eval_extra_env)
+        server = EvalServer(
+            self.results, self.config.eval_settings(), self.work / "eval", env, self.still_assigned, lambda state, note: self.heartbeat(state, note)  # type: ignore[arg-type]
+        )
+        trained = None if report.trained_is_base else self.trained_dir
+        if trained is None and not report.trained_is_base and report.weights_url:
+            trained = self.download_weights(report.weights_url)
+        server.serve(trained, base_model)
+        self.heartbeat("finished", f"{report.reason}: eval served")
+
+    def resume_eval(self) -> bool:
+        """A restarted pod whose job reported but has no eval result yet: fetch rl.toml and the weights, serve the eval.
+
+        Returns False when there is nothing to serve."""
+        try:
+            report = ExitReport.model_validate_json(self.results.read_bytes(EXIT_FILE))
+        except (FileNotFoundError, ValidationError):
+            return False
+        if not report.eval_on_pod or self.results.fs.exists(self.results.path(RESULT_FILE)):
+            return False
+        try:
+            self.rl_config = tomllib.loads(Storage(self.config.job_url).read_bytes(RL_TOML_FILE).decode("utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+            print(f"[metarl-runner] cannot read rl.toml to resume the eval: {err}", file=sys.stderr, flush=True)
+            return False
+        self.serve_eval(report)
+        return True
+
+    def download_weights(self, weights_url: str) -> Path:
+        """The uploaded weights, fetched back into the work folder (a restarted pod lost its local copy)."""
+        target = self.work / "eval-weights"
+        source = Storage(weights_url)
+        for path in source.fs.find(source.root):
+            relative = path[len(source.root) :].lstrip("/")
+            local = target / relative
+            local.parent.mkdir(parents=True, exist_ok=True)
+            source.fs.get_file(path, str(local))
+        return target
+
     # -- helpers ---------------------------------------------------------------------------------
 
     def weights_step(self) -> int | None:
-        """Step of the newest Hugging Face weights folder rl wrote, if any."""
+        """Step of the newest complete Hugging Face weights folder rl wrote, if any."""
         if self.manifest is None:
             return None
-        return latest_weights_step(self.run_dir / self.manifest.output_dir / "weights")
+        return latest_weights_step(self.run_dir / self.manifest.output_dir / WEIGHTS_DIR)
+
+    def orchestrator_log(self) -> str:
+        """The end of prime-rl's orchestrator log ('' when absent)."""
+        if self.manifest is None:
+            return ""
+        return tail_text(self.run_dir / self.manifest.output_dir / ORCHESTRATOR_LOG, 20 * LOG_TAIL_CHARS)
 
     def reason_message(self, reason: Reason, exit_code: int | None) -> str:
         """One line for the report."""
         step = self.follower.step if self.follower else None
+        weights = self.weights_step()
         return {
-            "completed": f"rl finished; weights of step {self.weights_step()} uploaded",
+            "completed": f"rl finished; weights of step {weights} uploaded",
+            "no_signal": (
+                f"no learning signal: the orchestrator stopped after batches whose rewards were identical within every group; "
+                + (f"weights of step {weights} kept" if weights is not None else "no weights were saved: the trained model is the base")
+            ),
             "rl_failed": f"rl exited with code {exit_code}",
-            "no_weights": "rl exited 0 but wrote no weights folder",
+            "no_weights": "rl exited 0 but wrote no complete weights folder",
             "stalled": f"no new metrics row for {self.config.stall_timeout_s:g} s (last step {step}); rl stopped",
             "startup_timeout": f"no metrics row within {self.config.startup_timeout_s:g} s of the start; rl stopped",
             "timeout": f"rl ran past max_runtime_s = {self.config.max_runtime_s:g} s; stopped",
             "train_timeout": (
                 f"training reached the task's max_train_seconds = {(self.manifest.max_train_seconds or 0) if self.manifest else 0:g} s; "
-                f"rl stopped, weights of step {self.weights_step()} kept"
+                f"rl stopped, weights of step {weights} kept"
             ),
             "terminated": f"the runner received {self.stop_requested}; rl stopped",
         }.get(reason, reason)
@@ -645,6 +888,25 @@ class PodRunner:
         except ProcessLookupError:
             pass
         return process.poll()
+
+    def sweep_agent_processes(self) -> bool:
+        """Kill what is left of rl's session (or, with ``agent_sweep = "uid"``, every other process of this user); True when none is left."""
+        if self.process is None:
+            return True
+        session, uid, own = self.process.pid, os.getuid(), os.getpid()
+        for _ in range(20):
+            targets = sweep_targets(read_processes(), self.config.agent_sweep, session, uid, own)
+            if not targets:
+                return True
+            for pid in targets:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.1)
+        left = sweep_targets(read_processes(), self.config.agent_sweep, session, uid, own)
+        print(f"[metarl-runner] processes of rl still alive after the sweep: {left}", file=sys.stderr, flush=True)
+        return not left
 
     def heartbeat(self, state: State, message: str) -> None:
         """Write status.json (a failed write is logged to stderr and retried at the next beat)."""

@@ -9,8 +9,13 @@ deleted first, so no job sees another's weights), then waits for the next one. I
 assignment says ``terminated``, on SIGTERM/SIGINT (the running job is stopped and reported
 ``terminated``), or after ``max_idle_s`` without a job when that is set.
 
+An assignment with ``eval_on_pod`` keeps the runner on its job after ``exit.json``: it serves the
+job's hidden-eval request (``metarl.pod_eval``) until the result is uploaded, the request does not
+come, or the assignment moves on.
+
 A restarted container finds the current assignment again; a job whose ``exit.json`` is already in
-its result folder is not run a second time.
+its result folder is not run a second time (its on-pod eval, if still owed, is served from the
+uploaded weights).
 
 Usage (the image's entry point): ``python -m metarl.pod_supervisor`` with ``METARL_RUNPOD_ROOT``
 and ``METARL_POD_NAME`` set by the launcher, and any ``METARL_RUNNER_*`` settings, which apply to
@@ -75,10 +80,17 @@ def job_to_run(assignment: PodAssignment | None, done_seq: int) -> PodAssignment
 
 
 def job_config(base: Mapping[str, Any], assignment: PodAssignment, work_root: Path) -> RunnerConfig:
-    """The runner config of one assigned job: the pod-wide settings plus the assignment's URLs and a work folder of its own."""
+    """The runner config of one assigned job: the pod-wide settings plus the assignment's URLs, eval choice and a work folder of its own."""
     values = dict(base)
-    values.update(job_url=assignment.job_url, result_url=assignment.result_url, work_dir=str(work_root / f"job-{assignment.seq}"))
+    values.update(
+        job_url=assignment.job_url, result_url=assignment.result_url, work_dir=str(work_root / f"job-{assignment.seq}"), eval_on_pod=assignment.eval_on_pod
+    )
     return RunnerConfig.model_validate(values)
+
+
+def still_this_job(assignment: PodAssignment | None, seq: int) -> bool:
+    """The pod still runs the job of assignment ``seq`` (not moved on, not terminated; an unreadable file changes nothing)."""
+    return assignment is None or (assignment.seq == seq and not assignment.terminated and assignment.job_name is not None)
 
 
 class PodSupervisor:
@@ -140,13 +152,16 @@ class PodSupervisor:
     def run_job(self, assignment: PodAssignment) -> ExitReport | None:
         """Run one assigned job to its exit report (None when it had been reported before)."""
         self.done_seq = assignment.seq
+        config = job_config(self.runner_settings, assignment, self.work_root)
+        still_assigned = lambda: self.stop_requested is None and still_this_job(self.read_assignment(), assignment.seq)  # noqa: E731
         if self.already_reported(assignment):
             log(f"job {assignment.job_name} (seq {assignment.seq}) already has {EXIT_FILE}; not run again")
+            if assignment.eval_on_pod and PodRunner(config, self.environ, still_assigned).resume_eval():
+                log(f"job {assignment.job_name} (seq {assignment.seq}) eval served after a restart")
             return None
-        config = job_config(self.runner_settings, assignment, self.work_root)
         shutil.rmtree(self.work_root, ignore_errors=True)
         log(f"job {assignment.job_name} (seq {assignment.seq}) starting")
-        self.current = PodRunner(config, self.environ)
+        self.current = PodRunner(config, self.environ, still_assigned)
         if self.stop_requested:
             self.current.stop_requested = self.stop_requested
         try:

@@ -12,6 +12,9 @@ Run as ``python -m metarl.vllm_scoring`` (see ``main``) it scores one checkpoint
 hidden eval and writes the score as JSON; the vLLM eval backend runs it in a subprocess, so the
 GPU memory is freed when it ends and vLLM may start its own engine process (a Celery pool child
 may not).
+
+The ``SamplingParams`` and ``LLM`` arguments come from ``metarl.pod_scoring`` (the generate step
+the on-pod eval runs), so the GPU eval pool and the on-pod eval sample alike.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from metarl.learning.scoring import (
     prompt_token_ids,
     score_completions,
 )
+from metarl.pod_scoring import engine_kwargs as pod_engine_kwargs
+from metarl.pod_scoring import generation_kwargs
 from schemas.run_config import VLLM_EXTRA_FIX, VllmEvalBackend
 
 
@@ -76,17 +81,15 @@ def sampling_kwargs(tokenizer, family: TaskFamily, *, pass_k: int, seed: int) ->
     the seed of the torch scorer's round ``i`` (the engines' random streams still differ, so
     sampled completions agree in distribution, not token for token).
     """
-    forbidden = set(forbidden_token_ids(tokenizer))
-    common: dict[str, Any] = {
-        "max_tokens": max_completion_tokens(family),
-        "stop_token_ids": [tokenizer.eos_token_id],
-        "skip_special_tokens": True,
-    }
-    if forbidden:
-        common["allowed_token_ids"] = [token for token in range(len(tokenizer)) if token not in forbidden]
-    if pass_k == 1:
-        return {**common, "n": 1, "temperature": 0.0}
-    return {**common, "n": pass_k, "temperature": PASS_K_TEMPERATURE, "top_p": 1.0, "seed": pass_k_seed(seed, 0)}
+    return generation_kwargs(
+        eos_id=tokenizer.eos_token_id,
+        forbidden=forbidden_token_ids(tokenizer),
+        vocab_size=len(tokenizer),
+        max_tokens=max_completion_tokens(family),
+        pass_k=pass_k,
+        temperature=PASS_K_TEMPERATURE,
+        seed=pass_k_seed(seed, 0),
+    )
 
 
 def completions_from_outputs(tokenizer, outputs: Sequence[Any], *, n_items: int, pass_k: int) -> list[list[str]]:
@@ -130,16 +133,14 @@ def score_with_llm(
 
 def engine_kwargs(model_dir: Path, config: VllmEvalBackend, max_model_len: int) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM`` for a Hugging Face weights folder (config, safetensors, tokenizer)."""
-    return {
-        "model": str(model_dir),
-        "tokenizer": str(model_dir),
-        "dtype": config.dtype,
-        "gpu_memory_utilization": config.gpu_memory_utilization,
-        "max_model_len": max_model_len,
-        "tensor_parallel_size": config.tensor_parallel_size,
-        "seed": config.seed,
-        "generation_config": "vllm",
-    }
+    return pod_engine_kwargs(
+        str(model_dir),
+        dtype=config.dtype,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_model_len=max_model_len,
+        seed=config.seed,
+        tensor_parallel_size=config.tensor_parallel_size,
+    )
 
 
 def resolve_model_len(config: VllmEvalBackend, needed: int) -> int:

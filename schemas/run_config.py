@@ -99,6 +99,28 @@ class VllmEvalBackend(StrictModel):
     model_cache_dir: str | None = Field(default=None, max_length=4096, description="Base-model cache (default METARL_CACHE_DIR or ~/.cache/metarl/models)")
 
 
+class PodVllmEvalBackend(StrictModel):
+    """Hidden-eval scoring with vLLM on the inner job's own Runpod pod, right after training there (needs `backends.train.type = "runpod"`).
+
+    The weights never leave the pod to be scored, and the pod's eval seconds are billed like its
+    training seconds (ledger source `runpod_eval`, to the billing interval). The hidden prompts reach
+    the pod only after the agent's code stopped there, and are deleted after scoring; the answers never
+    reach it (workers grade the completions). The base model is scored on a job's pod the first time a
+    (task, model) needs it, then cached. The separate GPU eval pool (`type = "vllm"`) remains the other
+    choice.
+    """
+
+    type: Literal["pod_vllm"] = Field(description="Backend kind")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(default="bfloat16", description="Weight and activation dtype in vLLM")
+    gpu_memory_utilization: float = Field(default=0.85, gt=0.0, le=0.99, description="Fraction of one pod GPU vLLM may claim (training has ended: the GPUs are free)")
+    max_model_len: int | None = Field(default=None, ge=16, le=1_048_576, description="Context length of the engine (default: the longest eval prompt plus the eval's completion budget)")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the engine and of pass@k sampling")
+    chat: bool = Field(default=True, description="Chat-format the hidden prompts with the model's chat template, thinking off, as prime-rl trained on them (plain text when the model has none)")
+    eval_timeout_s: float = Field(default=1800.0, ge=10.0, le=86_400.0, description="Longest wait from publishing the eval request to the pod's result (engine starts included) before the job fails")
+    engine_start_s: float = Field(default=120.0, ge=0.0, le=3600.0, description="Seconds to start vLLM on one model, for the dry run's estimate only")
+    tokens_per_s: float = Field(default=2000.0, gt=0.0, le=1e7, description="Prompt plus generated tokens one engine handles per second, for the dry run's estimate only")
+
+
 class LocalAgentBackend(StrictModel):
     """The local trainer-agent policy: a small torch policy writing jobs in a compact job language."""
 
@@ -388,7 +410,7 @@ class RunpodTrainBackend(StrictModel):
 
 AgentBackend = Annotated[Union[SimAgentBackend, LocalAgentBackend, TinkerAgentBackend], Field(discriminator="type")]
 TrainBackend = Annotated[Union[SimTrainBackend, LocalTrainBackend, RunpodTrainBackend], Field(discriminator="type")]
-EvalBackend = Annotated[Union[SimEvalBackend, LocalEvalBackend, VllmEvalBackend], Field(discriminator="type")]
+EvalBackend = Annotated[Union[SimEvalBackend, LocalEvalBackend, VllmEvalBackend, PodVllmEvalBackend], Field(discriminator="type")]
 OuterBackend = Annotated[Union[SimOuterBackend, LocalOuterBackend, TinkerOuterBackend], Field(discriminator="type")]
 
 
@@ -531,6 +553,15 @@ class RunConfig(StrictModel):
     services: ServicesConfig = Field(default_factory=ServicesConfig)
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+
+    @model_validator(mode="after")
+    def _pod_eval_needs_runpod_train(self) -> "RunConfig":
+        if isinstance(self.backends.eval, PodVllmEvalBackend) and not isinstance(self.backends.train, RunpodTrainBackend):
+            raise ValueError(
+                'backends.eval.type = "pod_vllm" scores on the inner job\'s Runpod pod: it needs backends.train.type = "runpod"; '
+                'with another train backend use type = "local" or "vllm"'
+            )
+        return self
 
     @model_validator(mode="after")
     def _local_agent_needs_local_outer(self) -> "RunConfig":

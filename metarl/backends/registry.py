@@ -7,6 +7,7 @@ from pathlib import Path
 from metarl.backends.base import AgentBackend, BaseScoreKey, EvalBackend, OuterBackend, TrainBackend
 from metarl.backends.local import LocalEval, LocalTrain, local_compile_problems
 from metarl.backends.local_agent import LocalAgent, LocalOuter
+from metarl.backends.pod_eval import PodVllmEval
 from metarl.backends.runpod_train import RunpodTrain
 from metarl.backends.sim import SimAgent, SimEval, SimOuter, SimTrain
 from metarl.backends.tinker_agent import TinkerAgent
@@ -19,6 +20,7 @@ from schemas.run_config import (
     LocalEvalBackend,
     LocalOuterBackend,
     LocalTrainBackend,
+    PodVllmEvalBackend,
     RunConfig,
     RunpodTrainBackend,
     TinkerAgentBackend,
@@ -42,21 +44,32 @@ def train_backend(config: RunConfig) -> TrainBackend:
     if isinstance(backend, LocalTrainBackend):
         return LocalTrain(backend, Path(config.artifacts.root) / "jobs", min_isolation=config.sandbox.min_isolation)
     if isinstance(backend, RunpodTrainBackend):
-        return RunpodTrain(backend, config.artifacts.root, config.budget)
+        return RunpodTrain(backend, config.artifacts.root, config.budget, pod_eval=pod_eval_config(config))
     return SimTrain(backend, Path(config.artifacts.root) / "sim-cloud")
 
 
-def eval_backend_class(config: RunConfig) -> type[LocalEval] | type[VllmEval] | type[SimEval]:
+def pod_eval_config(config: RunConfig) -> PodVllmEvalBackend | None:
+    """The on-pod eval's settings when the hidden eval runs on the train pods."""
+    backend = config.backends.eval
+    return backend if isinstance(backend, PodVllmEvalBackend) else None
+
+
+def eval_backend_class(config: RunConfig) -> type[LocalEval] | type[VllmEval] | type[SimEval] | type[PodVllmEval]:
     backend = config.backends.eval
     if isinstance(backend, LocalEvalBackend):
         return LocalEval
     if isinstance(backend, VllmEvalBackend):
         return VllmEval
+    if isinstance(backend, PodVllmEvalBackend):
+        return PodVllmEval
     return SimEval
 
 
 def eval_backend(config: RunConfig) -> EvalBackend:
-    return eval_backend_class(config)(config.backends.eval)  # type: ignore[arg-type]
+    backend = config.backends.eval
+    if isinstance(backend, PodVllmEvalBackend):
+        return PodVllmEval(backend, config.artifacts.root)
+    return eval_backend_class(config)(backend)  # type: ignore[arg-type]
 
 
 def base_score_key(config: RunConfig, task: TaskSpec, model_name: str) -> BaseScoreKey:
@@ -90,5 +103,5 @@ def release_train_resources(config: RunConfig, run_id: str, database_url: str) -
     """Give back what a finished run still holds on its train backend (Runpod pods); returns how many."""
     backend = config.backends.train
     if isinstance(backend, RunpodTrainBackend):
-        return RunpodTrain(backend, config.artifacts.root, config.budget, database_url).release_run(run_id)
+        return RunpodTrain(backend, config.artifacts.root, config.budget, database_url, pod_eval=pod_eval_config(config)).release_run(run_id)
     return 0

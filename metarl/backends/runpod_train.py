@@ -23,10 +23,19 @@ with `metarl.pod_runner` (`tests/fakes/pod_runner.py` is a stand-in that follows
 get the artifact-storage variables named in `storage_env` (the runner keeps them from `rl`) and the
 task's `max_train_seconds`, in the bundle manifest, which the runner enforces.
 
+On-pod hidden eval (`[backends.eval] type = "pod_vllm"`, `metarl.pod_eval`): the assignment says
+`eval_on_pod`, so the runner stays on its job after `exit.json`. A poll that finds a successful
+`exit.json` (written only once the agent's code stopped on the pod) publishes
+`a<k>/eval/request.json` with the hidden prompts (the trained model, and the base when no pod has
+scored it for the task yet), waits for `a<k>/eval/result.json`, keeps base completions under
+`baselines/`, and only then releases the pod and ends the train stage; the eval stage grades.
+
 Billing: pod seconds are charged in intervals of `billing_interval_s` of the vendor's uptime, one
 ledger row per pod and interval with the key `runpod:<pod id>:<interval>`, so re-polls, takeovers
 and reapers never bill twice. Complete intervals are billed while the pod runs; the last, partial
-one when the pod is settled (stopped, its final uptime read, billed, then terminated).
+one when the pod is settled (stopped, its final uptime read, billed, then terminated). Intervals
+that start once a job's eval request is published are the job's hidden eval: source `runpod_eval`
+instead of `runpod` (same key, so the split is exact to the interval and never double-billed).
 """
 
 from __future__ import annotations
@@ -48,10 +57,12 @@ from metarl.errors import CapacityError, PermanentBackendError, TransientBackend
 from metarl.pod_runner import ENV_PREFIX as RUNNER_ENV_PREFIX
 from metarl.pod_runner import ExitReport, Heartbeat, PodAssignment
 from metarl.pod_supervisor import POD_NAME_ENV, POD_ROOT_ENV, assignment_path
+from metarl.pod_eval import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, Target
 from metarl.primerl.manifest import EXIT_FILE, METRICS_DIR, STATUS_FILE
 from metarl.runpod_provider import LaunchRequest, PodInfo, PodState, RetryPolicy, RunpodProvider
 from schemas.job import JobSpec
-from schemas.run_config import BudgetConfig, RunpodTrainBackend
+from schemas.run_config import BudgetConfig, PodVllmEvalBackend, RunpodTrainBackend
+from schemas.task_spec import TaskSpec
 
 log = logging.getLogger("metarl.runpod")
 
@@ -99,6 +110,11 @@ class JobState(BaseModel):
     restarts: list[str] = Field(default_factory=list, max_length=100)
     waiting_since: float | None = Field(default=None)
     api_errors: int = Field(default=0, ge=0)
+    eval_requested_at: float | None = Field(default=None, description="When the on-pod eval request was published")
+    eval_uptime_start: int | None = Field(default=None, ge=0, description="Pod uptime at that moment: later billing intervals are the eval's")
+    eval_targets: list[str] = Field(default_factory=list, max_length=2, description="Models the pod was asked to score")
+    eval_result_uri: str | None = Field(default=None, max_length=4096, description="The pod's eval result, for the eval stage")
+    trained_is_base: bool = Field(default=False, description="The job saved no weights and had no learning signal: the trained model is the base")
 
 
 # --- pure logic --------------------------------------------------------------------------------
@@ -142,19 +158,26 @@ def chunks_after(uptime_s: int, chunk_s: int, billed_chunks: int, final: bool) -
     return done + 1 if final and uptime_s % chunk_s and uptime_s // chunk_s >= billed_chunks else done
 
 
-def pod_charges(pod_id: str, gpu_label: str, cost_per_hr: float, chunks: list[tuple[int, int]], chunk_s: int) -> list[CostItem]:
-    """Ledger items for pod intervals; the key names the pod and the interval, never the poller."""
-    return [
-        CostItem(
-            source="runpod",
-            description=f"runpod pod {pod_id} ({gpu_label}) seconds {index * chunk_s}-{index * chunk_s + seconds}",
-            quantity=float(seconds),
-            unit="pod_second",
-            unit_price_usd=cost_per_hr / 3600.0,
-            key=f"runpod:{pod_id}:{index}",
+def pod_charges(
+    pod_id: str, gpu_label: str, cost_per_hr: float, chunks: list[tuple[int, int]], chunk_s: int, eval_from_s: int | None = None, job_name: str | None = None
+) -> list[CostItem]:
+    """Ledger items for pod intervals; the key names the pod and the interval, never the poller. Intervals that start at or
+    after ``eval_from_s`` (the pod's uptime when the job's eval request was published) are the hidden eval's (``runpod_eval``)."""
+    items = []
+    for index, seconds in chunks:
+        evaluating = eval_from_s is not None and index * chunk_s >= eval_from_s
+        items.append(
+            CostItem(
+                source="runpod_eval" if evaluating else "runpod",
+                description=f"runpod pod {pod_id} ({gpu_label}) seconds {index * chunk_s}-{index * chunk_s + seconds}"
+                + (f", hidden eval of {job_name}" if evaluating and job_name else ""),
+                quantity=float(seconds),
+                unit="pod_second",
+                unit_price_usd=cost_per_hr / 3600.0,
+                key=f"runpod:{pod_id}:{index}",
+            )
         )
-        for index, seconds in chunks
-    ]
+    return items
 
 
 def final_uptime(frozen_uptime: int | None, last_uptime: int) -> int:
@@ -243,6 +266,53 @@ def judge(
     if hung is not None:
         return Verdict(action="restart" if restarts < max_restarts else "abort", reason=f"watchdog: {hung}")
     return Verdict(action="running")
+
+
+def judge_eval(
+    *,
+    pod_state: PodState | None,
+    result: EvalResult | None,
+    request_id: str,
+    waited_s: float,
+    timeout_s: float,
+    job_cost: float,
+    max_job_usd: float,
+    stop_for_run_cap: bool,
+) -> Verdict:
+    """The decision of one poll while the job's pod runs its hidden eval. The pod's result wins; then a lost pod; then the caps and the timeout."""
+    if result is not None:
+        if result.request_id != request_id:
+            return Verdict(action="failed", reason=f"the pod answered eval request {result.request_id}, not {request_id}")
+        if result.error is not None:
+            return Verdict(action="failed", reason=f"on-pod eval failed: {result.error}")
+        return Verdict(action="succeeded")
+    if pod_state in (None, PodState.stopped, PodState.terminated):
+        return Verdict(action="abort", reason="the pod was lost during its on-pod eval")
+    if stop_for_run_cap:
+        return Verdict(action="abort", reason="stopped: the run budget cap was reached (budget.on_cap = stop)")
+    if job_cost >= max_job_usd:
+        return Verdict(action="abort", reason=f"stopped: the job cost ${job_cost:.2f} reached budget.max_job_usd ${max_job_usd:.2f}")
+    if waited_s > timeout_s:
+        return Verdict(action="abort", reason=f"the on-pod eval gave no result within backends.eval.eval_timeout_s = {timeout_s:g} s")
+    return Verdict(action="running")
+
+
+def eval_refusal(exit_report: ExitReport) -> str | None:
+    """Why the hidden prompts must not go to this job's pod (None: they may): only after a successful
+    exit report that confirms the agent's processes are gone and the runner waits for the request."""
+    if not exit_report.succeeded:
+        return f"the job did not succeed ({exit_report.reason})"
+    if not exit_report.agent_stopped:
+        return "the pod did not confirm that the agent's processes stopped; no hidden item was sent"
+    if not exit_report.eval_on_pod:
+        return "the pod's runner does not serve an on-pod eval for this job; no hidden item was sent"
+    return None
+
+
+def eval_targets(trained_is_base: bool, base_known: bool) -> list[Target]:
+    """Models the pod must score: the trained one (unless it is the base), and the base unless its score is known."""
+    targets: list[Target] = [] if trained_is_base else ["trained"]
+    return targets if base_known else [*targets, "base"]
 
 
 def keep_warm(pod_state: PodState | None, idle_pods: int, warm_pool_size: int, run_accepting: bool) -> bool:
@@ -366,10 +436,12 @@ class RunpodTrain:
         clock: Callable[[], float] = time.time,
         ledger: LedgerWriter | None = None,
         environ: Mapping[str, str] | None = None,
+        pod_eval: PodVllmEvalBackend | None = None,
     ):
         from metarl.settings import database_url as configured_database_url
 
         self.config = config
+        self.pod_eval = pod_eval
         self.budget = budget or BudgetConfig()
         self.store = Store(artifacts_root)
         self.database_url = database_url or configured_database_url()
@@ -421,6 +493,8 @@ class RunpodTrain:
             self.config.hang_timeout_s,
         )
         current.last_step, current.last_progress_at = progress.last_step, progress.last_progress_at
+        if exit_report is not None:
+            current.trained_is_base = exit_report.succeeded and exit_report.trained_is_base  # the eval scores the base for it
         verdict = judge(
             pod_state=pod.state if pod else None,
             exit_report=exit_report,
@@ -431,6 +505,8 @@ class RunpodTrain:
             max_job_usd=self.budget.max_job_usd,
             stop_for_run_cap=self.budget.on_cap == "stop" and self._run_over_budget(ctx.run_id),
         )
+        if verdict.action == "succeeded" and self.pod_eval is not None and exit_report is not None:
+            return self._poll_eval(ctx, job, current, pod, exit_report, attempt_dir, costs, uptime, now)
         if verdict.action == "running":
             return PollResult(status="running", state=current.model_dump(mode="json"), costs=costs)
         if verdict.action in ("succeeded", "failed"):
@@ -458,6 +534,105 @@ class RunpodTrain:
             log.warning("runpod job %s waits for a pod after a restart: %s", current.job_name, err)
             moved = JobState(job_name=current.job_name, attempt=current.attempt + 1, prior_usd=current.prior_usd + spent, restarts=restarts, waiting_since=self.clock())
         return PollResult(status="running", state=moved.model_dump(mode="json"), costs=costs)
+
+    # the on-pod hidden eval
+
+    def _poll_eval(
+        self, ctx: EpisodeContext, job: JobSpec, current: JobState, pod: PodInfo | None, exit_report: ExitReport, attempt_dir: str, costs: list[CostItem], uptime: int, now: float
+    ) -> PollResult:
+        """Training ended well on the pod: publish the hidden prompts (once), wait for the pod's completions, then release the pod."""
+        assert self.pod_eval is not None
+        request_path = posixpath.join(attempt_dir, *REQUEST_FILE.split("/"))
+        result_path = posixpath.join(attempt_dir, *RESULT_FILE.split("/"))
+        request_id = f"{current.job_name}:a{current.attempt}"
+        result = self.store.read_model(result_path, EvalResult)
+        if current.eval_requested_at is None and result is None:
+            if pod is None or pod.state in (PodState.stopped, PodState.terminated):
+                assert current.pod_id is not None
+                self._settle(ctx.run_id, ctx.episode_id, current.pod_id, current.pod_name, pod, current)
+                return PollResult(status="failed", state=current.model_dump(mode="json"), error="the pod was lost before its on-pod eval", costs=costs)
+            refusal = eval_refusal(exit_report)
+            if refusal is not None:  # the agent's code may still run there: the pod takes no next job either
+                assert current.pod_id is not None
+                self._settle(ctx.run_id, ctx.episode_id, current.pod_id, current.pod_name, pod, current)
+                return PollResult(status="failed", state=current.model_dump(mode="json"), error=refusal, costs=costs)
+            targets = eval_targets(exit_report.trained_is_base, self._base_known(ctx.task, job.model.name))
+            if not targets:
+                return self._end_after_eval(ctx, current, pod, exit_report, costs)
+            published = self.store.read_model(request_path, EvalRequest)  # a poll that died after publishing
+            if published is None:
+                from metarl.backends.pod_eval import eval_request
+
+                published = eval_request(ctx.task, self.pod_eval, request_id=request_id, targets=targets, published_at=now)
+                self.store.write_model(request_path, published)
+                log.info("runpod job %s: training ended on pod %s; eval request published (%s)", current.job_name, current.pod_id, ", ".join(targets))
+            current.eval_requested_at, current.eval_uptime_start, current.eval_targets = published.published_at, uptime, list(published.targets)
+            return PollResult(status="running", state=current.model_dump(mode="json"), costs=costs)
+        verdict = judge_eval(
+            pod_state=pod.state if pod else None,
+            result=result,
+            request_id=request_id,
+            waited_s=now - (current.eval_requested_at or now),
+            timeout_s=self.pod_eval.eval_timeout_s,
+            job_cost=job_cost_usd(current.prior_usd, uptime, current.uptime_at_assign, current.cost_per_hr),
+            max_job_usd=self.budget.max_job_usd,
+            stop_for_run_cap=self.budget.on_cap == "stop" and self._run_over_budget(ctx.run_id),
+        )
+        if verdict.action == "running":
+            return PollResult(status="running", state=current.model_dump(mode="json"), costs=costs)
+        if result is not None:
+            self._remove(request_path)  # the pod deletes it; so does the backend, whatever the pod did
+            if verdict.action == "succeeded":
+                self._keep_base(ctx.task, job.model.name, result, current.job_name)
+                current.eval_result_uri = self.store.uri(result_path)
+        if verdict.action in ("abort", "failed"):  # a pod whose eval failed (a changed scoring stack, say) takes no next job
+            self._remove(request_path)
+            log.warning("runpod job %s on pod %s: %s", current.job_name, current.pod_id, verdict.reason)
+            assert current.pod_id is not None
+            self._settle(ctx.run_id, ctx.episode_id, current.pod_id, current.pod_name, pod, current)
+            return PollResult(status="failed", state=current.model_dump(mode="json"), error=verdict.reason, costs=costs)
+        return self._end_after_eval(ctx, current, pod, exit_report, costs)
+
+    def _end_after_eval(self, ctx: EpisodeContext, current: JobState, pod: PodInfo | None, exit_report: ExitReport, costs: list[CostItem]) -> PollResult:
+        """The job is over and its eval done (or not needed): release its pod and end the train stage."""
+        self._release(ctx.run_id, ctx.episode_id, current, pod)
+        attempt_dir = self.store.attempt_path(current.job_name, current.attempt)
+        log.info("runpod job %s succeeded on pod %s (attempt %s, on-pod eval)", current.job_name, current.pod_id, current.attempt)
+        return PollResult(
+            status="succeeded",
+            state=current.model_dump(mode="json"),
+            checkpoint_uri=exit_report.weights_url,
+            metrics_uri=self.store.uri(posixpath.join(attempt_dir, METRICS_DIR, "metrics.jsonl")),
+            train_seconds=exit_report.duration_s,
+            costs=costs,
+        )
+
+    def _base_known(self, task: TaskSpec, model_name: str) -> bool:
+        """The base score of (task, model) is cached, or a pod's completions for it are kept."""
+        from metarl.backends.pod_eval import NAME, baseline_path
+
+        if self.store.read(baseline_path(self.store, task, model_name)) is not None:
+            return True
+        if self.database_url is None:
+            return False
+        from metarl.baselines import cached_baseline
+        from metarl.db import session_scope
+
+        with session_scope(self.database_url) as session:
+            return cached_baseline(session, task, model_name, NAME) is not None
+
+    def _keep_base(self, task: TaskSpec, model_name: str, result: EvalResult, job_name: str) -> None:
+        from metarl.backends.pod_eval import keep_baseline
+
+        output = result.outputs.get("base")
+        if output is not None and keep_baseline(self.store, task, model_name, output, result.digest, job_name):
+            log.info("runpod job %s: base completions of %s on %s kept", job_name, model_name, task.id)
+
+    def _remove(self, path: str) -> None:
+        try:
+            self.store.fs.rm(path)
+        except FileNotFoundError:
+            pass
 
     # placement
 
@@ -530,7 +705,10 @@ class RunpodTrain:
         previous = self.store.read_model(assignment_path, PodAssignment)
         if previous is None or previous.job_name != job_name:
             seq = previous.seq + 1 if previous else 1
-            self.store.write_model(assignment_path, PodAssignment(pod_name=name, seq=seq, job_name=job_name, **self._urls(job_name, attempt_dir), assigned_at=self.clock()))
+            self.store.write_model(
+                assignment_path,
+                PodAssignment(pod_name=name, seq=seq, job_name=job_name, **self._urls(job_name, attempt_dir), assigned_at=self.clock(), eval_on_pod=self.pod_eval is not None),
+            )
         self.store.write_model(pointer_path, AttemptPointer(pod_name=name))
         pod = self.provider.launch(self._launch_request(name, job_name, attempt_dir))
         self.store.write_model(pointer_path, AttemptPointer(pod_name=name, pod_id=pod.pod_id))
@@ -612,7 +790,14 @@ class RunpodTrain:
                 self.store.write_model(
                     path,
                     assignment.model_copy(
-                        update={"seq": assignment.seq + 1, "job_name": job_name, **self._urls(job_name, attempt_dir), "assigned_at": self.clock(), "released_at": None}
+                        update={
+                            "seq": assignment.seq + 1,
+                            "job_name": job_name,
+                            **self._urls(job_name, attempt_dir),
+                            "assigned_at": self.clock(),
+                            "released_at": None,
+                            "eval_on_pod": self.pod_eval is not None,
+                        }
                     ),
                 )
                 return pod, assignment.billed_chunks
@@ -646,7 +831,17 @@ class RunpodTrain:
             if keep:
                 self.store.write_model(
                     path,
-                    assignment.model_copy(update={"seq": assignment.seq + 1, "job_name": None, "job_url": None, "result_url": None, "released_at": self.clock(), "billed_chunks": current.billed_chunks}),
+                    assignment.model_copy(
+                        update={
+                            "seq": assignment.seq + 1,
+                            "job_name": None,
+                            "job_url": None,
+                            "result_url": None,
+                            "released_at": self.clock(),
+                            "billed_chunks": current.billed_chunks,
+                            "eval_on_pod": False,
+                        }
+                    ),
                 )
                 log.info("runpod pod %s kept warm after job %s", current.pod_id, current.job_name)
                 return
@@ -661,7 +856,9 @@ class RunpodTrain:
         chunk_s = self.config.billing_interval_s
         chunks = billable_chunks(uptime, chunk_s, current.billed_chunks, final=False)
         current.billed_chunks = chunks_after(uptime, chunk_s, current.billed_chunks, final=False)
-        return pod_charges(current.pod_id, self._gpu_label(current.gpu_count, current.gpu_type), current.cost_per_hr, chunks, chunk_s)
+        return pod_charges(
+            current.pod_id, self._gpu_label(current.gpu_count, current.gpu_type), current.cost_per_hr, chunks, chunk_s, current.eval_uptime_start, current.job_name
+        )
 
     def _gpu_label(self, gpu_count: int, gpu_type: str | None) -> str:
         return f"{gpu_count or self.config.gpu_count}x {gpu_type or 'GPU'}"
@@ -682,7 +879,15 @@ class RunpodTrain:
         cost_per_hr = settle_price(current.cost_per_hr if current else None, after.cost_per_hr if after else None, pod.cost_per_hr if pod else None)
         chunk_s = self.config.billing_interval_s
         label = self._gpu_label(current.gpu_count if current else (pod.gpu_count if pod else 0), current.gpu_type if current else (pod.gpu_type if pod else None))
-        items = pod_charges(pod_id, label, cost_per_hr, billable_chunks(uptime, chunk_s, 0, final=True), chunk_s)
+        items = pod_charges(
+            pod_id,
+            label,
+            cost_per_hr,
+            billable_chunks(uptime, chunk_s, 0, final=True),
+            chunk_s,
+            current.eval_uptime_start if current else None,
+            current.job_name if current else None,
+        )
         self._record(run_id, episode_id, items)
         self.provider.terminate(pod_id)
         if current is not None:
@@ -795,7 +1000,8 @@ class RunpodTrain:
             train = config.backends.train
             if not isinstance(train, RunpodTrainBackend):
                 continue
-            backend = RunpodTrain(train, config.artifacts.root, config.budget, self.database_url, self.provider, self.clock, self.ledger)
+            pod_eval = config.backends.eval if isinstance(config.backends.eval, PodVllmEvalBackend) else None
+            backend = RunpodTrain(train, config.artifacts.root, config.budget, self.database_url, self.provider, self.clock, self.ledger, pod_eval=pod_eval)
             accepting = backend._run_accepting(run_id) if not final else False
             for pod in run_pods:
                 assignment = backend.store.read_model(backend.store.assignment_path(pod.name), PodAssignment)

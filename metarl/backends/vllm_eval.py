@@ -109,7 +109,10 @@ class VllmEval:
         return self._score(ensure_base_model(model_name, self.config.model_cache_dir, scale=self.config.model_scale), task)
 
     def score_trained(self, ctx: EpisodeContext, job: JobSpec, checkpoint_uri: str | None, train_state: dict[str, Any]) -> Score:
-        """Score the inner job's trained weights (a local Hugging Face folder)."""
+        """Score the inner job's trained weights (a local Hugging Face folder); a job whose trained model is
+        the base (a Runpod job without learning signal that saved nothing: ``trained_is_base``) scores the base."""
+        if checkpoint_uri is None and train_state.get("trained_is_base"):
+            return self.score_base(ctx.task, job.model.name)
         if checkpoint_uri is None:
             raise PermanentBackendError("the inner job left no checkpoint to score")
         return self._score(checkpoint_folder(checkpoint_uri), ctx.task)

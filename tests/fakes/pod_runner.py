@@ -9,17 +9,32 @@ the next job (the warm pool's reuse).
 It trains nothing: it exists so that progress, heartbeats, hangs and preemptions in tests are real
 processes doing real file I/O. It ends by itself after FAKE_POD_MAX_S seconds, so nothing outlives
 a test for long.
+
+A job whose name ends with FAKE_POD_NO_SIGNAL_SUFFIX ends as the runner reports a job without a
+learning signal that saved no weights (`no_signal`, `trained_is_base`); one whose name ends with
+FAKE_POD_TAMPERED_SUFFIX cannot check its scoring stack, so its eval fails.
+
+With FAKE_POD_MODEL (a Hugging Face model folder, e.g. a local stand-in) its "trained" weights are a
+copy of that model, and an assignment with `eval_on_pod` is followed, after exit.json, by the real
+pod side of the on-pod eval (`metarl.pod_eval.EvalServer`, generating with the torch engine of
+`metarl/pod_scoring.py`; the job's base model is FAKE_POD_MODEL too). With FAKE_POD_TIMELINE (a
+folder) it appends what it saw of its job's storage to `<folder>/<pod name>.jsonl`: at every
+training step whether `eval/request.json` was there, when exit.json was written, when it read the
+request and when it uploaded the result.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 import time
 from pathlib import Path
 
 from metarl.backends.runpod_train import POD_NAME_ENV, POD_ROOT_ENV, PodAssignment
-from metarl.pod_runner import ExitReport, Heartbeat, decode_env_value
+from metarl.pod_eval import REQUEST_FILE, EvalServer, EvalSettings
+from metarl.pod_runner import ExitReport, Heartbeat, Storage, child_environment, decode_env_value
 from metarl.primerl.pin import PRIME_RL_TAG
 
 
@@ -46,7 +61,22 @@ def beat(attempt: Path, sequence: int, started: float, step: int | None, steps: 
     write_json(attempt / "status.json", heartbeat.model_dump_json())
 
 
-def train(attempt: Path, steps: int, step_s: float) -> None:
+class Timeline:
+    """Appends what the pod saw to FAKE_POD_TIMELINE/<pod name>.jsonl (nothing without it)."""
+
+    def __init__(self, name: str):
+        folder = os.environ.get("FAKE_POD_TIMELINE")
+        self.path = Path(folder) / f"{name}.jsonl" if folder else None
+
+    def note(self, event: str, job: str, **fields: object) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"t": time.time(), "event": event, "job": job, **fields}) + "\n")
+
+
+def train(attempt: Path, steps: int, step_s: float, job: str, timeline: Timeline, eval_on_pod: bool) -> Path | None:
     started = time.time()
     beat(attempt, 0, started, None, steps)
     (attempt / "metrics").mkdir(parents=True, exist_ok=True)
@@ -56,16 +86,62 @@ def train(attempt: Path, steps: int, step_s: float) -> None:
             metrics.write(json.dumps({"step": step, "reward": round(step / steps, 3)}) + "\n")
             metrics.flush()
             beat(attempt, step, started, step, steps)
+            timeline.note("step", job, step=step, request_present=(attempt / REQUEST_FILE).exists())
     weights = attempt / "weights" / f"step_{steps}"
-    weights.mkdir(parents=True, exist_ok=True)
-    (weights / "config.json").write_text(json.dumps({"fake": True, "steps": steps}), encoding="utf-8")
+    no_signal = bool(os.environ.get("FAKE_POD_NO_SIGNAL_SUFFIX")) and job.endswith(os.environ["FAKE_POD_NO_SIGNAL_SUFFIX"])
+    model = os.environ.get("FAKE_POD_MODEL")
+    if no_signal:
+        pass  # as metarl.pod_runner reports a job whose orchestrator found no learning signal before any weights were saved
+    elif model:
+        shutil.copytree(model, weights, dirs_exist_ok=True)
+    else:
+        weights.mkdir(parents=True, exist_ok=True)
+        (weights / "config.json").write_text(json.dumps({"fake": True, "steps": steps}), encoding="utf-8")
     finished = time.time()
     report = ExitReport(
-        succeeded=True, reason="completed", exit_code=0, steps=steps, max_steps=steps, weights_step=steps, weights_url=str(weights),
-        training_finished_logged=True, prime_rl_tag=PRIME_RL_TAG, started_at=started, finished_at=finished, duration_s=round(finished - started, 3),
-        uploaded=[f"weights/step_{steps}/config.json", "metrics/metrics.jsonl"], message="fake training finished",
+        succeeded=True, reason="no_signal" if no_signal else "completed", exit_code=1 if no_signal else 0, steps=steps, max_steps=steps,
+        weights_step=None if no_signal else steps, weights_url=None if no_signal else str(weights),
+        training_finished_logged=not no_signal, prime_rl_tag=PRIME_RL_TAG, started_at=started, finished_at=finished, duration_s=round(finished - started, 3),
+        uploaded=["metrics/metrics.jsonl"] if no_signal else [f"weights/step_{steps}/config.json", "metrics/metrics.jsonl"],
+        message="fake: no learning signal" if no_signal else "fake training finished",
+        agent_stopped=True, eval_on_pod=eval_on_pod, trained_is_base=no_signal,
     )
+    timeline.note("training_ended", job, request_present=(attempt / REQUEST_FILE).exists())
     write_json(attempt / "exit.json", report.model_dump_json())
+    timeline.note("exit_written", job)
+    return None if no_signal else weights
+
+
+def serve_eval(root: Path, name: str, assignment: PodAssignment, weights: Path | None, timeline: Timeline) -> None:
+    """The real pod side of the on-pod eval, scoring with the torch engine on the CPU."""
+    assert assignment.job_name is not None and assignment.result_url is not None
+    job = json.loads((root / "jobs" / assignment.job_name / "job.json").read_text(encoding="utf-8"))
+    model = os.environ["FAKE_POD_MODEL"]
+    tampered = bool(os.environ.get("FAKE_POD_TAMPERED_SUFFIX")) and assignment.job_name.endswith(os.environ["FAKE_POD_TAMPERED_SUFFIX"])
+    settings = EvalSettings(
+        python_command=[sys.executable],
+        engine="torch",
+        poll_s=0.1,
+        wait_s=120,
+        timeout_s=300,
+        model_aliases={job["job"]["model"]["name"]: model},
+        stack_manifest=str(root / "no-such-manifest.json") if tampered else None,
+    )
+
+    def still_assigned() -> bool:
+        current = read_assignment(root / "pods" / name / "assignment.json")
+        return current is None or (current.seq == assignment.seq and not current.terminated)
+
+    def on_state(state: str, message: str) -> None:
+        if state == "evaluating":
+            timeline.note("request_read", assignment.job_name)
+
+    environment = child_environment(os.environ, ["PATH", "HOME", "LANG", "PYTHONPATH", "TORCH_*", "OMP_*"], (), {"HF_HUB_OFFLINE": "1"})
+    scratch = Path(os.environ.get("HOME", "/tmp")) / f"eval-scratch-{name}"
+    server = EvalServer(Storage(assignment.result_url), settings, scratch, environment, still_assigned, on_state)
+    result = server.serve(weights, job["job"]["model"]["name"])
+    if result is not None:
+        timeline.note("result_written", assignment.job_name, error=result.error, request_deleted=result.request_deleted)
 
 
 def main() -> None:
@@ -76,12 +152,15 @@ def main() -> None:
     deadline = time.monotonic() + float(os.environ.get("FAKE_POD_MAX_S", "300"))
     done_seq = 0
     assignment_path = root / "pods" / name / "assignment.json"
+    timeline = Timeline(name)
     print(f"pod runner {name} ({os.environ.get('RUNPOD_POD_ID')}) up", flush=True)
     while time.monotonic() < deadline:
         assignment = read_assignment(assignment_path)
         if assignment is not None and assignment.job_name and assignment.result_url and assignment.seq > done_seq:
             print(f"job {assignment.job_name} (seq {assignment.seq})", flush=True)
-            train(Path(assignment.result_url), steps, step_s)
+            weights = train(Path(assignment.result_url), steps, step_s, assignment.job_name, timeline, assignment.eval_on_pod)
+            if assignment.eval_on_pod:
+                serve_eval(root, name, assignment, weights, timeline)
             done_seq = assignment.seq
             continue
         time.sleep(0.1)

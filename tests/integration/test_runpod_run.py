@@ -4,8 +4,11 @@ Launch, poll, complete and eval with injected capacity errors, 5xx answers, a lo
 slow answers, a preempted pod and a hung pod, and `kill -9` of the train worker mid-job. The
 ledger matches the fake's billing to the cent (to the second per pod), no pod is left at the end,
 no pod name is ever deployed twice, and the API key is in no log, record, artifact or pod
-environment. A second run hits its dollar cap with on_cap = "stop". Loopback traffic is bounded in
-count (the fake's request cap) and time (every wait has a deadline).
+environment. A second run hits its dollar cap with on_cap = "stop". A third scores the hidden eval on
+the jobs' own pods (`[backends.eval] type = "pod_vllm"`; the fake pod runs the real pod side of the
+eval with the CPU engine): scores land, the hidden prompts reach no pod before its training ended
+(the pods' own storage timeline), and the eval's pod seconds are in the ledger. Loopback traffic is
+bounded in count (the fake's request cap) and time (every wait has a deadline).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from sqlalchemy import func, select, text
 
 from metarl.db import session_scope
 from metarl.pools import WorkerPools, stop_process_group
-from schemas.records import Base, CostEntry, InnerJob, InnerJobStatus, Run, RunStatus
+from schemas.records import Base, BaselineScore, CostEntry, Evaluation, InnerJob, InnerJobStatus, Run, RunStatus
 from tests.conftest import REPO, metarl_cli
 from tests.fakes.runpod_server import FakeRunpod, Faults, GpuOffer
 from tests.integration.helpers import assert_exactly_once
@@ -41,7 +44,16 @@ MAX_REQUESTS = 4000
 STORAGE_SECRET_ENV = "AWS_SECRET_ACCESS_KEY"
 
 
-def write_config(tmp_path: Path, name: str, *, budget: str = "", hang_timeout_s: float = 2.0, max_outer_steps: int = 2) -> Path:
+SIM_EVAL = """
+[backends.eval]
+type = "sim"
+duration = { median_s = 0.05, sigma = 0.1, max_s = 1.0 }
+"""
+
+
+def write_config(
+    tmp_path: Path, name: str, *, budget: str = "", hang_timeout_s: float = 2.0, max_outer_steps: int = 2, evaluation: str = SIM_EVAL, specs: Path = REPO / "tasks_specs"
+) -> Path:
     path = tmp_path / f"{name}.toml"
     path.write_text(
         f"""
@@ -49,7 +61,7 @@ def write_config(tmp_path: Path, name: str, *, budget: str = "", hang_timeout_s:
 name = "{name}"
 seed = 3
 tasks = ["addition", "reversal"]
-task_specs_dir = "{REPO / 'tasks_specs'}"
+task_specs_dir = "{specs}"
 max_outer_steps = {max_outer_steps}
 
 [backends.agent]
@@ -74,11 +86,7 @@ api_backoff_s = 0.05
 capacity_cooldown_s = 0
 reap_interval_s = 2
 orphan_grace_s = 30
-
-[backends.eval]
-type = "sim"
-duration = {{ median_s = 0.05, sigma = 0.1, max_s = 1.0 }}
-
+{evaluation}
 [backends.outer]
 type = "sim"
 duration = {{ median_s = 0.05, sigma = 0.1, max_s = 1.0 }}
@@ -326,3 +334,122 @@ def test_run_budget_cap_with_on_cap_stop_terminates_running_pods_and_says_so(tmp
     assert max(cloud.deploys_by_name.values()) == 1
     assert_billing_matches(cloud, pg_url, run_id)
     assert ledger_usd(pg_url, run_id) >= 0.006
+
+
+# --- the hidden eval on the jobs' own pods -------------------------------------------------------------
+
+POD_EVAL = """
+[backends.eval]
+type = "pod_vllm"
+eval_timeout_s = 120
+"""
+
+
+def small_specs(tmp_path: Path) -> Path:
+    """The repo's addition and reversal specs with 8 hidden items each (the fake pods score on the CPU)."""
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    for name in ("addition", "reversal"):
+        text = (REPO / "tasks_specs" / f"{name}.toml").read_text()
+        (folder / f"{name}.toml").write_text(text.replace("n_items = 200", "n_items = 8"))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from metarl.learning.models import ensure_base_model
+
+    return ensure_base_model("local-s", tmp_path_factory.getbasetemp() / "metarl-models", scale=0.01)
+
+
+@pytest.fixture
+def eval_cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model: Path) -> Iterator[FakeRunpod]:
+    key = f"rpa_FAKESECRET_{uuid.uuid4().hex}"
+    fake = FakeRunpod(
+        key,
+        [sys.executable, "-m", "tests.fakes.pod_runner"],
+        tmp_path / "cloud",
+        pod_cwd=REPO,
+        image_env={
+            "FAKE_TRAIN_STEPS": "4",
+            "FAKE_STEP_S": "0.3",
+            "FAKE_POD_MAX_S": "280",
+            "FAKE_POD_MODEL": str(tiny_model),
+            "FAKE_POD_TIMELINE": str(tmp_path / "timeline"),
+        },
+        gpus=GPUS,
+        boot_s=0.3,
+        max_requests=MAX_REQUESTS,
+    )
+    fake.start()
+    monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.url)
+    monkeypatch.setenv("RUNPOD_API_KEY", key)
+    yield fake
+    fake.stop()
+    assert fake.pod_processes_alive() == []
+
+
+@pytest.fixture
+def eval_pools(eval_cloud: FakeRunpod, pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[WorkerPools]:
+    pools = WorkerPools(pg_url, redis_url, tmp_path / "logs")
+    pools.start()
+    yield pools
+    pools.stop()
+
+
+def pod_timeline(tmp_path: Path) -> dict[str, list[dict]]:
+    """The fake pods' record of their jobs' storage, by job."""
+    by_job: dict[str, list[dict]] = {}
+    for path in (tmp_path / "timeline").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            by_job.setdefault(row["job"], []).append(row)
+    return {job: sorted(rows, key=lambda row: row["t"]) for job, rows in by_job.items()}
+
+
+def test_runpod_run_scores_on_the_jobs_pods_after_training_and_bills_the_eval(tmp_path, eval_cloud, eval_pools, pg_url, redis_url):
+    config = write_config(tmp_path, "runpod-pod-eval", hang_timeout_s=30.0, max_outer_steps=1, evaluation=POD_EVAL, specs=small_specs(tmp_path))
+    env = run_env(pg_url, redis_url)
+    orchestrator, run_id = start_run(config, env, tmp_path / "logs" / "orchestrator.log")
+    try:
+        orchestrator.communicate(timeout=240)
+        assert orchestrator.returncode == 0, (tmp_path / "logs" / "orchestrator.log").read_text()[-3000:]
+    finally:
+        stop_process_group(orchestrator)
+
+    with session_scope(pg_url) as session:
+        assert session.get(Run, run_id).status == RunStatus.finished
+        assert_exactly_once(session, run_id)
+        jobs = session.execute(select(InnerJob).where(InnerJob.run_id == run_id)).scalars().all()
+        assert len(jobs) >= 2 and all(job.status == InnerJobStatus.succeeded for job in jobs), [(j.name, j.status, j.error) for j in jobs]
+        evaluations = session.execute(select(Evaluation).join(InnerJob, InnerJob.episode_id == Evaluation.episode_id).where(InnerJob.run_id == run_id)).scalars().all()
+        # scores land: graded on the workers from the pods' completions, 8 hidden items each
+        assert len(evaluations) == len(jobs) and all(e.backend == "pod_vllm" and not e.simulated and e.n_items == 8 for e in evaluations)
+        # the fake pods' "trained" weights are the base model itself: the same completions, the same score
+        assert all(e.trained_score == e.base_score for e in evaluations)
+        baselines = session.execute(select(BaselineScore).where(BaselineScore.backend == "pod_vllm")).scalars().all()
+        assert baselines and all(b.n_items == 8 for b in baselines)
+        eval_rows = session.execute(select(CostEntry).where(CostEntry.run_id == run_id, CostEntry.source == "runpod_eval")).scalars().all()
+    assert eval_rows and all(row.unit == "pod_second" and "hidden eval of" in row.description for row in eval_rows)
+    assert {row.episode_id for row in eval_rows} <= {job.episode_id for job in jobs}
+
+    # the hidden prompts reached each pod only after its training ended and its exit.json was written, and left it after
+    timeline = pod_timeline(tmp_path)
+    assert set(timeline) >= {job.name for job in jobs}
+    for job in jobs:
+        rows = timeline[job.name]
+        assert not any(row.get("request_present") for row in rows), f"{job.name}: a hidden-eval request was in storage while it trained"
+        kinds = [row["event"] for row in rows]
+        assert kinds[-4:] == ["training_ended", "exit_written", "request_read", "result_written"], kinds
+        assert rows[-1]["request_deleted"] and rows[-1]["error"] is None
+    for request in (tmp_path / "artifacts" / "runpod" / "jobs").glob("*/a*/eval/request.json"):
+        raise AssertionError(f"a hidden-eval request is still in storage: {request}")
+
+    # every pod second billed exactly once, training and eval together, as the fake billed it
+    with session_scope(pg_url) as session:
+        rows = session.execute(select(CostEntry.idempotency_key, CostEntry.quantity).where(CostEntry.run_id == run_id, CostEntry.source.in_(("runpod", "runpod_eval")))).all()
+    seconds: dict[str, float] = {}
+    for key, quantity in rows:
+        seconds[key.split(":")[1]] = seconds.get(key.split(":")[1], 0.0) + quantity
+    assert seconds == {row["pod_id"]: float(row["seconds"]) for row in eval_cloud.billing() if row["seconds"]}
+    assert eval_cloud.live_pods() == []

@@ -1,9 +1,14 @@
-"""The pod runner as a subprocess against a fake `rl` (tests/fixtures/primerl/fake_rl.py).
+"""The pod runner as a subprocess against a fake `rl` (tests/fixtures/primerl/fake_rl.py, which
+behaves as prime-rl v0.8.0 does: weights at ckpt.interval and at the end with STABLE markers, LoRA
+dropped from the weights unless saved separately, exit 1 after 10 no-signal batches, exit 1 on
+SIGTERM).
 
 Covers: a job that completes (the environment package really pip-installed, weights, metrics and
-logs uploaded, heartbeats, exit report), credentials kept from rl, rl failing, rl hanging
-(stall detection), rl never starting (startup timeout), the wall-clock cap, SIGTERM, a tampered
-bundle, a failed install, and the pure helpers.
+logs uploaded, heartbeats, exit report), credentials kept from rl, rl failing, rl hanging (stall
+detection), rl never starting (startup timeout), the wall-clock cap, SIGTERM, a tampered bundle, a
+failed install; weights only at interval steps, a time cap that keeps the newest complete weights,
+no-signal jobs, LoRA adapters merged (or their absence refused), the agent's processes swept before
+exit.json, the on-pod eval; and the pure helpers.
 """
 
 from __future__ import annotations
@@ -18,27 +23,32 @@ from pathlib import Path
 
 import pytest
 
+from metarl.pod_eval import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, items_digest
 from metarl.pod_runner import (
     ExitReport,
     Heartbeat,
+    ProcessInfo,
     RunnerConfig,
     child_environment,
     decide_stop,
     exit_reason,
     fill_command,
+    is_lora_job,
     is_secret_name,
     latest_weights_step,
+    no_signal_logged,
     numeric_metrics,
     parse_metric_rows,
     row_step,
+    sweep_targets,
 )
-from metarl.primerl.compiler import build_bundle, write_bundle
 from metarl.primerl.manifest import EXIT_FILE, MANIFEST_FILE, STATUS_FILE
 from metarl.primerl.pin import PRIME_RL_TAG
-from schemas.job import JobSpec
+from tests.fakes.primerl_bundle import DELETE, ENVIRONMENT, job_spec, make_bundle as compile_test_bundle, store_bundle
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_RL = REPO / "tests" / "fixtures" / "primerl" / "fake_rl.py"
+TINY_SCALE = 0.01
 SECRETS = {
     "AWS_SECRET_ACCESS_KEY": "aws-secret",
     "AWS_ACCESS_KEY_ID": "aws-id",
@@ -49,37 +59,20 @@ SECRETS = {
     "MY_PASSWORD": "pw",
     "NCCL_DEBUG": "WARN",
 }
-ENVIRONMENT = '''
-def correctness(prompt, completion, answer):
-    return 1.0 if completion.strip() == answer else 0.0
+__all__ = ["ENVIRONMENT"]
 
 
-def is_number(prompt, completion, answer):
-    return float(completion.strip().isdigit())
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local-s stand-in (a real Qwen3ForCausalLM) pretrained for a few steps (the cache the other tests share)."""
+    from metarl.learning.models import ensure_base_model
+
+    return ensure_base_model("local-s", tmp_path_factory.getbasetemp() / "metarl-models", scale=TINY_SCALE)
 
 
-COMPONENTS = {"correctness": correctness, "format": is_number}
-
-
-def reward(prompt, completion, answer):
-    return correctness(prompt, completion, answer) + 0.1 * is_number(prompt, completion, answer)
-'''
-
-
-def make_bundle(tmp_path: Path, max_steps: int = 4) -> tuple[str, object]:
-    job = JobSpec.model_validate(
-        {
-            "model": {"name": "Qwen/Qwen3-0.6B"},
-            "training": {"max_steps": max_steps, "batch_size": 16, "group_size": 8},
-            "reward": {"components": {"correctness": 1.0, "format": 0.1}},
-            "dataset": {"size": 3},
-        }
-    )
-    dataset = b"".join(json.dumps({"prompt": f"add {i}+1=", "answer": str(i + 1)}).encode() + b"\n" for i in range(3))
-    bundle = build_bundle(job, ENVIRONMENT.encode(), dataset)
-    url = (tmp_path / "store" / "jobs" / "job-1").as_uri()
-    write_bundle(bundle, url)
-    return url, bundle
+def make_bundle(tmp_path: Path, max_steps: int = 4, rl: dict | None = None, lora_rank: int = 0, max_train_seconds: float | None = None) -> tuple[str, object]:
+    bundle = compile_test_bundle(job_spec(max_steps, lora_rank=lora_rank), rl, max_train_seconds=max_train_seconds)
+    return store_bundle(tmp_path / "store" / "jobs" / "job-1", bundle), bundle
 
 
 def runner_config(tmp_path: Path, job_url: str, *, mode: str = "ok", real_install: bool = False, **overrides: object) -> dict:
@@ -102,7 +95,7 @@ def runner_config(tmp_path: Path, job_url: str, *, mode: str = "ok", real_instal
         "startup_timeout_s": 20,
         "stall_timeout_s": 20,
         "max_runtime_s": 60,
-        "kill_grace_s": 1,
+        "kill_grace_s": 15,  # rl exits by itself on SIGTERM (torch makes its exit slow on a busy machine)
         "extra_env": {"FAKE_RL_MODE": mode, "PYTHONPATH": pythonpath},
     }
     config.update(overrides)
@@ -147,7 +140,11 @@ def test_completed_job_uploads_weights_metrics_logs_and_reports(tmp_path: Path) 
     assert report.env_id == bundle.manifest.env_id
     results = result_dir(config)
     assert (results / "weights" / "step_4" / "config.json").is_file()
-    assert (results / "weights" / "step_4" / "model.safetensors").stat().st_size == 64
+    assert (results / "weights" / "step_4" / "STABLE").is_file()
+    from safetensors import safe_open
+
+    with safe_open(str(results / "weights" / "step_4" / "model.safetensors"), framework="pt") as weights:
+        assert list(weights.keys()) == ["placeholder.weight"]
     assert report.weights_url is not None and report.weights_url.endswith("weights/step_4")
     rows = [json.loads(line) for line in (results / "metrics" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3, 4]
@@ -208,7 +205,7 @@ def test_hanging_rl_is_killed_when_metrics_stop(tmp_path: Path) -> None:
     assert time.time() - started < 30
     report = report_of(config)
     assert report.reason == "stalled" and report.steps == 2
-    assert report.exit_code is not None and report.exit_code < 0  # killed by a signal
+    assert report.exit_code == 1  # rl exits 1 on SIGTERM (prime-rl v0.8.0 entrypoints/rl.py); the reason is the runner's
     assert "no new metrics row" in report.message
     assert_no_fake_rl_left(tmp_path)
 
@@ -342,17 +339,19 @@ def test_stop_decisions() -> None:
     assert fill_command(["uv", "pip", "install", "{package}"], package="/p") == ["uv", "pip", "install", "/p"]
 
 
-def test_latest_weights_step(tmp_path: Path) -> None:
+def test_latest_weights_step_counts_only_complete_folders(tmp_path: Path) -> None:
     assert latest_weights_step(tmp_path / "missing") is None
-    for name in ("step_2", "step_10", "step_x", "other"):
+    for name in ("step_2", "step_10", "step_12", "step_x", "other"):
         (tmp_path / name).mkdir()
+    for name in ("step_2", "step_10", "step_x"):
+        (tmp_path / name / "STABLE").touch()
     (tmp_path / "step_99").write_text("a file, not a folder")
-    assert latest_weights_step(tmp_path) == 10
+    assert latest_weights_step(tmp_path) == 10  # step_12 has no STABLE: still being written
 
 
 def test_no_weights_is_not_success(tmp_path: Path) -> None:
-    job_url, _ = make_bundle(tmp_path, max_steps=2)
-    config = runner_config(tmp_path, job_url, mode="no_weights")
+    job_url, _ = make_bundle(tmp_path, max_steps=2, rl={"ckpt": DELETE, "trainer": {"ckpt": DELETE}})  # no [ckpt]: prime-rl writes no weights
+    config = runner_config(tmp_path, job_url)
     code, _ = run_runner(config)
     assert code == 1
     report = report_of(config)
@@ -381,3 +380,229 @@ def test_config_from_environment_and_flags() -> None:
     assert config.install_command[-1] == "{package}" and "--no-build-isolation" in config.install_command
     overridden = parse_args(["--result-url", "/tmp/r", "--work-dir", "/tmp/w"], environ)
     assert overridden.result_url == "/tmp/r" and overridden.work_dir == "/tmp/w"
+
+
+# ---------------------------------------------------------------------------------------------
+# prime-rl v0.8.0 behaviours: checkpoint interval, time cap, no signal, LoRA, the agent's processes
+
+
+def weight_folders(config: dict) -> list[str]:
+    return sorted(p.name for p in (Path(config["work_dir"]) / "run" / "outputs" / "weights").iterdir())
+
+
+def test_weights_are_written_only_at_the_checkpoint_interval_and_at_the_end(tmp_path: Path) -> None:
+    job_url, _ = make_bundle(tmp_path, max_steps=5, rl={"ckpt": {"interval": 2}})
+    config = runner_config(tmp_path, job_url)
+    code, output = run_runner(config)
+    assert code == 0, output
+    assert weight_folders(config) == ["step_2", "step_4", "step_5"]
+    assert all((Path(config["work_dir"]) / "run" / "outputs" / "weights" / name / "STABLE").is_file() for name in weight_folders(config))
+    assert report_of(config).weights_step == 5
+
+    job_url, _ = make_bundle(tmp_path / "kept", max_steps=5, rl={"ckpt": {"interval": 2, "keep_last": 1}})
+    config = runner_config(tmp_path / "kept", job_url)
+    assert run_runner(config)[0] == 0
+    assert weight_folders(config) == ["step_5"]
+
+
+def test_a_job_cut_at_its_time_cap_keeps_its_newest_complete_weights(tmp_path: Path) -> None:
+    """Item 1: the save of step 4 is still being written when the cap stops rl; step 2 is the newest complete one."""
+    job_url, _ = make_bundle(tmp_path, max_steps=200, rl={"ckpt": {"interval": 2}}, max_train_seconds=1.5)
+    config = runner_config(tmp_path, job_url, mode="slow", kill_grace_s=20)  # time for rl to exit by itself on SIGTERM
+    config["extra_env"].update(FAKE_RL_STEP_S="0.1", FAKE_RL_HANG_SAVE_AT="4")
+    code, output = run_runner(config)
+    assert code == 0, output
+    report = report_of(config)
+    assert report.reason == "train_timeout" and report.succeeded and report.exit_code == 1  # rl's own exit 1 after SIGTERM is not a failure
+    assert report.weights_step == 2 and report.weights_url.endswith("weights/step_2")
+    assert weight_folders(config) == ["step_2", "step_4"] and not (Path(config["work_dir"]) / "run" / "outputs" / "weights" / "step_4" / "STABLE").exists()
+    assert sorted(p.name for p in (result_dir(config) / "weights").iterdir()) == ["step_2"]
+    assert "max_train_seconds = 1.5 s" in report.message and "weights of step 2 kept" in report.message
+
+
+def test_without_a_checkpoint_interval_a_job_cut_at_its_time_cap_has_no_weights(tmp_path: Path) -> None:
+    """A bare [ckpt] saves only after the last step (prime-rl v0.8.0 trainer/rl/train.py): cut early, nothing to score."""
+    job_url, _ = make_bundle(tmp_path, max_steps=200, rl={"ckpt": {}}, max_train_seconds=1.0)
+    config = runner_config(tmp_path, job_url, mode="slow")
+    config["extra_env"]["FAKE_RL_STEP_S"] = "0.1"
+    code, _ = run_runner(config)
+    assert code == 1
+    report = report_of(config)
+    assert report.reason == "train_timeout" and not report.succeeded and report.weights_url is None
+
+
+def test_a_job_without_learning_signal_is_an_outcome_not_a_failure(tmp_path: Path) -> None:
+    """Item 3: prime-rl's orchestrator aborts after 10 empty batches and rl exits 1; the runner reports no_signal."""
+    job_url, _ = make_bundle(tmp_path, max_steps=50, rl={"ckpt": {"interval": 2}})
+    config = runner_config(tmp_path, job_url)
+    config["extra_env"]["FAKE_RL_SIGNAL_STEPS"] = "0"
+    code, output = run_runner(config)
+    assert code == 0, output
+    report = report_of(config)
+    assert report.reason == "no_signal" and report.succeeded and report.exit_code == 1
+    assert report.trained_is_base and report.weights_url is None and report.steps is None
+    assert "the trained model is the base" in report.message
+    assert "10 consecutive empty train batches" in (result_dir(config) / "logs" / "prime-rl" / "orchestrator.log").read_text()
+
+    # signal for 5 batches, then none: the weights of step 4 (the last interval save) are the result
+    job_url, _ = make_bundle(tmp_path / "later", max_steps=50, rl={"ckpt": {"interval": 2}})
+    config = runner_config(tmp_path / "later", job_url)
+    config["extra_env"]["FAKE_RL_SIGNAL_STEPS"] = "5"
+    assert run_runner(config)[0] == 0
+    report = report_of(config)
+    assert report.reason == "no_signal" and report.succeeded and not report.trained_is_base and report.weights_step == 4 and report.steps == 5
+
+
+def test_a_non_enforcing_zero_advantage_filter_lets_a_no_signal_job_finish(tmp_path: Path) -> None:
+    filters = [{"type": "gibberish"}, {"type": "repetition"}, {"type": "zero_advantage", "enforce": False}]
+    job_url, _ = make_bundle(tmp_path, max_steps=12, rl={"ckpt": {"interval": 4}, "orchestrator": {"post_batch_filters": filters}})
+    config = runner_config(tmp_path, job_url)
+    config["extra_env"]["FAKE_RL_SIGNAL_STEPS"] = "0"
+    code, output = run_runner(config)
+    assert code == 0, output
+    report = report_of(config)
+    assert report.reason == "completed" and report.weights_step == 12 and report.steps == 12
+
+
+def test_rl_failing_for_another_reason_is_still_rl_failed(tmp_path: Path) -> None:
+    job_url, _ = make_bundle(tmp_path, rl={"ckpt": {"interval": 1}})
+    config = runner_config(tmp_path, job_url, mode="fail")
+    assert run_runner(config)[0] == 1
+    report = report_of(config)
+    assert report.reason == "rl_failed" and not report.succeeded  # its weights are uploaded for inspection, never scored
+
+
+def lora_rl(separately: bool) -> dict:
+    return {"ckpt": {"interval": 2}, "trainer": {"ckpt": {"weights": {"save_adapter_separately": separately}}}}
+
+
+def test_a_lora_job_uploads_the_trained_model_and_it_scores_differently_from_the_base(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Item 2: prime-rl's weights folder is the base; the runner merges the adapter saved beside it."""
+    from safetensors.torch import load_file
+
+    from metarl.pod_scoring import score_request
+
+    job_url, bundle = make_bundle(tmp_path, max_steps=4, rl=lora_rl(True), lora_rank=8)
+    assert bundle.rl_config["trainer"]["model"]["lora"] == {"rank": 8, "alpha": 16.0}
+    config = runner_config(tmp_path, job_url, pod_python=[sys.executable])
+    config["extra_env"]["FAKE_RL_BASE_MODEL"] = str(tiny_model_dir)
+    code, output = run_runner(config)
+    assert code == 0, output
+    report = report_of(config)
+    assert report.succeeded and report.lora_merged and report.weights_step == 4 and "LoRA adapter merged" in report.message
+    uploaded = result_dir(config) / "weights" / "step_4"
+    saved_by_prime_rl = load_file(str(Path(config["work_dir"]) / "run" / "outputs" / "weights" / "step_4" / "model.safetensors"))
+    merged = load_file(str(uploaded / "model.safetensors"))
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    key = "model.layers.0.self_attn.q_proj.weight"
+    assert saved_by_prime_rl[key].float().allclose(base[key].bfloat16().float()), "prime-rl's own folder holds the untrained base"
+    assert not merged[key].float().allclose(saved_by_prime_rl[key].float(), atol=1e-3)
+    assert merged["model.embed_tokens.weight"].equal(saved_by_prime_rl["model.embed_tokens.weight"])  # not a LoRA target
+    assert (uploaded / "lora_adapters" / "adapter_config.json").is_file() and (uploaded / "metarl_lora_merge.json").is_file()
+
+    from metarl.learning.families import get_family
+
+    prompts = [example.prompt for example in get_family("addition").hidden_eval(24, 1)]
+    request = {"prompts": prompts, "max_tokens": 12, "pass_k": 1, "temperature": 1.0, "seed": 0, "engine": {}}
+    trained = score_request(request, str(uploaded), "torch")["completions"]
+    untrained = score_request(request, str(tiny_model_dir), "torch")["completions"]
+    assert trained != untrained, "the scored checkpoint must be the trained model, not the base"
+
+
+def test_a_lora_job_without_its_adapter_fails_instead_of_passing_the_base_off(tmp_path: Path, tiny_model_dir: Path) -> None:
+    job_url, _ = make_bundle(tmp_path, max_steps=2, rl=lora_rl(False), lora_rank=8)
+    config = runner_config(tmp_path, job_url, pod_python=[sys.executable])
+    config["extra_env"]["FAKE_RL_BASE_MODEL"] = str(tiny_model_dir)
+    code, _ = run_runner(config)
+    assert code == 1
+    report = report_of(config)
+    assert report.reason == "adapter_missing" and not report.succeeded and report.weights_url is None
+    assert "save_adapter_separately = true" in report.message
+    assert not (result_dir(config) / "weights").exists()
+
+
+def session_members(session: int) -> list[int]:
+    from metarl.pod_runner import read_processes
+
+    return [proc.pid for proc in read_processes() if proc.session == session and not proc.zombie]
+
+
+def test_the_agents_processes_are_gone_before_exit_json(tmp_path: Path) -> None:
+    """An env server that leaves rl's process group and ignores SIGTERM is killed before the report (and any eval) happens."""
+    job_url, _ = make_bundle(tmp_path, max_steps=3)
+    config = runner_config(tmp_path, job_url)
+    config["extra_env"]["FAKE_RL_ENV_SERVER"] = "escape"
+    process = start_runner(config)
+    status = result_dir(config) / STATUS_FILE
+    session = None
+    deadline = time.time() + 60
+    while session is None and time.time() < deadline:
+        if status.is_file():
+            session = Heartbeat.model_validate_json(status.read_text()).rl_pid
+        time.sleep(0.02)
+    assert session is not None
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output.decode()
+    report = report_of(config)
+    assert report.agent_stopped and report.succeeded
+    assert session_members(session) == []
+
+
+def test_the_on_pod_eval_answers_the_request_after_exit_json_and_deletes_the_items(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from metarl.learning.families import get_family
+
+    job_url, _ = make_bundle(tmp_path, max_steps=2, rl={"ckpt": {"interval": 1}})
+    config = runner_config(
+        tmp_path, job_url, eval_on_pod=True, eval_engine="torch", pod_python=[sys.executable], eval_poll_s=0.1, eval_model_aliases={"Qwen/Qwen3-0.6B": str(tiny_model_dir)}
+    )
+    config["extra_env"]["FAKE_RL_BASE_MODEL"] = str(tiny_model_dir)
+    process = start_runner(config)
+    results = result_dir(config)
+    deadline = time.time() + 90
+    while not (results / EXIT_FILE).is_file() and time.time() < deadline:
+        time.sleep(0.05)
+    report = report_of(config)
+    assert report.succeeded and report.eval_on_pod and report.agent_stopped
+    prompts = [example.prompt for example in get_family("addition").hidden_eval(8, 1)]
+    request = EvalRequest(
+        request_id="job-1:a0", targets=["trained", "base"], prompts=prompts, digest=items_digest(prompts), max_tokens=8, pass_k=1, temperature=1.0, seed=0, published_at=time.time()
+    )
+    (results / "eval").mkdir()
+    (results / REQUEST_FILE).write_text(request.model_dump_json())
+    output, _ = process.communicate(timeout=180)
+    assert process.returncode == 0, output.decode()
+    result = EvalResult.model_validate_json((results / RESULT_FILE).read_text())
+    assert result.error is None and result.request_deleted and result.digest == request.digest
+    assert not (results / REQUEST_FILE).exists(), "the hidden prompts stay in storage after scoring"
+    assert not (Path(config["work_dir"]) / "eval").exists(), "the pod keeps a copy of the hidden prompts"
+    assert set(result.outputs) == {"trained", "base"}
+    assert all(len(output.completions) == 8 and all(len(c) == 1 for c in output.completions) for output in result.outputs.values())
+    assert result.outputs["base"].model == str(tiny_model_dir) and result.outputs["trained"].model.endswith("weights/step_2")
+    assert result.outputs["trained"].prompt_format == "raw"  # the stand-in's tokenizer has no chat template
+    assert Heartbeat.model_validate_json((results / STATUS_FILE).read_text()).state == "finished"
+
+
+def test_no_eval_is_served_for_a_failed_job(tmp_path: Path) -> None:
+    job_url, _ = make_bundle(tmp_path)
+    config = runner_config(tmp_path, job_url, mode="fail", eval_on_pod=True, eval_wait_s=60)
+    started = time.time()
+    assert run_runner(config)[0] == 1
+    assert time.time() - started < 50 and not report_of(config).eval_on_pod
+
+
+def test_process_sweep_targets() -> None:
+    table = [
+        ProcessInfo(pid=1, ppid=0, session=1, uid=1000),
+        ProcessInfo(pid=10, ppid=1, session=1, uid=1000),  # the supervisor
+        ProcessInfo(pid=20, ppid=10, session=1, uid=1000),  # this runner
+        ProcessInfo(pid=30, ppid=20, session=30, uid=1000),  # rl
+        ProcessInfo(pid=31, ppid=30, session=30, uid=1000),  # its env server
+        ProcessInfo(pid=40, ppid=1, session=40, uid=1000),  # escaped with setsid
+        ProcessInfo(pid=41, ppid=1, session=30, uid=1000, zombie=True),
+        ProcessInfo(pid=50, ppid=1, session=50, uid=0),  # root's
+    ]
+    assert sweep_targets(table, "session", session=30, uid=1000, own_pid=20) == [30, 31]
+    assert sweep_targets(table, "uid", session=30, uid=1000, own_pid=20) == [30, 31, 40]
+    assert exit_reason(1, has_weights=False, no_signal=True) == "no_signal" and exit_reason(1, True) == "rl_failed"
+    assert no_signal_logged("RuntimeError: 10 consecutive empty train batches — check filter config")
+    assert is_lora_job({"trainer": {"model": {"lora": {"rank": 8}}}}) and not is_lora_job({"trainer": {"model": {}}})

@@ -19,37 +19,27 @@ from pathlib import Path
 
 import pytest
 
+from metarl.pod_eval import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, items_digest
 from metarl.pod_runner import ExitReport, PodAssignment, RunnerConfig, decide_stop, decode_environ
-from metarl.pod_supervisor import POD_NAME_ENV, POD_ROOT_ENV, assignment_path, job_config, job_to_run, parse_args
-from metarl.primerl.compiler import CompileOptions, build_bundle, write_bundle
+from metarl.pod_supervisor import POD_NAME_ENV, POD_ROOT_ENV, assignment_path, job_config, job_to_run, parse_args, still_this_job
 from metarl.primerl.manifest import EXIT_FILE
 from metarl.runpod_provider import encode_env_value
-from schemas.job import JobSpec
-from tests.unit.test_pod_runner import ENVIRONMENT, FAKE_RL, REPO, SECRETS
+from tests.fakes.primerl_bundle import job_spec, make_bundle, store_bundle
+from tests.unit.test_pod_runner import FAKE_RL, REPO, SECRETS
 
 POD = "metarl-0a1b2c3d-7"
 
 
-def bundle_url(root: Path, job_name: str, max_steps: int, max_train_seconds: float | None = None) -> str:
-    job = JobSpec.model_validate(
-        {
-            "model": {"name": "Qwen/Qwen3-0.6B"},
-            "training": {"max_steps": max_steps, "batch_size": 16, "group_size": 8},
-            "reward": {"components": {"correctness": 1.0}},
-            "dataset": {"size": 3},
-        }
-    )
-    dataset = b"".join(json.dumps({"prompt": f"add {i}+1=", "answer": str(i + 1)}).encode() + b"\n" for i in range(3))
-    bundle = build_bundle(job, ENVIRONMENT.encode(), dataset, CompileOptions(max_train_seconds=max_train_seconds))
-    url = (root / "jobs" / job_name / "bundle").as_uri()
-    write_bundle(bundle, url)
-    return url
+def bundle_url(root: Path, job_name: str, max_steps: int, max_train_seconds: float | None = None, interval: int | None = None) -> str:
+    rl = {"ckpt": {"interval": interval}} if interval else {}
+    bundle = make_bundle(job_spec(max_steps, components={"correctness": 1.0}), rl, max_train_seconds=max_train_seconds)
+    return store_bundle(root / "jobs" / job_name / "bundle", bundle)
 
 
-def assign(root: Path, seq: int, job_name: str | None, job_url: str | None = None, terminated: bool = False) -> Path:
+def assign(root: Path, seq: int, job_name: str | None, job_url: str | None = None, terminated: bool = False, eval_on_pod: bool = False) -> Path:
     result = root / "jobs" / job_name / "a0" if job_name else None
     assignment = PodAssignment(
-        pod_name=POD, seq=seq, job_name=job_name, job_url=job_url, result_url=str(result) if result else None, terminated=terminated
+        pod_name=POD, seq=seq, job_name=job_name, job_url=job_url, result_url=str(result) if result else None, terminated=terminated, eval_on_pod=eval_on_pod
     )
     path = root / assignment_path(POD)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +58,7 @@ def runner_settings(tmp_path: Path, **extra_env: str) -> dict:
         "startup_timeout_s": 20,
         "stall_timeout_s": 20,
         "max_runtime_s": 60,
-        "kill_grace_s": 1,
+        "kill_grace_s": 15,
         "extra_env": dict(extra_env),
     }
 
@@ -164,13 +154,13 @@ def test_sigterm_stops_the_running_job_and_the_supervisor(tmp_path: Path, settin
 
 def test_training_is_cut_at_the_tasks_max_train_seconds_and_keeps_its_weights(tmp_path: Path, settings_with_package_path) -> None:
     root = tmp_path / "store"
-    result = assign(root, 1, "job-a", bundle_url(root, "job-a", max_steps=200, max_train_seconds=1.5))
-    settings = settings_with_package_path([1], FAKE_RL_MODE="slow", FAKE_RL_STEP_S="0.1", FAKE_RL_WEIGHTS_EACH_STEP="1")
+    result = assign(root, 1, "job-a", bundle_url(root, "job-a", max_steps=200, max_train_seconds=1.5, interval=2))
+    settings = settings_with_package_path([1], FAKE_RL_MODE="slow", FAKE_RL_STEP_S="0.1")
     code, output = finish(start_supervisor(root, settings, "--max-idle-s", "1.0"), timeout=60)
     assert code == 0, output
     report = ExitReport.model_validate_json((result / EXIT_FILE).read_text())
     assert report.reason == "train_timeout" and report.succeeded, report
-    assert report.weights_step is not None and 1 <= report.weights_step < 200
+    assert report.weights_step is not None and 2 <= report.weights_step < 200 and report.weights_step % 2 == 0  # an interval save
     assert "max_train_seconds = 1.5 s" in report.message
 
 
@@ -204,7 +194,10 @@ def test_job_config_gives_each_job_its_own_work_folder_and_urls(tmp_path: Path) 
     config = job_config({"heartbeat_interval_s": 5.0}, job, tmp_path)
     assert isinstance(config, RunnerConfig)
     assert (config.job_url, config.result_url, config.work_dir) == ("s3://b/jobs/j/bundle", "s3://b/jobs/j/a0", str(tmp_path / "job-7"))
-    assert config.heartbeat_interval_s == 5.0
+    assert config.heartbeat_interval_s == 5.0 and not config.eval_on_pod
+    assert job_config({}, job.model_copy(update={"eval_on_pod": True}), tmp_path).eval_on_pod
+    assert still_this_job(job, 7) and still_this_job(None, 7)
+    assert not still_this_job(job.model_copy(update={"seq": 8, "job_name": None}), 7) and not still_this_job(job.model_copy(update={"terminated": True}), 7)
 
 
 def test_settings_come_from_the_launchers_environment() -> None:
@@ -230,3 +223,90 @@ def test_encoded_launcher_values_are_decoded_for_storage_clients() -> None:
     assert environ["AWS_SECRET_ACCESS_KEY"] != secret
     decode_environ(environ)
     assert environ == {"AWS_SECRET_ACCESS_KEY": secret, "PATH": "/usr/bin"}
+
+
+# --- the on-pod eval ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from metarl.learning.models import ensure_base_model
+
+    return ensure_base_model("local-s", tmp_path_factory.getbasetemp() / "metarl-models", scale=0.01)
+
+
+def eval_settings(settings: dict, tiny_model: Path) -> dict:
+    settings.update(eval_engine="torch", pod_python=[sys.executable], eval_poll_s=0.1, eval_model_aliases={"Qwen/Qwen3-0.6B": str(tiny_model)})
+    settings["extra_env"]["FAKE_RL_BASE_MODEL"] = str(tiny_model)
+    return settings
+
+
+def publish(result: Path, targets: list[str]) -> EvalRequest:
+    from metarl.learning.families import get_family
+
+    prompts = [example.prompt for example in get_family("addition").hidden_eval(4, 1)]
+    request = EvalRequest(
+        request_id="job:a0", targets=targets, prompts=prompts, digest=items_digest(prompts), max_tokens=6, pass_k=1, temperature=1.0, seed=0, published_at=time.time()
+    )
+    (result / "eval").mkdir(exist_ok=True)
+    (result / REQUEST_FILE).write_text(request.model_dump_json())
+    return request
+
+
+def wait_for(path: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not path.is_file():
+        time.sleep(0.1)
+    assert path.is_file(), f"no {path} within {timeout} s"
+
+
+def test_a_job_with_on_pod_eval_serves_its_request_then_leaves_when_the_pod_moves_on(tmp_path: Path, settings_with_package_path, tiny_model: Path) -> None:
+    root = tmp_path / "store"
+    first = assign(root, 1, "job-a", bundle_url(root, "job-a", max_steps=2, interval=1), eval_on_pod=True)
+    process = start_supervisor(root, eval_settings(settings_with_package_path([1, 3]), tiny_model))
+    try:
+        report = wait_for_report(first)
+        assert report.eval_on_pod and report.succeeded
+        request = publish(first, ["trained"])
+        wait_for(first / RESULT_FILE)
+        result = EvalResult.model_validate_json((first / RESULT_FILE).read_text())
+        assert result.error is None and result.digest == request.digest and list(result.outputs) == ["trained"]
+        assert not (first / REQUEST_FILE).exists()
+        assign(root, 2, None)  # the backend released the pod to the warm pool
+        second = assign(root, 3, "job-b", bundle_url(root, "job-b", max_steps=2, interval=1), eval_on_pod=True)
+        assert wait_for_report(second).eval_on_pod
+        assign(root, 4, None)  # moved on without publishing a request (e.g. the base score was cached and the trained is the base)
+        time.sleep(1.0)
+        assign(root, 5, None, terminated=True)
+        code, output = finish(process, timeout=30)
+    finally:
+        process.kill()
+    assert code == 0, output
+    assert "no eval request came" in output and not (second / RESULT_FILE).exists()
+
+
+def test_a_restarted_pod_serves_the_eval_its_job_still_owes_from_the_uploaded_weights(tmp_path: Path, settings_with_package_path, tiny_model: Path) -> None:
+    root = tmp_path / "store"
+    result = assign(root, 1, "job-a", bundle_url(root, "job-a", max_steps=2, interval=1), eval_on_pod=True)
+    settings = eval_settings(settings_with_package_path([1]), tiny_model)
+    process = start_supervisor(root, settings)
+    try:
+        wait_for_report(result)
+    finally:
+        process.kill()  # the container dies while waiting for the request
+        process.communicate()
+    import shutil
+
+    shutil.rmtree(tmp_path / "work")  # with its local files
+    restarted = start_supervisor(root, settings)
+    try:
+        publish(result, ["trained", "base"])
+        wait_for(result / RESULT_FILE)
+        assign(root, 2, None, terminated=True)
+        code, output = finish(restarted)
+    finally:
+        restarted.kill()
+    assert code == 0, output
+    served = EvalResult.model_validate_json((result / RESULT_FILE).read_text())
+    assert served.error is None and set(served.outputs) == {"trained", "base"}
+    assert served.outputs["trained"].model.endswith("eval-weights") and "eval served after a restart" in output

@@ -59,23 +59,41 @@ def test_copied_files_exist_in_the_build_context() -> None:
     assert sources
     for source in sources:
         assert (CONTEXT / source).exists(), source
-    assert {"pod_runner.py", "pod_supervisor.py", "__init__.py", "primerl/"} <= set(sources)
+    assert {"pod_runner.py", "pod_supervisor.py", "pod_eval.py", "pod_scoring.py", "pod_lora_merge.py", "__init__.py", "primerl/"} <= set(sources)
 
 
 def test_runner_imports_only_what_the_image_installs() -> None:
     """The runner venv has pydantic, fsspec and s3fs: the runner and the modules it imports use nothing else."""
     allowed = {"pydantic", "fsspec", "metarl"}
-    stdlib_like = re.compile(r"^(from|import) (__future__|argparse|base64|fnmatch|json|os|re|shutil|signal|subprocess|sys|time|hashlib|collections|pathlib|typing)\b")
-    runner_modules = ("pod_runner.py", "pod_supervisor.py", "primerl/manifest.py", "primerl/pin.py")
+    stdlib_like = re.compile(r"^(from|import) (__future__|argparse|base64|fnmatch|json|os|re|shutil|signal|subprocess|sys|time|tomllib|hashlib|collections|pathlib|typing)\b")
+    runner_modules = ("pod_runner.py", "pod_supervisor.py", "pod_eval.py", "primerl/manifest.py", "primerl/pin.py")
     for path in (REPO / "metarl" / name for name in runner_modules):
         for line in path.read_text().splitlines():
             if re.match(r"^\s*(from \S+ import|import \S+)", line) and not stdlib_like.match(line.strip()):
                 module = line.split()[1].split(".")[0]
                 assert module in allowed, f"{path.name}: {line.strip()}"
-    for name in ("pod_runner.py", "pod_supervisor.py"):
+    for name in ("pod_runner.py", "pod_supervisor.py", "pod_eval.py"):
         for line in (REPO / "metarl" / name).read_text().splitlines():
-            if line.startswith("from metarl"):
-                assert line.split()[1] in ("metarl.pod_runner", "metarl.primerl.manifest", "metarl.primerl.pin"), line
+            if line.lstrip().startswith("from metarl"):
+                assert line.split()[1] in ("metarl.pod_runner", "metarl.pod_eval", "metarl.primerl.manifest", "metarl.primerl.pin"), line
     installs = " ".join(rest for word, rest in instructions() if word == "RUN")
     for package in ("pydantic==", "fsspec==", "s3fs=="):
         assert package in installs
+
+
+def test_pod_scripts_import_nothing_of_metarl() -> None:
+    """The merge and scoring scripts run by path with prime-rl's Python, where metarl is not importable."""
+    for name in ("pod_scoring.py", "pod_lora_merge.py"):
+        for line in (REPO / "metarl" / name).read_text().splitlines():
+            assert not re.match(r"^\s*(from|import) metarl\b", line), f"{name}: {line.strip()}"
+
+
+def test_the_agent_cannot_sudo_or_rewrite_the_runner() -> None:
+    runs = " ".join(rest for word, rest in instructions() if word == "RUN")
+    assert "NOPASSWD:ALL$/d' /etc/sudoers" in runs and "gpasswd -d appuser sudo" in runs
+    assert "chown -R root:root /opt/metarl-runner" in runs and "chown -R appuser:appuser /opt/metarl-runner" not in runs
+    envs = " ".join(rest for word, rest in instructions() if word == "ENV")
+    assert "METARL_RUNNER_AGENT_SWEEP=uid" in envs
+    manifest = "/opt/metarl-runner/scoring-stack.json"
+    assert f"-m metarl.pod_eval --write-manifest {manifest} /app/.venv /app/src" in runs and f"METARL_RUNNER_EVAL_STACK_MANIFEST={manifest}" in envs
+    assert runs.index("--write-manifest") > runs.index('"setuptools>=64"'), "the manifest must record the venv after the image's own installs"

@@ -180,7 +180,7 @@ def cloud(tmp_path, monkeypatch) -> Iterator[FakeRunpod]:
         [sys.executable, "-m", "tests.fakes.pod_runner"],
         tmp_path / "cloud",
         pod_cwd=REPO,
-        image_env={"FAKE_TRAIN_STEPS": "4", "FAKE_STEP_S": "0.15", "FAKE_POD_MAX_S": "60"},
+        image_env={"FAKE_TRAIN_STEPS": "4", "FAKE_STEP_S": "0.15", "FAKE_POD_MAX_S": "60", "FAKE_POD_NO_SIGNAL_SUFFIX": "-2"},
         boot_s=0.05,
         max_requests=2000,
         faults=Faults(capacity_errors={"NVIDIA A40": 1}),
@@ -252,6 +252,8 @@ def test_backend_launch_poll_warm_reuse_preemption_hang_and_release(cloud, tmp_p
     assert cloud.capacity_refusals["NVIDIA A40"] == 1 and "A6000" in first.state["gpu_type"]
     second = run_to_end(backend, context(2, tmp_path), job, "metarl-0a1b2c3d-2", ledger)
     assert second.status == "succeeded" and second.state["pod_id"] == first.state["pod_id"], "the warm pod was not reused"
+    # job 2 had no learning signal and saved nothing: a result, scored as the base by the eval
+    assert second.checkpoint_uri is None and second.state["trained_is_base"] and not first.state["trained_is_base"]
     assert len(cloud.pods) == 1
 
     third = run_to_end(backend, context(3, tmp_path), job, "metarl-0a1b2c3d-3", ledger, mid_job=cloud.preempt)

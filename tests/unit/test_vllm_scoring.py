@@ -370,3 +370,14 @@ def test_backend_scores_in_a_subprocess_and_matches_the_local_backend(
     local_score = LocalEval(LocalEvalBackend(type="local", model_scale=TINY_SCALE, model_cache_dir=cache)).score_base(task, "local-s")
 
     assert vllm_score == local_score
+
+    # a Runpod job without learning signal that saved no weights: its trained model is the base
+    from metarl.backends.base import EpisodeContext
+    from schemas.job import JobModel, JobSpec
+
+    ctx = EpisodeContext(run_id="r", episode_id=1, task=task, policy_version=0, probe_attempt=1, seed=0, artifacts_root=str(tmp_path))
+    job = JobSpec(model=JobModel(name="Qwen/Qwen3-0.6B"))  # stands in as local-s
+    backend = VllmEval(VllmEvalBackend(type="vllm", model_scale=TINY_SCALE, model_cache_dir=cache))
+    assert backend.score_trained(ctx, job, None, {"trained_is_base": True}) == vllm_score
+    with pytest.raises(PermanentBackendError, match="no checkpoint"):
+        backend.score_trained(ctx, job, None, {})
