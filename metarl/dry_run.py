@@ -49,9 +49,10 @@ from schemas.run_config import (
     SimTrainBackend,
     TinkerAgentBackend,
     TinkerOuterBackend,
+    PodVllmEvalBackend,
     VllmEvalBackend,
 )
-from schemas.task_spec import HiddenEval, TaskSpec
+from schemas.task_spec import TaskSpec
 
 POD_STARTUP_S = 300.0
 POD_STARTUP_ASSUMES = (
@@ -60,14 +61,11 @@ POD_STARTUP_ASSUMES = (
 )
 POD_UPLOAD_S = 60.0
 POD_UPLOAD_ASSUMES = "stopping rl and uploading weights/step_N (about 1.2 GB bf16 for Qwen3-0.6B, 3.4 GB for 1.7B), logs and metrics (assumed)"
-EVAL_ENGINE_START_S = 120.0
-EVAL_SECONDS_PER_COMPLETION = 0.05
 REFERENCE_USD_PER_JOB = (0.13, 0.30)
 """The reference run's cost of one inner job on a pod of two A40s, to set the estimate beside."""
-EVAL_ON_THE_JOB_POD: frozenset[str] = frozenset()
+EVAL_ON_THE_JOB_POD: frozenset[str] = frozenset({"pod_vllm"})
 """``backends.eval.type`` values that score on the inner job's own pod after training, billed at its
-price (the on-pod eval backend adds its type here); other eval backends run on hosts the ledger does
-not bill."""
+price; other eval backends run on hosts the ledger does not bill."""
 
 PRICE_FLAG = "--usd-per-gpu-hour"
 MAX_GPU_USD_PER_HOUR = 1000.0
@@ -332,10 +330,13 @@ def tinker_update_tokens(outer: TinkerOuterBackend, agent: TinkerAgentBackend, b
     return batch_episodes * max_attempts * agent.max_context_tokens
 
 
-def hidden_eval_gpu_seconds(hidden: HiddenEval) -> float:
-    """GPU seconds to score one trained checkpoint on a task's hidden eval with vLLM (estimate):
-    engine start and weight load, then ``n_items x pass_k`` short completions, batched."""
-    return EVAL_ENGINE_START_S + hidden.n_items * hidden.pass_k * EVAL_SECONDS_PER_COMPLETION
+def eval_pod_seconds(config: RunConfig, task: TaskSpec) -> float:
+    """Pod seconds of one job's hidden eval with vLLM (:func:`metarl.backends.pod_eval.estimate_eval_seconds`, with the run's
+    on-pod eval settings or their defaults), rounded up to a second; the first job of each (task, model) also scores the base model."""
+    from metarl.backends.pod_eval import estimate_eval_seconds
+
+    backend = config.backends.eval if isinstance(config.backends.eval, PodVllmEvalBackend) else PodVllmEvalBackend(type="pod_vllm")
+    return float(math.ceil(estimate_eval_seconds(task, backend, score_base=False)))
 
 
 def eval_cost_usd(eval_gpu_seconds: float, usd_per_hour: float | None) -> float | None:
@@ -356,7 +357,7 @@ def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None) -> J
     assert isinstance(backend, RunpodTrainBackend)
     on_pod = eval_on_job_pod(config)
     cap = task.budget.train_seconds_for(backend.type)
-    eval_seconds = hidden_eval_gpu_seconds(task.hidden_eval)
+    eval_seconds = eval_pod_seconds(config, task)
 
     def at_pod_price(seconds: float) -> float | None:
         return None if usd_per_hour is None else seconds * usd_per_hour / 3600.0
@@ -367,9 +368,10 @@ def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None) -> J
         would = eval_cost_usd(eval_seconds, usd_per_hour)
         elsewhere = f"; scoring on the job's pod would add {fine_usd(would)}" if would is not None else ""
         eval_usd, eval_assumes = None, f"not estimated: backends.eval.type = {config.backends.eval.type!r} scores on your own GPU eval hosts, which have no price here{elsewhere}"
+    engine = config.backends.eval if isinstance(config.backends.eval, PodVllmEvalBackend) else PodVllmEvalBackend(type="pod_vllm")
     eval_assumes = (
-        f"{eval_assumes} ({EVAL_ENGINE_START_S:g} s vLLM engine start + {task.hidden_eval.n_items} items x pass@{task.hidden_eval.pass_k} "
-        f"x {EVAL_SECONDS_PER_COMPLETION:g} s, assumed)"
+        f"{eval_assumes} ({engine.engine_start_s:g} s vLLM engine start + {task.hidden_eval.n_items} items x pass@{task.hidden_eval.pass_k} "
+        f"at {engine.tokens_per_s:g} tokens/s, assumed; the first job of each task and model also scores the base)"
     )
     terms = [
         JobCostTerm(name="start-up", seconds=POD_STARTUP_S, billed=True, usd=at_pod_price(POD_STARTUP_S), assumes=POD_STARTUP_ASSUMES),
@@ -489,13 +491,18 @@ def eval_line(config: RunConfig, specs: dict[str, TaskSpec], tasks: list[TaskLin
     """Cost of the hidden eval: billed at the pod's price when it scores on the job's pod; otherwise not in the ledger."""
     backend, train = config.backends.eval, config.backends.train
     pod_price = pod_usd_per_hour(train.gpu_types[0], train.gpu_count, prices) if isinstance(train, RunpodTrainBackend) else None
-    per_job = {task.task_id: hidden_eval_gpu_seconds(specs[task.task_id].hidden_eval) for task in tasks}
+    per_job = {task.task_id: eval_pod_seconds(config, specs[task.task_id]) for task in tasks}
     seconds = "/".join(f"{value:g}" for value in sorted(set(per_job.values())))
     if eval_on_job_pod(config):
+        # budget.max_job_usd counts the eval's pod seconds too: the train line's worst case already bounds them
+        within_cap = "its worst case is inside the train line's (budget.max_job_usd counts the eval's pod seconds)"
         if pod_price is None:
-            return CostLine(stage="eval", backend=backend.type, upper_usd=None, kind="nominal", basis=f"{seconds} s per job on the job's pod", unavailable=NO_PRICE_TABLE)
+            return CostLine(
+                stage="eval", backend=backend.type, upper_usd=0.0, kind="nominal", basis=f"{seconds} s per job on the job's pod; {within_cap}", unavailable=NO_PRICE_TABLE
+            )
         total = sum(task.episodes * (eval_cost_usd(per_job[task.task_id], pod_price) or 0.0) for task in tasks)
-        return CostLine(stage="eval", backend=backend.type, usd=total, upper_usd=total, kind="nominal", basis=f"one scoring per job on its pod after training, {seconds} s at ${pod_price:.4f}/h (estimate)")
+        basis = f"one scoring per job on its pod after training, {seconds} s at ${pod_price:.4f}/h (estimate); {within_cap}"
+        return CostLine(stage="eval", backend=backend.type, usd=total, upper_usd=0.0, kind="nominal", basis=basis)
     if backend.type == "vllm":
         would = sum(task.episodes * (eval_cost_usd(per_job[task.task_id], pod_price) or 0.0) for task in tasks) if pod_price is not None else None
         elsewhere = f"; scoring each job on its pod instead would cost about {usd(would)} for the run ({seconds} s per job)" if would is not None else ""
@@ -813,7 +820,8 @@ def render_text(plan: DryRunPlan) -> str:
     out += ["", "Cost estimate"]
     for line in estimate.lines:
         figure = usd(line.usd) if line.usd is not None else "unavailable"
-        worst = f" (worst case {usd(line.upper_usd)})" if line.upper_usd is not None and line.upper_usd != line.usd else ""
+        bounded_elsewhere = line.upper_usd == 0.0 and line.usd  # its worst case lies within another line's cap
+        worst = f" (worst case {usd(line.upper_usd)})" if line.upper_usd is not None and line.upper_usd != line.usd and not bounded_elsewhere else ""
         out.append(f"  {line.stage:<6} {line.backend:<7} {figure}{worst}  [{line.kind}]")
         out.append(f"         {printable(line.basis)}")
         if line.unavailable:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from metarl.backends.base import EpisodeContext, Score
+from metarl.backends.base import BaseModelIdentity, EpisodeContext, Score
 from metarl.errors import PermanentBackendError, TransientBackendError
 from metarl.learning.families import Example, get_family
 from metarl.pod_eval import EngineSettings, EvalRequest, EvalResult, Target, TargetOutput, items_digest
@@ -139,6 +139,13 @@ class PodVllmEval:
 
         self.config = config
         self.store = Store(artifacts_root)
+
+    @staticmethod
+    def base_model_identity(config: PodVllmEvalBackend, model_name: str) -> BaseModelIdentity:
+        """The hub model as the pods load it (the hub's main revision: neither training nor scoring pins another);
+        the dtype and chat formatting change the numbers, the seed pass@k sampling."""
+        scorer = f"pod_vllm dtype={config.dtype} seed={config.seed} chat={config.chat}"
+        return BaseModelIdentity(build=f"{model_name}@main", scale=1.0, scorer=scorer)
 
     def score_base(self, task: TaskSpec, model_name: str) -> Score:
         """The base score from the completions a job's pod generated for it."""

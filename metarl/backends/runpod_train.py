@@ -21,7 +21,7 @@ creates one, by rewriting the pod's assignment file (claims serialised by a Post
 lock). The image's main process, `metarl.pod_supervisor`, follows that file and runs each new job
 with `metarl.pod_runner` (`tests/fakes/pod_runner.py` is a stand-in that follows it too). Pods also
 get the artifact-storage variables named in `storage_env` (the runner keeps them from `rl`) and the
-task's `max_train_seconds`, in the bundle manifest, which the runner enforces.
+task's `max_gpu_train_seconds`, in the bundle manifest, which the runner enforces.
 
 On-pod hidden eval (`[backends.eval] type = "pod_vllm"`, `metarl.pod_eval`): the assignment says
 `eval_on_pod`, so the runner stays on its job after `exit.json`. A poll that finds a successful
@@ -643,7 +643,7 @@ class RunpodTrain:
             "episode_id": ctx.episode_id,
             "task_id": ctx.task.id,
             "family": ctx.task.family,
-            "max_train_seconds": ctx.task.budget.max_train_seconds,
+            "max_train_seconds": ctx.train_seconds,
             "job": job.model_dump(mode="json"),
         }
         self.store.write_bytes(self.store.path("jobs", job_name, "job.json"), json.dumps(payload, indent=2).encode("utf-8"))
@@ -653,7 +653,7 @@ class RunpodTrain:
         from metarl.primerl.compiler import compile_bundle, pod_compile_options, write_bundle
         from metarl.workspace import WorkspaceError
 
-        options = pod_compile_options(self.config.gpu_count, ctx.task.budget.max_train_seconds)
+        options = pod_compile_options(self.config.gpu_count, ctx.train_seconds)
         try:
             bundle = compile_bundle(job, ctx.workspace_uri, options)
         except WorkspaceError as err:

@@ -119,7 +119,7 @@ def test_runpod_example(sandbox: tuple[dict[str, str], Path], recorder: Connecti
     out = dry_run(sandbox, recorder, str(EXAMPLES / "runpod.toml"), "--usd-per-gpu-hour", "NVIDIA A40=0.44")
     for expected in (
         "nothing launched, no API called, nothing written",
-        "backends: agent=local  train=runpod  eval=vllm  outer=local",
+        "backends: agent=local  train=runpod  eval=pod_vllm  outer=local",
         "not started",
         "image      ghcr.io/your-org/metarl-inner:prime-rl-v0.8.0 (prime-rl v0.8.0, base ghcr.io/primeintellect-ai/prime-rl:v0.8.0)",
         "2x NVIDIA A40, then NVIDIA RTX A6000, NVIDIA L40S on capacity errors; SECURE cloud",
@@ -127,7 +127,8 @@ def test_runpod_example(sandbox: tuple[dict[str, str], Path], recorder: Connecti
         "tasks addition, reversal, caesar, max_of_list, sorting, date_format: validates against prime-rl's derived schema and cross-field rules",
         "total      404",
         "train  runpod  $94.81 (worst case $404.00)",
-        "per job      960 s  $0.2347",
+        "per job     1087 s  $0.2657 (hidden eval included)",
+        "eval   pod_vllm $12.",
         "budget max_run_usd $300.00",
     ):
         assert expected in out, expected
@@ -135,7 +136,7 @@ def test_runpod_example(sandbox: tuple[dict[str, str], Path], recorder: Connecti
     assert {"output_dir", "max_steps", "seq_len"} <= set(tomllib.loads("\n".join(line[4:] for line in rl_toml.splitlines())))
     for table in ("[model]", "[deployment]", "[trainer.optim]", "[orchestrator]", "[orchestrator.renderer]", "[orchestrator.train.sampling]", "[inference.model]"):
         assert f"    {table}" in out, table
-    assert "base model local-s (for Qwen/Qwen3-0.6B, scale 1) to build on first use" in out  # the vLLM eval's base scores
+    assert "base model" not in out  # the pods score the hub models: nothing to build here
 
 
 def test_runpod_example_as_json_with_the_configs_price_estimate(sandbox: tuple[dict[str, str], Path], recorder: ConnectionRecorder) -> None:
@@ -148,6 +149,7 @@ def test_runpod_example_as_json_with_the_configs_price_estimate(sandbox: tuple[d
     train = next(line for line in plan["estimate"]["lines"] if line["stage"] == "train")
     assert plan["pods"]["usd_per_gpu_hour"]["NVIDIA A40"] == 0.44 and plan["pods"]["usd_per_gpu_hour"]["NVIDIA L40S"] is None
     assert train["usd"] is not None and train["usd"] > 0 and not train.get("unavailable")
+    # the worst case: every job at budget.max_job_usd, which counts its eval's pod seconds too
     assert plan["estimate"]["upper_usd"] == pytest.approx(404.0)
     assert "AWS_SECRET_ACCESS_KEY" in plan["pods"]["storage_env"]
 

@@ -13,8 +13,6 @@ import pytest
 
 from metarl import dry_run
 from metarl.dry_run import (
-    EVAL_ENGINE_START_S,
-    EVAL_SECONDS_PER_COMPLETION,
     POD_STARTUP_S,
     POD_UPLOAD_S,
     DryRunPlan,
@@ -25,7 +23,7 @@ from metarl.dry_run import (
     estimate_costs,
     eval_cost_usd,
     held_out_eval_points,
-    hidden_eval_gpu_seconds,
+    eval_pod_seconds,
     inner_job_usd,
     job_costs,
     parse_gpu_prices,
@@ -59,6 +57,16 @@ def edited_config(name: str, edit: dict[str, dict[str, Any]]) -> RunConfig:
             node = node.setdefault(part, {})
         node.update(values)
     return validate_model(RunConfig, data, f"{name}.toml")
+
+
+def vllm_pool_example() -> tuple[RunConfig, dict[str, TaskSpec]]:
+    """The Runpod example scored on separate vLLM eval hosts instead of each job's pod."""
+    _, specs = example("runpod")
+    return edited_config("runpod", {"backends.eval": {"type": "vllm"}}), specs
+
+
+def cost_of(costs: list, task_id: str):  # type: ignore[no-untyped-def]
+    return next(cost for cost in costs if task_id in cost.task_ids)
 
 
 # --- episode counts ------------------------------------------------------------------------
@@ -133,7 +141,7 @@ def test_parse_gpu_prices() -> None:
 
 
 def test_runpod_estimate_without_prices_gives_only_the_job_cap_worst_case() -> None:
-    config, specs = example("runpod")
+    config, specs = vllm_pool_example()
     estimate = estimate_costs(config, specs, {})
     train = next(line for line in estimate.lines if line.stage == "train")
     assert train.usd is None and "no offline Runpod price table" in (train.unavailable or "")
@@ -143,7 +151,7 @@ def test_runpod_estimate_without_prices_gives_only_the_job_cap_worst_case() -> N
 
 
 def test_runpod_estimate_with_prices() -> None:
-    config, specs = example("runpod")
+    config, specs = vllm_pool_example()
     estimate = estimate_costs(config, specs, {"NVIDIA A40": 0.44})
     train = next(line for line in estimate.lines if line.stage == "train")
     # start-up + every task's GPU cap (600 s) + upload, at 2 x $0.44/h
@@ -161,20 +169,26 @@ def test_runpod_estimate_uses_each_tasks_budget() -> None:
     assert next(line for line in estimate.lines if line.stage == "train").usd == pytest.approx(expected)  # the CPU cap plays no part
 
 
-def test_eval_cost_is_gpu_seconds_at_a_price_or_not_estimated() -> None:
-    _, specs = example("runpod")
-    hidden = specs["addition"].hidden_eval
-    seconds = hidden_eval_gpu_seconds(hidden)
-    assert seconds == pytest.approx(EVAL_ENGINE_START_S + hidden.n_items * hidden.pass_k * EVAL_SECONDS_PER_COMPLETION)
-    assert hidden_eval_gpu_seconds(hidden.model_copy(update={"pass_k": 4})) > seconds
+def test_eval_cost_is_pod_seconds_at_a_price_or_not_estimated() -> None:
+    config, specs = example("runpod")
+    from metarl.backends.pod_eval import estimate_eval_seconds
+
+    seconds = eval_pod_seconds(config, specs["addition"])
+    assert seconds == math.ceil(estimate_eval_seconds(specs["addition"], config.backends.eval, score_base=False))
+    more = specs["addition"].model_copy(update={"hidden_eval": specs["addition"].hidden_eval.model_copy(update={"pass_k": 4})})
+    assert eval_pod_seconds(config, more) > seconds
+    slower = edited_config("runpod", {"backends.eval": {"tokens_per_s": 100.0}})
+    assert eval_pod_seconds(slower, specs["addition"]) > seconds  # the run's own engine settings are used
     assert eval_cost_usd(seconds, 0.88) == pytest.approx(seconds * 0.88 / 3600)
     assert eval_cost_usd(seconds, None) is None
 
 
 def test_cost_per_job_is_start_up_training_cap_upload_and_eval() -> None:
-    config, specs = example("runpod")
-    [cost] = job_costs(config, specs, {"NVIDIA A40": 0.44})
-    assert cost.task_ids == list(specs) and (cost.gpu_count, cost.gpu_type, cost.usd_per_hour) == (2, "NVIDIA A40", pytest.approx(0.88))
+    config, specs = vllm_pool_example()
+    costs = job_costs(config, specs, {"NVIDIA A40": 0.44})
+    assert sorted(task for cost in costs for task in cost.task_ids) == sorted(specs)
+    cost = cost_of(costs, "addition")
+    assert (cost.gpu_count, cost.gpu_type, cost.usd_per_hour) == (2, "NVIDIA A40", pytest.approx(0.88))
     terms = {term.name: term for term in cost.terms}
     assert [term.name for term in cost.terms] == ["start-up", "training", "upload", "eval"]
     assert (terms["start-up"].seconds, terms["training"].seconds, terms["upload"].seconds) == (POD_STARTUP_S, 600, POD_UPLOAD_S)
@@ -183,23 +197,26 @@ def test_cost_per_job_is_start_up_training_cap_upload_and_eval() -> None:
     assert not terms["eval"].billed and terms["eval"].usd is None and not cost.eval_included
     assert cost.pod_seconds == POD_STARTUP_S + 600 + POD_UPLOAD_S
     assert cost.usd == pytest.approx(cost.pod_seconds * 0.88 / 3600)
-    eval_usd = hidden_eval_gpu_seconds(specs["addition"].hidden_eval) * 0.88 / 3600
+    eval_usd = eval_pod_seconds(config, specs["addition"]) * 0.88 / 3600
     assert cost.usd_with_eval_on_pod == pytest.approx(cost.usd + eval_usd)
     assert 0.13 <= cost.usd <= 0.30 and "$0.13-0.30" in cost.reference  # within the reference run's range on A40 pairs
-    [unpriced] = job_costs(config, specs, {})
-    assert unpriced.usd is None and {term.usd for term in unpriced.terms} == {None}
+    unpriced = job_costs(config, specs, {})
+    assert {cost.usd for cost in unpriced} == {None} and {term.usd for cost in unpriced for term in cost.terms} == {None}
 
 
-def test_an_eval_on_the_jobs_pod_is_billed_at_the_pod_price(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dry_run, "EVAL_ON_THE_JOB_POD", frozenset({"vllm"}))
+def test_an_eval_on_the_jobs_pod_is_billed_at_the_pod_price() -> None:
     config, specs = example("runpod")
-    [cost] = job_costs(config, specs, {"NVIDIA A40": 0.44})
-    eval_seconds = hidden_eval_gpu_seconds(specs["addition"].hidden_eval)
+    assert config.backends.eval.type == "pod_vllm"
+    cost = cost_of(job_costs(config, specs, {"NVIDIA A40": 0.44}), "addition")
+    eval_seconds = eval_pod_seconds(config, specs["addition"])
     assert cost.eval_included and cost.pod_seconds == POD_STARTUP_S + 600 + POD_UPLOAD_S + eval_seconds
     assert cost.usd == pytest.approx(cost.pod_seconds * 0.88 / 3600) == pytest.approx(cost.usd_with_eval_on_pod)
+    assert 0.13 <= cost.usd <= 0.30  # the whole job, eval included, within the reference run's range on A40 pairs
     estimate = estimate_costs(config, specs, {"NVIDIA A40": 0.44})
     lines = {line.stage: line for line in estimate.lines}
-    assert lines["eval"].kind == "nominal" and lines["eval"].usd == pytest.approx(404 * eval_seconds * 0.88 / 3600)
+    jobs = {task.task_id: task.episodes for task in build_plan(config, specs, EXAMPLES / "runpod.toml", {}).tasks}
+    expected = sum(episodes * eval_pod_seconds(config, specs[task_id]) * 0.88 / 3600 for task_id, episodes in jobs.items())
+    assert sum(jobs.values()) == 404 and lines["eval"].kind == "nominal" and lines["eval"].usd == pytest.approx(expected)
     assert estimate.total_usd == pytest.approx(lines["train"].usd + lines["eval"].usd)
     assert "hidden eval included" in render_text(build_plan(config, specs, EXAMPLES / "runpod.toml", {"NVIDIA A40": 0.44}))
 
@@ -210,7 +227,7 @@ def test_the_dry_run_shows_gpu_budgets_and_learning_rates() -> None:
     assert "time cap   600 s per job (the tasks' budget.max_gpu_train_seconds" in text
     assert "learning_rate 3e-06 (LoRA 0.0001), kl_coef 0.001 (-> [trainer.loss] kl_tau" in text
     assert "lr = 3e-06" in text and "kl_tau = 0.001" in text and "interval = 10" in text
-    assert "per job      960 s  $0.2347 (hidden eval not included; $0.2664 with the eval on the job's pod); beside the reference run: $0.13-0.30" in text
+    assert "per job     1087 s  $0.2657 (hidden eval included); beside the reference run: $0.13-0.30" in text
     assert "training     600 s  $0.1467" in text
     assert all(task.max_train_seconds == 600 for task in build_plan(config, specs, EXAMPLES / "runpod.toml", {}).tasks)
     local, local_specs = example("quickstart")
@@ -324,8 +341,8 @@ def test_text_and_json_output_of_a_runpod_plan() -> None:
         "[orchestrator.renderer]",
         "num_infer_gpus = 1",
         "total      404",
-        "$94.81",
-        "worst case $404.00",
+        "train  runpod  $94.81",
+        "eval   pod_vllm $12.",
         "a fallback GPU type costs up to $1.7200/h",
         "max_run_usd $300.00",
     ):
@@ -335,7 +352,7 @@ def test_text_and_json_output_of_a_runpod_plan() -> None:
 
 
 def test_text_output_says_why_the_pod_estimate_is_unavailable() -> None:
-    config, specs = example("runpod")
+    config, specs = vllm_pool_example()
     text = render_text(build_plan(config, specs, EXAMPLES / "runpod.toml", {}))
     assert "train  runpod  unavailable" in text and "--usd-per-gpu-hour" in text
     assert "total  unavailable; worst case $404.00" in text

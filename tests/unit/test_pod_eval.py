@@ -461,3 +461,16 @@ def test_the_scoring_runs_with_private_caches(tmp_path: Path) -> None:
     assert "HF_HUB_OFFLINE" not in env
     kept = private_environment({"HF_HOME": "/cache/hf"}, tmp_path, fresh_hub_cache=False)
     assert kept["HF_HOME"] == "/cache/hf"
+
+
+def test_base_scores_on_the_pod_are_keyed_by_the_hub_model_and_the_engine_settings() -> None:
+    from metarl.backends import registry
+    from metarl.runconfig import load_run
+    from tests.conftest import REPO
+
+    config, specs = load_run(REPO / "examples" / "runpod.toml")
+    assert config.backends.eval.type == "pod_vllm"
+    key = registry.base_score_key(config, specs["addition"], "Qwen/Qwen3-0.6B")
+    assert key.model_build == "Qwen/Qwen3-0.6B@main" and key.backend == "pod_vllm"
+    other = config.model_copy(update={"backends": config.backends.model_copy(update={"eval": config.backends.eval.model_copy(update={"dtype": "float16"})})})
+    assert registry.base_score_key(other, specs["addition"], "Qwen/Qwen3-0.6B") != key

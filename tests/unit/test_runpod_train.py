@@ -4,6 +4,7 @@ pod, a hung pod, release; billed seconds equal the fake's."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import uuid
@@ -197,7 +198,9 @@ def cloud(tmp_path, monkeypatch) -> Iterator[FakeRunpod]:
 
 def context(episode: int, tmp_path) -> EpisodeContext:
     task = load_toml_model(TaskSpec, REPO / "tasks_specs" / "addition.toml")
-    return EpisodeContext(run_id=RUN_ID, episode_id=episode, task=task, policy_version=0, probe_attempt=1, seed=1, artifacts_root=str(tmp_path / "artifacts"))
+    return EpisodeContext(
+        run_id=RUN_ID, episode_id=episode, task=task, policy_version=0, probe_attempt=1, seed=1, artifacts_root=str(tmp_path / "artifacts"), train_backend="runpod"
+    )
 
 
 def run_to_end(backend: RunpodTrain, ctx: EpisodeContext, job: JobSpec, name: str, ledger: list, mid_job=None, timeout_s: float = 30.0):
@@ -242,6 +245,10 @@ def test_backend_launch_poll_warm_reuse_preemption_hang_and_release(cloud, tmp_p
 
     retried = backend.launch(context(1, tmp_path), job, "metarl-0a1b2c3d-1")
     assert backend.launch(context(1, tmp_path), job, "metarl-0a1b2c3d-1").external_id == retried.external_id, "a retried launch made a new pod"
+    # the job's time cap is the task's GPU cap, not the CPU stand-in's
+    job_record = json.loads((tmp_path / "artifacts" / "runpod" / "jobs" / "metarl-0a1b2c3d-1" / "job.json").read_text())
+    task = context(1, tmp_path).task
+    assert job_record["max_train_seconds"] == task.budget.max_gpu_train_seconds != task.budget.max_train_seconds
     (pod_env,) = cloud.pod_environments()
     # the listed storage variables that are set reach the pod (the secret base64-encoded for the GraphQL), nothing else of the worker's
     assert pod_env["AWS_ACCESS_KEY_ID"] == "AKIAFAKE" and decode_env_value(pod_env["AWS_SECRET_ACCESS_KEY"]) == "fake/secret+value"
