@@ -16,12 +16,11 @@ What the sandboxed process gets (level ``full``):
   with every capability dropped but CAP_SETUID/CAP_SETGID, which the runner uses to become
   ``nobody`` (65534) before any agent code runs; a non-root worker's sandbox is ``nobody`` inside
   its user namespace (the worker's own uid outside). Either way the agent's code has no
-  capability and is PID 1 of its own PID namespace (``--as-pid-1``: no other process is visible,
-  not even bubblewrap's; bubblewrap reaps it directly, so its CPU time is counted), with ``/proc``
-  of that namespace only. As a namespace's init it ignores signals it has no handler for unless
-  the kernel forces them: the CPU soft limit's SIGXCPU and the file-size SIGXFSZ are ignored (the
-  hard CPU limit's SIGKILL still ends it one second later; a write past the file-size limit fails
-  with EFBIG), while SIGKILL from outside, seccomp and faults still end it;
+  capability and runs in its own PID namespace under bubblewrap's init (no other process is
+  visible, not even the worker), with ``/proc`` of that namespace only. Not ``--as-pid-1``: the
+  runner's change to ``nobody`` clears its parent-death signal, and only the namespace's init
+  keeps one; when the worker dies, bubblewrap and its init die and the kernel kills everything
+  in the namespace, so no agent code outlives its worker;
 - a root file system of a small tmpfs made read-only, with read-only binds of exactly what the
   interpreter maps (its binary, the shared libraries it loads, found once per process by
   :func:`discover_root`), the standard library (its ``site-packages`` hidden behind an empty
@@ -254,7 +253,6 @@ def bwrap_command(
     command = [
         bwrap,
         "--unshare-pid",
-        "--as-pid-1",
         "--unshare-net",
         "--unshare-ipc",
         "--unshare-uts",

@@ -522,7 +522,11 @@ def _interpret(run: _ChildRun, limits: SandboxLimits, n_calls: int, elapsed: flo
         return _failed("bad_output", run.overflow, **common)
     if frame is None:
         status = run.status or 0
-        if status in (-signal.SIGXCPU,) or (status == -signal.SIGKILL and run.cpu_seconds >= limits.cpu_seconds - 0.05):
+        # Under bubblewrap the runner is not bubblewrap's direct child, so its CPU seconds are not in the
+        # rusage read here: a SIGKILL the sandbox did not send itself (no wall-clock or output kill) is
+        # the hard CPU limit's, the only SIGKILL its own limits send.
+        cpu_kill = status == -signal.SIGKILL and (run.cpu_seconds >= limits.cpu_seconds - 0.05 or (launch is not None and launch.bubblewrap))
+        if status in (-signal.SIGXCPU,) or cpu_kill:
             return _failed("timeout", f"the module used more than its {limits.cpu_seconds} CPU seconds", **common)
         if status == -signal.SIGXFSZ:
             return _failed("forbidden", "the module tried to write a file larger than allowed", **common)

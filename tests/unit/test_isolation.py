@@ -140,7 +140,8 @@ def test_bwrap_command_line(as_root: bool) -> None:
     separator = command.index("--")
     options, program = command[:separator], command[separator + 1 :]
     assert program == ["/opt/py/bin/python3.11", "-I", "-S", "-B", "/sandbox/sandbox_runner.py", "--serve"]
-    for flag in ("--unshare-pid", "--as-pid-1", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session", "--clearenv"):
+    assert "--as-pid-1" not in command  # the namespace's init must be bubblewrap's: it keeps the parent-death signal
+    for flag in ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session", "--clearenv"):
         assert flag in options
     if as_root:
         assert "--unshare-user" not in options and options[options.index("--cap-drop") + 1] == "ALL"

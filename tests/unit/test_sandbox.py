@@ -285,7 +285,7 @@ def test_isolation_layers_reported(tmp_path: Path) -> None:
     else:
         assert "user-namespace" in result.isolation
     # the probe's and the trainer's layout: the workspace at /workspace, the working directory; PID 1 of its own namespace; nobody
-    assert result.value == ["/workspace", 65534, 1, ["env.py"]]
+    assert result.value == ["/workspace", 65534, 2, ["env.py"]]  # PID 1 of its namespace is bubblewrap's init
     # under bubblewrap a root start always drops to nobody, whatever the (process-level) knob says
     kept = run_in_sandbox(files, "env.py", "reward", ["p", "c", "a"], SandboxLimits(**BASE_LIMITS, drop_privileges=False))
     assert kept.ok and kept.value[1] == 65534
@@ -404,3 +404,50 @@ def test_the_corpus_is_contained_for_an_unprivileged_worker() -> None:
         shutil.rmtree(basetemp, ignore_errors=True)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1], result.stdout[-1000:]
+
+
+def orphaned_runners(since: float) -> list[int]:
+    """Sandbox runner processes started after ``since`` whose parent is gone (re-parented to PID 1)."""
+    found = []
+    for status_file in glob.glob("/proc/[0-9]*/status"):
+        pid = int(status_file.split("/")[2])
+        try:
+            status = Path(status_file).read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            started = os.stat(f"/proc/{pid}").st_mtime
+        except OSError:
+            continue
+        parent = re.search(r"^PPid:\s+(\d+)", status, re.M)
+        if b"sandbox_runner.py" in cmdline and parent and parent.group(1) == "1" and started >= since:
+            found.append(pid)
+    return found
+
+
+def test_no_agent_code_outlives_a_killed_worker(tmp_path: Path) -> None:
+    """A worker killed with SIGKILL while the agent's code loops: the sandbox dies with it (a root worker's
+    runner changes uid, which clears its own parent-death signal; the namespace's init must take it down)."""
+    import sys
+    import time
+
+    (tmp_path / "environment.py").write_text("def reward(prompt, completion, answer):\n    while True:\n        pass\n")
+    worker_code = (
+        "import sys\nfrom metarl.sandbox import SandboxCall, SandboxLimits, SandboxSession\n"
+        f"session = SandboxSession({str(tmp_path)!r}, 'environment.py', SandboxLimits(cpu_seconds=600, wall_seconds=600))\n"
+        "print(session.start().ok, flush=True)\n"
+        "session.call([SandboxCall(function='reward', args=['a', 'b', 'c'])], wall_seconds=600)\n"
+    )
+    since = time.time() - 1
+    worker = subprocess.Popen([sys.executable, "-c", worker_code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "True"
+        time.sleep(1.0)  # the module is looping now
+    finally:
+        worker.kill()
+        worker.wait()
+    deadline = time.monotonic() + 5
+    while orphaned_runners(since) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = orphaned_runners(since)
+    for pid in left:
+        os.kill(pid, 9)
+    assert not left, f"sandboxed agent code outlived its worker: {left}"
