@@ -615,11 +615,13 @@ class RunpodTrain:
             return True
         if self.database_url is None:
             return False
-        from metarl.baselines import cached_baseline
+        from metarl.backends.pod_eval import PodVllmEval
+        from metarl.baselines import base_score_key, cached_baseline
         from metarl.db import session_scope
 
+        key = base_score_key(task, model_name, NAME, PodVllmEval.base_model_identity(self.pod_eval, model_name))
         with session_scope(self.database_url) as session:
-            return cached_baseline(session, task, model_name, NAME) is not None
+            return cached_baseline(session, key) is not None
 
     def _keep_base(self, task: TaskSpec, model_name: str, result: EvalResult, job_name: str) -> None:
         from metarl.backends.pod_eval import keep_baseline

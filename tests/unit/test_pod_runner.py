@@ -185,7 +185,7 @@ def test_allowed_secret_name_is_passed(tmp_path: Path) -> None:
 
 
 def test_failing_rl_is_reported_with_its_exit_code_and_log(tmp_path: Path) -> None:
-    job_url, _ = make_bundle(tmp_path)
+    job_url, _ = make_bundle(tmp_path, rl={"ckpt": {"interval": DELETE, "keep_last": DELETE}})  # a bare [ckpt]: no weights before the last step
     config = runner_config(tmp_path, job_url, mode="fail")
     code, output = run_runner(config)
     assert code == 1, output
@@ -391,7 +391,7 @@ def weight_folders(config: dict) -> list[str]:
 
 
 def test_weights_are_written_only_at_the_checkpoint_interval_and_at_the_end(tmp_path: Path) -> None:
-    job_url, _ = make_bundle(tmp_path, max_steps=5, rl={"ckpt": {"interval": 2}})
+    job_url, _ = make_bundle(tmp_path, max_steps=5, rl={"ckpt": {"interval": 2, "keep_last": DELETE}})
     config = runner_config(tmp_path, job_url)
     code, output = run_runner(config)
     assert code == 0, output
@@ -422,7 +422,7 @@ def test_a_job_cut_at_its_time_cap_keeps_its_newest_complete_weights(tmp_path: P
 
 def test_without_a_checkpoint_interval_a_job_cut_at_its_time_cap_has_no_weights(tmp_path: Path) -> None:
     """A bare [ckpt] saves only after the last step (prime-rl v0.8.0 trainer/rl/train.py): cut early, nothing to score."""
-    job_url, _ = make_bundle(tmp_path, max_steps=200, rl={"ckpt": {}}, max_train_seconds=1.0)
+    job_url, _ = make_bundle(tmp_path, max_steps=200, rl={"ckpt": {"interval": DELETE, "keep_last": DELETE}}, max_train_seconds=1.0)
     config = runner_config(tmp_path, job_url, mode="slow")
     config["extra_env"]["FAKE_RL_STEP_S"] = "0.1"
     code, _ = run_runner(config)
@@ -433,7 +433,8 @@ def test_without_a_checkpoint_interval_a_job_cut_at_its_time_cap_has_no_weights(
 
 def test_a_job_without_learning_signal_is_an_outcome_not_a_failure(tmp_path: Path) -> None:
     """Item 3: prime-rl's orchestrator aborts after 10 empty batches and rl exits 1; the runner reports no_signal."""
-    job_url, _ = make_bundle(tmp_path, max_steps=50, rl={"ckpt": {"interval": 2}})
+    enforcing = {"ckpt": {"interval": 2, "keep_last": DELETE}, "orchestrator": {"post_batch_filters": DELETE}}  # prime-rl's default filters
+    job_url, _ = make_bundle(tmp_path, max_steps=50, rl=enforcing)
     config = runner_config(tmp_path, job_url)
     config["extra_env"]["FAKE_RL_SIGNAL_STEPS"] = "0"
     code, output = run_runner(config)
@@ -445,7 +446,7 @@ def test_a_job_without_learning_signal_is_an_outcome_not_a_failure(tmp_path: Pat
     assert "10 consecutive empty train batches" in (result_dir(config) / "logs" / "prime-rl" / "orchestrator.log").read_text()
 
     # signal for 5 batches, then none: the weights of step 4 (the last interval save) are the result
-    job_url, _ = make_bundle(tmp_path / "later", max_steps=50, rl={"ckpt": {"interval": 2}})
+    job_url, _ = make_bundle(tmp_path / "later", max_steps=50, rl=enforcing)
     config = runner_config(tmp_path / "later", job_url)
     config["extra_env"]["FAKE_RL_SIGNAL_STEPS"] = "5"
     assert run_runner(config)[0] == 0
