@@ -4,13 +4,13 @@ Nothing here runs a job, a database or a broker. Durations, failures and prices 
 `sim` backend's lognormal `sample_duration`, seeded per episode); every *decision* is made by our
 own pure functions, imported, not reimplemented:
 
-* episode transitions: `orchestrator.transitions.after_agent / after_probe / after_train / after_eval`
+* episode transitions: `metarl.domain.transitions.after_agent / after_probe / after_train / after_eval`
   (a failed inner job ends the episode, as `workers.stages.finish_train` does);
 * the probe verdict: `metarl.probe.probe_job_text` on job.toml text written by the `sim` agent's
-  own generators (`metarl.backends.sim`); the caller passes the probe in (the sim train backend
+  own generators (`metarl.backends.sim.simulator`); the caller passes the probe in (the sim train backend
   adds no compile checks: `metarl.backends.registry.probe_checks` is empty for it);
 * staleness: `metarl.outer_update.filter_stale` drops complete groups that are too old, each tick;
-* batching: `orchestrator.batching.plan_batch` (oldest fresh groups first, `groups_per_batch` at once),
+* batching: `metarl.domain.batching.plan_batch` (oldest fresh groups first, `groups_per_batch` at once),
   `groups_to_open` (whole groups to keep the window full) and `group_complete`.
 
 The tick (`Simulation.orchestrate`) follows `Orchestrator.tick`: drop stale groups, create one outer
@@ -31,12 +31,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from metarl.backends.sim import INVALID_KINDS, _invalid_job_text, _valid_job, sample_duration, seeded_rng, simulated_skill
+from metarl.backends.sim.simulator import INVALID_KINDS, _invalid_job_text, _valid_job, sample_duration, seeded_rng, simulated_skill
 from metarl.outer_update import filter_stale
-from orchestrator.batching import GroupView, group_complete, groups_to_open, plan_batch
-from orchestrator.transitions import Transition, after_agent, after_eval, after_probe, after_train
+from metarl.domain.batching import GroupView, group_complete, groups_to_open, plan_batch
+from metarl.domain.transitions import Transition, after_agent, after_eval, after_probe, after_train
 from schemas.base import dump_toml_model
-from schemas.records import Stage
+from metarl.store.records import Stage
 from schemas.run_config import SimDuration, SimTrainBackend
 from schemas.task_spec import TaskSpec
 

@@ -4,7 +4,7 @@ Worker side: `celery -A bench._sim_plain_chain:app worker -Q <queue> -c 1 ...`, 
 queue, exactly as `metarl.pools.worker_command` starts our pools. The app is our own
 `workers.app.make_app()` (same broker, serializer, late acks, prefetch 1, events) on kombu's own
 Redis transport, stock Celery; with METARL_BENCH_CHAIN_TRANSPORT=ours (the bench's `reuse` pass)
-it runs on our client-reusing transport instead (`workers.redis_broker`), as our pipeline does, so
+it runs on our client-reusing transport instead (`metarl.messaging.redis_broker`), as our pipeline does, so
 that the only difference from our pipeline is what the tasks do: here nothing, there the claims,
 records and orchestrator bookkeeping.
 

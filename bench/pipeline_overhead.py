@@ -19,7 +19,7 @@ the tests' lock scheme, and then, in the same process and on the same broker:
   moves its episode in PostgreSQL with two autocommit statements (`bench._sim_floor_chain`): the
   least any design that records every stage durably pays on this machine.
 * **reuse** (skip with --no-reuse): the plain chain on the Redis transport our pipeline runs on
-  (`workers.redis_broker`, one redis-py client per channel), where plain and floor run on kombu's
+  (`metarl.messaging.redis_broker`, one redis-py client per channel), where plain and floor run on kombu's
   own (one client per publish, ack and event): ours over reuse is the bookkeeping alone.
 
 The ratio is ours' wall time over the plain chain's for the same N (target: at most 1.5). The
@@ -327,7 +327,7 @@ def scratch_database(admin_url: str) -> Iterator[str]:
     """A fresh, migrated PostgreSQL database, dropped afterwards."""
     from sqlalchemy import create_engine, text
 
-    from metarl import db
+    from metarl.store import db
 
     name = f"metarl_bench_{uuid.uuid4().hex[:10]}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
@@ -371,7 +371,7 @@ def reserved_redis(base_url: str) -> Iterator[str]:
 CHAIN_MODULES = {"plain": "bench._sim_plain_chain", "floor": "bench._sim_floor_chain", "reuse": "bench._sim_plain_chain"}
 """The Celery chains the bench runs beside ours: no-op tasks, the same with the least durable bookkeeping, and no-op tasks on our transport."""
 CHAIN_TRANSPORT = {"plain": "stock", "floor": "stock", "reuse": "ours"}
-"""Each chain's Redis transport (`bench._sim_plain_chain.chain_app`): kombu's own, or ours (`workers.redis_broker`) as our pipeline uses."""
+"""Each chain's Redis transport (`bench._sim_plain_chain.chain_app`): kombu's own, or ours (`metarl.messaging.redis_broker`) as our pipeline uses."""
 
 
 def chain_worker_command(pool: str, chain: str = "plain", processes: int = 1) -> list[str]:
@@ -466,7 +466,7 @@ def postgres_backends(database_url: str) -> list[int]:
     """Server pids connected to the scratch database."""
     from sqlalchemy import text
 
-    from metarl.db import get_engine
+    from metarl.store.db import get_engine
 
     with get_engine(database_url).connect() as connection:
         return list(connection.execute(text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")).scalars())
@@ -476,7 +476,7 @@ def committed_transactions(database_url: str, settle_s: float = 1.5) -> int:
     """Transactions committed in the scratch database so far (after letting backends flush their statistics)."""
     from sqlalchemy import text
 
-    from metarl.db import get_engine
+    from metarl.store.db import get_engine
 
     get_engine(database_url).dispose()  # closed connections flush their backends' statistics
     time.sleep(settle_s)
@@ -497,11 +497,11 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
     """N episodes through the real orchestrator and real worker pools on the zero-duration sim backends."""
     from sqlalchemy import event, func, select
 
-    from metarl.db import get_engine, observing_statements, session_scope
+    from metarl.store.db import get_engine, observing_statements, session_scope
     from metarl.pools import WorkerPools
     from metarl.runconfig import load_run
     from orchestrator.loop import Orchestrator, TickReport, create_run
-    from schemas.records import Episode, OuterStatus, OuterStep, RunStatus, Stage
+    from metarl.store.records import Episode, OuterStatus, OuterStep, RunStatus, Stage
     from workers.app import QUEUES, make_app
 
     config_path = work / "run.toml"
@@ -586,7 +586,7 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
 
     from bench._sim_floor_chain import finished_floor_episodes, prepare
     from bench._sim_plain_chain import DONE_KEY, OUTER_KEY, chain_app
-    from metarl.migration_head import libpq_uri
+    from metarl.store.migration_head import libpq_uri
     from workers.app import QUEUES
 
     prefix = importlib.import_module(CHAIN_MODULES[chain]).TASK_PREFIX
@@ -654,10 +654,10 @@ def profile_stages(settings: BenchSettings, database_url: str, broker_url: str, 
     from celery.exceptions import Retry
     from sqlalchemy import event, select
 
-    from metarl.db import get_engine, observing_statements, session_scope
+    from metarl.store.db import get_engine, observing_statements, session_scope
     from metarl.runconfig import load_run
     from orchestrator.loop import Orchestrator, create_run
-    from schemas.records import Episode, OuterStep, Stage, StageClaim
+    from metarl.store.records import Episode, OuterStep, Stage, StageClaim
     from workers import outer as outer_tasks
     from workers import stages
     from workers.app import make_app
@@ -826,7 +826,7 @@ def render(
     if reuse:
         lines += comparison_lines(
             "ours/reuse", ours, reuse,
-            "  reuse = the plain chain on the Redis transport ours runs on (workers/redis_broker.py: one redis-py client per channel;",
+            "  reuse = the plain chain on the Redis transport ours runs on (metarl/messaging/redis_broker.py: one redis-py client per channel;",
             "  plain and floor run on kombu's own, a client per publish, ack and event): ours/reuse is the bookkeeping alone",
         )
     lines += [
@@ -880,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
         "--train-processes", type=int, default=1, help="worker processes of the train pool in every pass (default 1: its messages then run one after another)"
     )
     parser.add_argument("--no-floor", action="store_true", help="skip the floor chain's pass (see bench/_sim_floor_chain.py)")
-    parser.add_argument("--no-reuse", action="store_true", help="skip the pass of the plain chain on our Redis transport (see workers/redis_broker.py)")
+    parser.add_argument("--no-reuse", action="store_true", help="skip the pass of the plain chain on our Redis transport (see metarl/messaging/redis_broker.py)")
     args = parser.parse_args(argv)
     settings = BenchSettings(
         episodes=args.episodes, repeats=args.repeats, tick_s=args.tick_s, window=args.window, group_size=args.group_size, groups_per_batch=args.groups_per_batch,

@@ -32,7 +32,7 @@ from pathlib import Path
 import tomli_w
 
 from metarl.backends.base import EpisodeContext
-from metarl.backends.local import local_compile_problems
+from metarl.backends.local.train import local_compile_problems
 from metarl.learning.families import get_family
 from metarl.runconfig import load_run
 from metarl.workspace_probe import probe_workspace
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="metarl-probe-bench-") as tmp:
         state = Path(tmp) / "policy.pt"
         LocalPolicy().save_state(state)
-        from metarl.backends.local_agent import LocalAgent
+        from metarl.backends.local.agent import LocalAgent
 
         agent = LocalAgent(config.backends.agent)
         valid: list[tuple[Path, str]] = []

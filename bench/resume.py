@@ -10,7 +10,7 @@ it sends SIGKILL to the orchestrator and to all five worker pools (each pool's w
 at once, waits `--down-s`, then restarts the five pools and `metarl resume RUN_ID`. It measures
 the time from that restart to the first new stage transition (the first stage claim closed after
 the restart: the claim, the episode's move and its result are one transaction), lets the run
-finish, and runs the foundation's exactly-once checks (metarl.testing.exactly_once) on its
+finish, and runs the foundation's exactly-once checks (metarl.store.exactly_once) on its
 records, the simulated cloud's launch records included.
 
 Target: first transition under 10 s after the restart; every repeat passes the exactly-once checks.
@@ -33,8 +33,8 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from metarl import db
-from metarl.db import session_scope
+from metarl.store import db
+from metarl.store.db import session_scope
 from metarl.pools import WorkerPools
 from metarl.testing.drill import (
     first_transition_after,
@@ -46,9 +46,9 @@ from metarl.testing.drill import (
     stop_quietly,
     wait_until,
 )
-from metarl.testing.exactly_once import exactly_once_violations
+from metarl.store.exactly_once import exactly_once_violations
 from metarl.testing.services import PrivatePostgres, PrivateRedis
-from schemas.records import ClaimStatus, Episode, Run, RunStatus, Stage, StageClaim
+from metarl.store.records import ClaimStatus, Episode, Run, RunStatus, Stage, StageClaim
 
 TARGET_S = 10.0
 

@@ -22,7 +22,7 @@ What is measured, precisely:
    half of `--pipeline-episodes` (and at least `--min-part-s`), with the same memory sampling, then it is drained again.
 4. `metarl status RUN_ID` and `metarl status RUN_ID --json`, each run `--status-repeats` times as
    a new process (what an operator types; process start and imports included), plus the time of
-   the status queries alone (orchestrator.status.run_status in this process).
+   the status queries alone (metarl.store.status.run_status in this process).
 5. Database size: pg_total_relation_size of each table (heap, indexes, TOAST) divided by the
    run's episodes, after the fill (all rows) and after part 1 (pipeline rows only).
 
@@ -48,12 +48,12 @@ from pathlib import Path
 
 from sqlalchemy import func, select, text
 
-from metarl import db
-from metarl.db import get_engine, session_scope
+from metarl.store import db
+from metarl.store.db import get_engine, session_scope
 from metarl.pools import WorkerPools
 from metarl.testing.drill import REPO, read_run_id, service_env, sim_run_config, start_orchestrator, stop_quietly
 from metarl.testing.services import PrivatePostgres, PrivateRedis
-from schemas.records import Episode, Run, Stage
+from metarl.store.records import Episode, Run, Stage
 
 EPISODES_PER_STEP = 128
 TABLES = (
@@ -172,7 +172,7 @@ def drive_pipeline(
             time.sleep(1.0)
         seconds = time.monotonic() - started
         ended = ended_episodes(url, run_id) - before
-        stopped = subprocess.run([sys.executable, "-m", "metarl.cli", "stop", run_id], env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+        stopped = subprocess.run([sys.executable, "-m", "metarl_cli.main", "stop", run_id], env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
         if stopped.returncode != 0:
             raise RuntimeError(f"metarl stop failed: {stopped.stderr}")
         orchestrator.wait(timeout=600)
@@ -293,7 +293,7 @@ def time_status(env: dict[str, str], run_id: str, repeats: int, as_json: bool) -
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         done = subprocess.run(
-            [sys.executable, "-m", "metarl.cli", "status", run_id, *(["--json"] if as_json else [])],
+            [sys.executable, "-m", "metarl_cli.main", "status", run_id, *(["--json"] if as_json else [])],
             env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
         )
         walls.append(time.perf_counter() - started)
@@ -307,11 +307,11 @@ def time_status(env: dict[str, str], run_id: str, repeats: int, as_json: bool) -
 
 
 def time_status_queries(url: str, broker: str, run_id: str, repeats: int) -> list[float]:
-    """Seconds of the status queries alone (orchestrator.status.run_status on a new psycopg connection each time, as the command opens), in this process."""
+    """Seconds of the status queries alone (metarl.store.status.run_status on a new psycopg connection each time, as the command opens), in this process."""
     import psycopg
 
-    from metarl.migration_head import libpq_uri
-    from orchestrator.status import run_status
+    from metarl.store.migration_head import libpq_uri
+    from metarl.store.status import run_status
 
     times = []
     for _ in range(repeats):

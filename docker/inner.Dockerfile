@@ -7,13 +7,13 @@
 # The base is the image prime-rl's release workflow builds for the tag (build_image.yaml:
 # ghcr.io/primeintellect-ai/prime-rl:<tag>); its venv is /app/.venv, its entry script
 # /app/docker-entrypoint.sh (ulimit, then exec "$@"), its user appuser. The pin lives in
-# metarl/primerl/pin.py; tests/unit/test_primerl_dockerfile.py keeps this file in step with it.
+# metarl/backends/runpod/pod/pin.py; tests/unit/test_primerl_dockerfile.py keeps this file in step with it.
 # Pods start with METARL_RUNPOD_ROOT and METARL_POD_NAME (and storage credentials for the runner
-# only: rl never sees them); metarl/pod_supervisor.py follows the pod's assignment file and runs
-# each job assigned to it with metarl/pod_runner.py, so a warm pod takes job after job.
-# After training, the runner merges a LoRA adapter (metarl/pod_lora_merge.py) and, with
-# [backends.eval] type = "pod_vllm", serves the job's hidden eval (metarl/pod_eval.py), generating
-# with metarl/pod_scoring.py: both scripts run with prime-rl's own Python (vLLM, torch, safetensors).
+# only: rl never sees them); metarl/backends/runpod/pod/supervisor.py follows the pod's assignment file and runs
+# each job assigned to it with metarl/backends/runpod/pod/runner.py, so a warm pod takes job after job.
+# After training, the runner merges a LoRA adapter (metarl/backends/runpod/pod/lora_merge.py) and, with
+# [backends.eval] type = "pod_vllm", serves the job's hidden eval (metarl/backends/runpod/pod/eval_server.py), generating
+# with metarl/backends/runpod/pod/scoring.py: both scripts run with prime-rl's own Python (vLLM, torch, safetensors).
 # The agent's reward code runs as appuser during training; the base image lets appuser sudo, which
 # is removed here, and the runner's code stays root-owned, so that code cannot rewrite the runner
 # or the scoring scripts the eval runs later; prime-rl's venv and source (appuser's) are recorded in
@@ -48,15 +48,17 @@ RUN /app/.venv/bin/python -c "import setuptools" \
 RUN uv venv --python /usr/bin/python3.12 /opt/metarl-runner \
     && uv pip install --python /opt/metarl-runner/bin/python "pydantic==2.14.4" "fsspec==2026.9.0" "s3fs==2026.9.0"
 
-COPY __init__.py pod_runner.py pod_supervisor.py pod_eval.py pod_scoring.py pod_lora_merge.py /opt/metarl-runner/src/metarl/
-COPY primerl/ /opt/metarl-runner/src/metarl/primerl/
-RUN rm -rf /opt/metarl-runner/src/metarl/primerl/__pycache__ \
+COPY __init__.py /opt/metarl-runner/src/metarl/
+COPY backends/__init__.py /opt/metarl-runner/src/metarl/backends/
+COPY backends/runpod/__init__.py /opt/metarl-runner/src/metarl/backends/runpod/
+COPY backends/runpod/pod/ /opt/metarl-runner/src/metarl/backends/runpod/pod/
+RUN rm -rf /opt/metarl-runner/src/metarl/backends/runpod/pod/__pycache__ \
     && echo /opt/metarl-runner/src \
        > "$(/opt/metarl-runner/bin/python -c 'import site; print(site.getsitepackages()[0])')/metarl_runner.pth" \
-    && /opt/metarl-runner/bin/python -c "import metarl.pod_runner as r, metarl.pod_supervisor as s, metarl.pod_eval as e, metarl.primerl.pin as p; assert p.PRIME_RL_TAG == '${PRIME_RL_TAG}'" \
-    && /app/.venv/bin/python /opt/metarl-runner/src/metarl/pod_scoring.py --help > /dev/null \
-    && { /app/.venv/bin/python /opt/metarl-runner/src/metarl/pod_lora_merge.py 2> /dev/null; test $? -eq 2; } \
-    && /opt/metarl-runner/bin/python -m metarl.pod_eval --write-manifest /opt/metarl-runner/scoring-stack.json /app/.venv /app/src \
+    && /opt/metarl-runner/bin/python -c "import metarl.backends.runpod.pod.runner as r, metarl.backends.runpod.pod.supervisor as s, metarl.backends.runpod.pod.eval_server as e, metarl.backends.runpod.pod.pin as p; assert p.PRIME_RL_TAG == '${PRIME_RL_TAG}'" \
+    && /app/.venv/bin/python /opt/metarl-runner/src/metarl/backends/runpod/pod/scoring.py --help > /dev/null \
+    && { /app/.venv/bin/python /opt/metarl-runner/src/metarl/backends/runpod/pod/lora_merge.py 2> /dev/null; test $? -eq 2; } \
+    && /opt/metarl-runner/bin/python -m metarl.backends.runpod.pod.eval_server --write-manifest /opt/metarl-runner/scoring-stack.json /app/.venv /app/src \
     && chown -R root:root /opt/metarl-runner && chmod -R go-w /opt/metarl-runner \
     && mkdir -p /tmp/metarl-job && chown -R appuser:appuser /tmp/metarl-job
 
@@ -65,5 +67,5 @@ USER appuser
 # /app stays appuser's (prime-rl's layout): the eval checks it against the manifest recorded above.
 ENV METARL_RUNNER_WORK_DIR=/tmp/metarl-job METARL_RUNNER_AGENT_SWEEP=uid METARL_RUNNER_EVAL_STACK_MANIFEST=/opt/metarl-runner/scoring-stack.json
 
-ENTRYPOINT ["/app/docker-entrypoint.sh", "/opt/metarl-runner/bin/python", "-m", "metarl.pod_supervisor"]
+ENTRYPOINT ["/app/docker-entrypoint.sh", "/opt/metarl-runner/bin/python", "-m", "metarl.backends.runpod.pod.supervisor"]
 CMD []

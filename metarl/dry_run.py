@@ -331,9 +331,9 @@ def tinker_update_tokens(outer: TinkerOuterBackend, agent: TinkerAgentBackend, b
 
 
 def eval_pod_seconds(config: RunConfig, task: TaskSpec) -> float:
-    """Pod seconds of one job's hidden eval with vLLM (:func:`metarl.backends.pod_eval.estimate_eval_seconds`, with the run's
+    """Pod seconds of one job's hidden eval with vLLM (:func:`metarl.backends.runpod.eval.estimate_eval_seconds`, with the run's
     on-pod eval settings or their defaults), rounded up to a second; the first job of each (task, model) also scores the base model."""
-    from metarl.backends.pod_eval import estimate_eval_seconds
+    from metarl.backends.runpod.eval import estimate_eval_seconds
 
     backend = config.backends.eval if isinstance(config.backends.eval, PodVllmEvalBackend) else PodVllmEvalBackend(type="pod_vllm")
     return float(math.ceil(estimate_eval_seconds(task, backend, score_base=False)))
@@ -553,8 +553,8 @@ def pod_plan(config: RunConfig, counts: EpisodeCounts, prices: dict[str, float])
     backend = config.backends.train
     if not isinstance(backend, RunpodTrainBackend):
         return None
-    from metarl.backends.runpod_train import NAME_PREFIX, pod_name_for, run_prefix
-    from metarl.primerl.pin import PRIME_RL_IMAGE, PRIME_RL_TAG
+    from metarl.backends.runpod.train import NAME_PREFIX, pod_name_for, run_prefix
+    from metarl.backends.runpod.pod.pin import PRIME_RL_IMAGE, PRIME_RL_TAG
 
     return PodPlan(
         image=backend.image,
@@ -583,7 +583,7 @@ def representative_job(task: TaskSpec) -> JobSpec:
 def compile_options(backend: RunpodTrainBackend, task: TaskSpec) -> Any:
     """The pod settings the Runpod train backend compiles a task's job with (half the GPUs train, the rest
     serve vLLM; the task's GPU time cap sizes the checkpoint interval)."""
-    from metarl.primerl.compiler import pod_compile_options
+    from metarl.backends.runpod.primerl.compiler import pod_compile_options
 
     return pod_compile_options(backend.gpu_count, task.budget.train_seconds_for(backend.type))
 
@@ -597,8 +597,8 @@ def compiled_jobs(config: RunConfig, specs: dict[str, TaskSpec]) -> list[Compile
     backend = config.backends.train
     if not isinstance(backend, RunpodTrainBackend):
         return []
-    from metarl.primerl.checks import primerl_compile_problems
-    from metarl.primerl.compiler import PROBE_ENV_ID, compile_rl_config, render_rl_toml
+    from metarl.backends.runpod.primerl.checks import primerl_compile_problems
+    from metarl.backends.runpod.primerl.compiler import PROBE_ENV_ID, compile_rl_config, render_rl_toml
 
     grouped: dict[tuple[str, str], CompiledJob] = {}
     for task_id, spec in specs.items():

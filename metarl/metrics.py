@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from sqlalchemy import func, select
 
-from metarl.db import session_scope
-from orchestrator.status import queue_depths
-from schemas.records import ClaimStatus, CostEntry, Episode, Run, StageClaim
+from metarl.store.db import session_scope
+from metarl.store.status import queue_depths
+from metarl.store.records import ClaimStatus, CostEntry, Episode, Run, StageClaim
 
 LATENCY_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600)
 

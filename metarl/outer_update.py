@@ -220,7 +220,7 @@ def importance_sampling_loss(
     direction with a coefficient of at most `ratio_cap`, so a token whose probability grew past the cap is
     still pushed down when its advantage is negative (a `min(r, cap)` inside the gradient would give it none).
     This is CISPO with a one-sided clip, Tinker's built-in `cispo` loss with clip_low_threshold 0 and
-    clip_high_threshold `ratio_cap` (see metarl/backends/tinker_outer.py). The value is
+    clip_high_threshold `ratio_cap` (see metarl/backends/tinker/outer.py). The value is
     -sum(mask * w * adv); with `ratio_cap=None` value and gradient are exactly Tinker's "importance_sampling"
     loss. Stats are over masked tokens: ratio mean/min/max, the fraction whose weight was clipped, the token
     count, and a k1 estimate of KL(behaviour || new).

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from metarl.settings import BROKER_ENV, DATABASE_ENV
-from workers.queues import QUEUES
+from metarl.messaging.queues import QUEUES
 
 log = logging.getLogger("metarl.pools")
 

@@ -1,6 +1,6 @@
 """The run report's numbers: pure functions from outer-step records to the tables it plots and writes as CSV.
 
-Nothing here touches the database or the disk; `metarl/report_data.py` loads the records and
+Nothing here touches the database or the disk; `metarl/store/report_data.py` loads the records and
 `metarl/report.py` draws and writes them.
 """
 
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 STAGES: tuple[str, ...] = ("agent", "probe", "train", "eval")
 StageName = Literal["agent", "probe", "train", "eval"]
 
-# Keys of `outer_steps.metrics` (orchestrator/step_metrics.py) that the report shows, in column order.
+# Keys of `outer_steps.metrics` (metarl/store/step_metrics.py) that the report shows, in column order.
 STEP_METRICS: tuple[str, ...] = (
     "reward_mean",
     "held_out_reward_mean",

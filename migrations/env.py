@@ -1,11 +1,11 @@
-"""Alembic environment: the URL comes from the config object `metarl.db.alembic_config` builds."""
+"""Alembic environment: the URL comes from the config object `metarl.store.db.alembic_config` builds."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from schemas.records import Base
+from metarl.store.records import Base
 
 target_metadata = Base.metadata
 

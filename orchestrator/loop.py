@@ -18,18 +18,18 @@ from sqlalchemy import select, text, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
-from metarl.claims import utcnow
-from metarl.db import get_engine, session_scope
-from metarl.episodes import open_groups, run_config_of
-from metarl.tick_wakeup import TickWaiter
+from metarl.store.claims import utcnow
+from metarl.store.db import get_engine, session_scope
+from metarl.store.episodes import open_groups, run_config_of
+from metarl.store.tick_wakeup import TickWaiter
 from metarl.errors import RunNotFound
-from orchestrator.batching import GroupView, groups_to_open, plan_batch, tasks_to_open
+from metarl.domain.batching import GroupView, groups_to_open, plan_batch, tasks_to_open
 from orchestrator.reconciler import StageDispatch, orphaned_episodes, orphaned_outer_steps
-from orchestrator.tick_counts import TickCounts, read_tick_counts
-from schemas.records import RUN_ROW_LOCK, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus, Stage
+from metarl.store.tick_counts import TickCounts, read_tick_counts
+from metarl.store.records import RUN_ROW_LOCK, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus, Stage
 from schemas.run_config import RunConfig, StageDeadlines
 from schemas.task_spec import TaskSpec
-from workers.dispatch import send_outer, send_stage
+from metarl.messaging.dispatch import send_outer, send_stage
 
 log = logging.getLogger("metarl.orchestrator")
 
@@ -42,7 +42,7 @@ MAX_OUTAGE_WAIT_S = 5.0
 def create_run(database_url: str, config: RunConfig, task_specs: dict[str, TaskSpec]) -> str:
     """Insert the run row and policy version 0; return the run id."""
     from metarl.backends.registry import outer_backend
-    from schemas.records import PolicyVersion
+    from metarl.store.records import PolicyVersion
 
     run_id = str(uuid.uuid4())
     with session_scope(database_url) as session:
@@ -210,7 +210,7 @@ class Orchestrator:
     def loop(self, stop_event: threading.Event, on_tick: Callable[[TickReport], None] | None = None) -> RunStatus:
         """Tick until the run ends or `stop_event` is set; a database outage pauses the loop (logged once) instead of ending it.
 
-        Between ticks it waits `window.tick_s`, or less when a worker asks for a tick (metarl.tick_wakeup).
+        Between ticks it waits `window.tick_s`, or less when a worker asks for a tick (metarl.store.tick_wakeup).
         """
         config = self.setup()
         waiter = TickWaiter(self.database_url, self.run_id)
@@ -376,7 +376,7 @@ def reconcile_interval_s(config: RunConfig) -> float:
     """Seconds between reconciler passes: a quarter of the shorter of the lease and the re-dispatch delay
     (so a lost stage is re-sent at most 25% later than those allow), never more often than the tick.
 
-    Ticks also come on demand (metarl.tick_wakeup); the reconciler scans the run's active episodes,
+    Ticks also come on demand (metarl.store.tick_wakeup); the reconciler scans the run's active episodes,
     so it does not run on every one of them.
     """
     return max(config.window.tick_s, min(config.retries.lease_s, config.retries.redispatch_after_s) / 4)

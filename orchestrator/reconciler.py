@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
-from orchestrator.transitions import ACTIVE_STAGES
-from schemas.records import ClaimStatus, Episode, OuterStatus, OuterStep, Stage, StageClaim
+from metarl.domain.transitions import ACTIVE_STAGES
+from metarl.store.records import ClaimStatus, Episode, OuterStatus, OuterStep, Stage, StageClaim
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Pydantic schemas (task specs, job.toml, run config) and SQLAlchemy records of metarl.
 
-The names below are imported on first use, so that `import schemas.records` (what `metarl status`
+The names below are imported on first use, so that `import metarl.store.records` (what `metarl status`
 needs) does not build every pydantic model.
 """
 

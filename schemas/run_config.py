@@ -260,7 +260,7 @@ class TinkerOuterBackend(StrictModel):
     lora_rank: int = Field(default=8, ge=1, le=512, description="LoRA rank of the trainer policy")
     loss: Literal["cispo"] = Field(
         default="cispo",
-        description="Tinker's built-in cispo with clip_low_threshold 0 and clip_high_threshold outer.ratio_cap: the importance weight clipped, never zeroed (metarl.backends.tinker_outer)",
+        description="Tinker's built-in cispo with clip_low_threshold 0 and clip_high_threshold outer.ratio_cap: the importance weight clipped, never zeroed (metarl.backends.tinker.outer)",
     )
     normalize_std: bool = Field(default=False, description="Divide group-relative advantages by the group's std")
     grad_clip_norm: float = Field(default=1.0, ge=0.0, le=1000.0, description="Gradient-norm clip of the Adam step (0 = none)")
@@ -329,7 +329,7 @@ class RunpodTrainBackend(StrictModel):
     container_disk_gb: int = Field(default=80, ge=10, le=4000, description="Container disk of a pod (image, model, checkpoints)")
     volume_gb: int = Field(default=0, ge=0, le=10_000, description="Pod volume (0 = none)")
     max_pods: int = Field(default=16, ge=1, le=1000, description="Most pods at once, busy and idle (the pool size P)")
-    warm_pool_size: int = Field(default=2, ge=0, le=1000, description="Idle pods kept for the next job instead of being terminated (the image's metarl.pod_supervisor follows its pod's assignment file); 0 = a new pod per job")
+    warm_pool_size: int = Field(default=2, ge=0, le=1000, description="Idle pods kept for the next job instead of being terminated (the image's metarl.backends.runpod.pod.supervisor follows its pod's assignment file); 0 = a new pod per job")
     idle_timeout_s: float = Field(default=300.0, ge=0.0, le=86_400.0, description="An idle pod unused this long is terminated")
     poll_interval_s: float = Field(default=30.0, ge=0.05, le=3600.0, description="Seconds between polls of a running job")
     startup_timeout_s: float = Field(default=1800.0, ge=1.0, le=86_400.0, description="Longest wait for a job's first progress (image pull, model download)")

@@ -1,6 +1,6 @@
 """The states of a run's records, as plain enums: what the database stores in its status and stage columns.
 
-Apart from the SQLAlchemy models (`schemas.records` re-exports them), so that a reader of the
+Apart from the SQLAlchemy models (`metarl.store.records` re-exports them), so that a reader of the
 records that does not load the models (`metarl status`) can name them.
 """
 

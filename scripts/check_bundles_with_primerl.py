@@ -3,7 +3,7 @@
     git -C <prime-rl git dir> worktree add /tmp/prime-rl-v0.8.0 v0.8.0
     python scripts/check_bundles_with_primerl.py --checkout /tmp/prime-rl-v0.8.0 [--keep /tmp/metarl-bundles]
 
-For each job of ``metarl.primerl.variants.checked_jobs`` (every task's default job, plus LoRA, KL
+For each job of ``metarl.backends.runpod.primerl.variants.checked_jobs`` (every task's default job, plus LoRA, KL
 and 4-GPU variants) it compiles the bundle as the Runpod train backend does, writes its
 ``rl.toml`` into a folder of its own and runs, in the Python 3.12 environment of
 ``scripts/primerl_tag_env.py`` with the checkout's unmodified ``src/`` on ``PYTHONPATH``::
@@ -29,10 +29,10 @@ from pathlib import Path
 
 from primerl_tag_env import REPO, TagEnvError, ensure_env
 
-from metarl.primerl.compiler import render_rl_toml
-from metarl.primerl.pin import PRIME_RL_TAG
-from metarl.primerl.schema import rl_config_problems
-from metarl.primerl.variants import CheckedJob, checked_jobs, compiled, expected_resolved, resolved_value
+from metarl.backends.runpod.primerl.compiler import render_rl_toml
+from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
+from metarl.backends.runpod.primerl.schema import rl_config_problems
+from metarl.backends.runpod.primerl.variants import CheckedJob, checked_jobs, compiled, expected_resolved, resolved_value
 from schemas.base import load_toml_model
 from schemas.task_spec import TaskSpec
 

@@ -34,7 +34,7 @@ from metarl.learning.scoring import (
     score_loaded_model,
 )
 from metarl.learning.tokenizer import load_tokenizer
-from metarl.vllm_scoring import (
+from metarl.backends.vllm.scoring import (
     completions_with_llm,
     load_llm,
     required_model_len,

@@ -1,14 +1,14 @@
 """Derive the JSON schema of prime-rl's ``rl.toml`` from its own config classes at the pinned tag.
 
     git -C <prime-rl git dir> worktree add /tmp/prime-rl-v0.8.0 v0.8.0      # a checkout at the tag, outside the repo
-    python scripts/derive_primerl_schema.py --checkout /tmp/prime-rl-v0.8.0  # writes metarl/primerl/rl_config_v0.8.0.schema.json
+    python scripts/derive_primerl_schema.py --checkout /tmp/prime-rl-v0.8.0  # writes metarl/backends/runpod/primerl/rl_config_v0.8.0.schema.json
     python scripts/derive_primerl_schema.py --checkout /tmp/prime-rl-v0.8.0 --check   # exit 1 if the committed file differs
 
 It builds (once) a Python 3.12 environment with the tag's ``packages/prime-rl-configs`` and its
 dependencies (see ``scripts/primerl_tag_env.py``), imports ``prime_rl.configs.rl.RLConfig`` there
 and writes ``RLConfig.model_json_schema()`` with an ``x-metarl-provenance`` block naming the tag,
 the commit and the package versions. CI validates every compiled config against that file
-(``metarl/primerl/schema.py``); re-run this script when the pin moves.
+(``metarl/backends/runpod/primerl/schema.py``); re-run this script when the pin moves.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from primerl_tag_env import REPO, SUBMODULE_RELEASES, TagEnvError, ensure_env, installed_versions, run
 
-from metarl.primerl.pin import PRIME_RL_COMMIT, PRIME_RL_TAG
-from metarl.primerl.schema import SCHEMA_FILE
+from metarl.backends.runpod.pod.pin import PRIME_RL_COMMIT, PRIME_RL_TAG
+from metarl.backends.runpod.primerl.schema import SCHEMA_FILE
 
 DUMP = (
     "import json, sys\n"

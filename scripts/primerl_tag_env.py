@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from metarl.primerl.pin import PRIME_RL_COMMIT, PRIME_RL_TAG, VERIFIERS_COMMIT  # noqa: E402
+from metarl.backends.runpod.pod.pin import PRIME_RL_COMMIT, PRIME_RL_TAG, VERIFIERS_COMMIT  # noqa: E402
 
 SUBMODULE_RELEASES: dict[str, tuple[str, str]] = {
     "verifiers": (

@@ -43,7 +43,7 @@ def pg_url() -> Iterator[str]:
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    from metarl import db
+    from metarl.store import db
 
     db.upgrade(url)
     yield url
@@ -107,7 +107,7 @@ def one_torch_thread() -> Iterator[None]:
 
 def metarl_cli(args: list[str], env: dict[str, str], timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the real `metarl` command line in a subprocess."""
-    return subprocess.run([sys.executable, "-m", "metarl.cli", *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO)
+    return subprocess.run([sys.executable, "-m", "metarl_cli.main", *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -19,8 +19,8 @@ from typing import Self
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from metarl.claims import Claim, heartbeat
-from metarl.db import session_scope
+from metarl.store.claims import Claim, heartbeat
+from metarl.store.db import session_scope
 
 MIN_HEARTBEAT_INTERVAL_S = 0.5
 BEATS_PER_LEASE = 3

@@ -26,13 +26,13 @@ from sqlalchemy.orm import Session
 
 from metarl.backends import registry
 from metarl.backends.base import OuterBatchEpisode, OuterResult, PolicySample
-from metarl.claims import utcnow
-from metarl.db import json_param, run_sql, session_scope
-from metarl.episodes import record_costs, run_config_by_key
-from metarl.tick_wakeup import request_tick
+from metarl.store.claims import utcnow
+from metarl.store.db import json_param, run_sql, session_scope
+from metarl.store.episodes import record_costs, run_config_by_key
+from metarl.store.tick_wakeup import request_tick
 from metarl.errors import PermanentBackendError, TransientBackendError, describe_error
-from orchestrator.step_metrics import outer_step_metrics
-from schemas.records import OuterStatus, OuterStep, Run, RunStatus
+from metarl.store.step_metrics import outer_step_metrics
+from metarl.store.records import OuterStatus, OuterStep, Run, RunStatus
 from workers.app import app
 from workers.common import database_url, worker_name
 from workers.heartbeat import LeaseKeeper, heartbeat_interval

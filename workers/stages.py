@@ -18,13 +18,13 @@ from celery.signals import task_failure
 from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 
-from metarl import claims
+from metarl.store import claims
 from metarl.backends import registry
-from metarl.baselines import baseline_lookup, cached_baseline, store_baseline
+from metarl.store.baselines import baseline_lookup, cached_baseline, store_baseline
 from metarl.backends.base import BaseScoreKey, EpisodeContext, TrainBackend
-from metarl.claims import Claim, ClaimRefused
-from metarl.db import SqlTarget, run_sql, session_scope, sql_transaction
-from metarl.episodes import (
+from metarl.store.claims import Claim, ClaimRefused
+from metarl.store.db import SqlTarget, run_sql, session_scope, sql_transaction
+from metarl.store.episodes import (
     ENDED_RUN_STATUSES,
     StageRow,
     StaleTransition,
@@ -39,13 +39,13 @@ from metarl.episodes import (
     unscored_reward_record,
 )
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
-from metarl.inner_jobs import CreationBlock, InnerJobLimits, InnerJobRow, create_within_limits, inner_job_name, launch_record, lost_record, poll_record
+from metarl.store.inner_jobs import CreationBlock, InnerJobLimits, InnerJobRow, create_within_limits, inner_job_name, launch_record, lost_record, poll_record
 from metarl.probe import probe_job_text
-from metarl.stage_records import StageRecord, evaluation_record, submission_record, verdict_record
-from orchestrator.transitions import Transition, after_agent, after_eval, after_probe, after_train
+from metarl.store.stage_records import StageRecord, evaluation_record, submission_record, verdict_record
+from metarl.domain.transitions import Transition, after_agent, after_eval, after_probe, after_train
 from schemas.base import parse_toml_text, validate_model
 from schemas.job import JobSpec
-from schemas.records import (
+from metarl.store.records import (
     ClaimStatus,
     Episode,
     InnerJob,
@@ -56,7 +56,7 @@ from schemas.records import (
 from schemas.run_config import RunConfig
 from workers.app import app
 from workers.common import database_url, worker_name
-from workers.dispatch import send_stage
+from metarl.messaging.dispatch import send_stage
 from workers.heartbeat import Heartbeater
 
 log = logging.getLogger("metarl.worker")

@@ -107,7 +107,7 @@ class BaseModelIdentity(Frozen):
 
 
 class BaseScoreKey(Frozen):
-    """Everything a cached base score depends on: a stored score is reused only for an equal key (`metarl.baselines`)."""
+    """Everything a cached base score depends on: a stored score is reused only for an equal key (`metarl.store.baselines`)."""
 
     task_id: str = Field(min_length=1, max_length=64, description="Task id")
     model_name: str = Field(min_length=1, max_length=200, description="Base model as the job names it")

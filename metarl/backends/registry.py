@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from metarl.backends.base import AgentBackend, BaseScoreKey, EvalBackend, OuterBackend, TrainBackend
-from metarl.backends.local import LocalEval, LocalTrain, local_compile_problems
-from metarl.backends.local_agent import LocalAgent, LocalOuter
-from metarl.backends.pod_eval import PodVllmEval
-from metarl.backends.runpod_train import RunpodTrain
-from metarl.backends.sim import SimAgent, SimEval, SimOuter, SimTrain
-from metarl.backends.tinker_agent import TinkerAgent
-from metarl.backends.tinker_outer import TinkerOuter
-from metarl.backends.vllm_eval import VllmEval
-from metarl.baselines import base_score_key as make_base_score_key
+from metarl.backends.local.train import LocalEval, LocalTrain, local_compile_problems
+from metarl.backends.local.agent import LocalAgent, LocalOuter
+from metarl.backends.runpod.eval import PodVllmEval
+from metarl.backends.runpod.train import RunpodTrain
+from metarl.backends.sim.simulator import SimAgent, SimEval, SimOuter, SimTrain
+from metarl.backends.tinker.agent import TinkerAgent
+from metarl.backends.tinker.outer import TinkerOuter
+from metarl.backends.vllm.eval import VllmEval
+from metarl.store.baselines import base_score_key as make_base_score_key
 from metarl.probe import BackendCheck
 from schemas.run_config import (
     LocalAgentBackend,
@@ -93,7 +93,7 @@ def probe_checks(config: RunConfig) -> list[BackendCheck]:
     if isinstance(config.backends.train, LocalTrainBackend):
         return [local_compile_problems]
     if isinstance(config.backends.train, RunpodTrainBackend):
-        from metarl.primerl.checks import primerl_compile_problems
+        from metarl.backends.runpod.primerl.checks import primerl_compile_problems
 
         return [primerl_compile_problems]
     return []

@@ -231,7 +231,7 @@ def base_model_build(name: str, scale: float = 1.0) -> str:
 
     It is the model's cache folder name and changes with anything that changes the weights (the
     families, the tokenizer, the recipe, the scale, ``RECIPE_VERSION``); cached base scores are
-    keyed by it (``metarl.baselines``). ``KeyError`` for an unknown model name.
+    keyed by it (``metarl.store.baselines``). ``KeyError`` for an unknown model name.
     """
     spec = BASE_MODELS[resolve_model_name(name)]
     return f"{spec.name}-{build_key(spec, scale)}"

@@ -3,7 +3,7 @@
 Only the generate step is torch-specific. Prompt text and token ids (``format_prompt``,
 ``prompt_token_ids``), the never-generated tokens (``forbidden_token_ids``), completion
 post-processing (``completion_text``) and grading with aggregation (``score_completions``) are
-pure functions that every evaluator (``metarl.vllm_scoring`` too) calls unchanged, so both give
+pure functions that every evaluator (``metarl.backends.vllm.scoring`` too) calls unchanged, so both give
 the same numbers on the same completions.
 """
 

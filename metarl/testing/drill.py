@@ -17,10 +17,10 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from metarl.db import session_scope
+from metarl.store.db import session_scope
 from metarl.pools import WorkerPools, signal_group, stop_process_group
 from metarl.settings import BROKER_ENV, DATABASE_ENV
-from schemas.records import ClaimStatus, Episode, Run, Stage, StageClaim
+from metarl.store.records import ClaimStatus, Episode, Run, Stage, StageClaim
 
 REPO = Path(__file__).resolve().parents[2]
 TASK_SPECS = REPO / "tasks_specs"
@@ -128,7 +128,7 @@ def service_env(database_url: str, broker_url: str, **extra: str) -> dict[str, s
 
 def start_orchestrator(args: list[str], env: dict[str, str], log_path: Path | None = None) -> subprocess.Popen[str]:
     """`metarl run|resume ... --no-workers --quiet` in its own process group; stdout is a pipe unless `log_path`."""
-    command = [sys.executable, "-m", "metarl.cli", *args, "--no-workers", "--quiet"]
+    command = [sys.executable, "-m", "metarl_cli.main", *args, "--no-workers", "--quiet"]
     if log_path is None:
         return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     with open(log_path, "a", encoding="utf-8") as log:

@@ -1,8 +1,8 @@
 """Stand-in for the pod side of docker/inner.Dockerfile: the process a fake Runpod pod runs.
 
-It follows the backend's protocol (metarl/backends/runpod_train.py): it watches
+It follows the backend's protocol (metarl/backends/runpod/train.py): it watches
 `pods/<its name>/assignment.json` under METARL_RUNPOD_ROOT, and for each new assignment it "trains"
-in the assignment's result folder exactly as `metarl.pod_runner` reports: FAKE_TRAIN_STEPS steps of
+in the assignment's result folder exactly as `metarl.backends.runpod.pod.runner` reports: FAKE_TRAIN_STEPS steps of
 FAKE_STEP_S seconds, each appended to metrics/metrics.jsonl and announced in status.json (a
 `Heartbeat`), then weights under weights/step_N/ and exit.json (an `ExitReport`); then it waits for
 the next job (the warm pool's reuse).
@@ -16,8 +16,8 @@ FAKE_POD_TAMPERED_SUFFIX cannot check its scoring stack, so its eval fails.
 
 With FAKE_POD_MODEL (a Hugging Face model folder, e.g. a local stand-in) its "trained" weights are a
 copy of that model, and an assignment with `eval_on_pod` is followed, after exit.json, by the real
-pod side of the on-pod eval (`metarl.pod_eval.EvalServer`, generating with the torch engine of
-`metarl/pod_scoring.py`; the job's base model is FAKE_POD_MODEL too). With FAKE_POD_TIMELINE (a
+pod side of the on-pod eval (`metarl.backends.runpod.pod.eval_server.EvalServer`, generating with the torch engine of
+`metarl/backends/runpod/pod/scoring.py`; the job's base model is FAKE_POD_MODEL too). With FAKE_POD_TIMELINE (a
 folder) it appends what it saw of its job's storage to `<folder>/<pod name>.jsonl`: at every
 training step whether `eval/request.json` was there, when exit.json was written, when it read the
 request and when it uploaded the result.
@@ -32,10 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-from metarl.backends.runpod_train import POD_NAME_ENV, POD_ROOT_ENV, PodAssignment
-from metarl.pod_eval import REQUEST_FILE, EvalServer, EvalSettings
-from metarl.pod_runner import ExitReport, Heartbeat, Storage, child_environment, decode_env_value
-from metarl.primerl.pin import PRIME_RL_TAG
+from metarl.backends.runpod.train import POD_NAME_ENV, POD_ROOT_ENV, PodAssignment
+from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, EvalServer, EvalSettings
+from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, Storage, child_environment, decode_env_value
+from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
 
 
 def write_json(path: Path, text: str) -> None:
@@ -91,7 +91,7 @@ def train(attempt: Path, steps: int, step_s: float, job: str, timeline: Timeline
     no_signal = bool(os.environ.get("FAKE_POD_NO_SIGNAL_SUFFIX")) and job.endswith(os.environ["FAKE_POD_NO_SIGNAL_SUFFIX"])
     model = os.environ.get("FAKE_POD_MODEL")
     if no_signal:
-        pass  # as metarl.pod_runner reports a job whose orchestrator found no learning signal before any weights were saved
+        pass  # as metarl.backends.runpod.pod.runner reports a job whose orchestrator found no learning signal before any weights were saved
     elif model:
         shutil.copytree(model, weights, dirs_exist_ok=True)
     else:

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from metarl.primerl.compiler import CompileOptions, CompiledBundle, build_bundle, render_rl_toml, write_bundle
-from metarl.primerl.manifest import MANIFEST_FILE, RL_TOML_FILE, sha256_hex
+from metarl.backends.runpod.primerl.compiler import CompileOptions, CompiledBundle, build_bundle, render_rl_toml, write_bundle
+from metarl.backends.runpod.pod.manifest import MANIFEST_FILE, RL_TOML_FILE, sha256_hex
 from schemas.job import JobSpec
 
 ENVIRONMENT = '''

@@ -3,7 +3,7 @@
 It answers the GraphQL the SDK 1.12 sends for pods and GPU types (podFindAndDeployOnDemand,
 pod, myself.pods, podStop, podTerminate, gpuTypes) and keeps pods with a lifecycle
 (CREATED -> RUNNING -> EXITED, then gone when terminated). A RUNNING pod really runs: the fake
-starts a configured local command (tests/fakes/pod_runner.py) with exactly the environment the API
+starts a configured local command (tests/fakes/runner.py) with exactly the environment the API
 call gave the pod, plus what Runpod itself injects (RUNPOD_POD_ID), so its progress is real.
 
 Billing, as the fake defines it: a pod is billed per whole second from its creation until it is

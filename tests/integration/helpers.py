@@ -1,4 +1,4 @@
-"""Helpers for integration tests: fast sim configs; the exactly-once checks live in metarl.testing.exactly_once."""
+"""Helpers for integration tests: fast sim configs; the exactly-once checks live in metarl.store.exactly_once."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from metarl.db import session_scope
-from metarl.testing.exactly_once import assert_exactly_once
-from schemas.records import Episode, EpisodeGroup, ProbeAttempt, Reward, Run, Stage
+from metarl.store.db import session_scope
+from metarl.store.exactly_once import assert_exactly_once
+from metarl.store.records import Episode, EpisodeGroup, ProbeAttempt, Reward, Run, Stage
 
 __all__ = ["REPO", "assert_exactly_once", "sim_config"]
 

@@ -1,7 +1,7 @@
 """The base-score cache shared by the eval stage and the agent's baseline_score tool (real PostgreSQL).
 
 A stored score is reused only for the same key: another model build, scale, pass@k, eval size,
-scorer or backend measures again (`metarl.baselines`, migration 0010).
+scorer or backend measures again (`metarl.store.baselines`, migration 0010).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from sqlalchemy import func, select
 
 from metarl.backends import registry
 from metarl.backends.base import Score
-from metarl.backends.sim import SimEval
-from metarl.baselines import baseline_lookup, baseline_score, cached_baseline
-from metarl.db import session_scope
+from metarl.backends.sim.simulator import SimEval
+from metarl.store.baselines import baseline_lookup, baseline_score, cached_baseline
+from metarl.store.db import session_scope
 from metarl.learning import models
 from metarl.workspace import Workspace
 from schemas.base import load_toml_model
-from schemas.records import BaselineScore
+from metarl.store.records import BaselineScore
 from schemas.run_config import RunConfig, SimEvalBackend
 from schemas.task_spec import TaskSpec
 

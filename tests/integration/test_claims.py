@@ -9,12 +9,12 @@ import pytest
 
 from sqlalchemy import func, select
 
-from metarl.claims import ClaimRefused, claim_stage, finish_claim, heartbeat
-from metarl.db import session_scope, sql_transaction
-from metarl.episodes import StaleTransition, finish_and_move, stage_row_and_claim
-from orchestrator.transitions import Transition
-from metarl.stage_records import submission_record
-from schemas.records import ClaimStatus, Episode, EpisodeGroup, GroupStatus, ProbeAttempt, Run, RunStatus, Stage, StageClaim
+from metarl.store.claims import ClaimRefused, claim_stage, finish_claim, heartbeat
+from metarl.store.db import session_scope, sql_transaction
+from metarl.store.episodes import StaleTransition, finish_and_move, stage_row_and_claim
+from metarl.domain.transitions import Transition
+from metarl.store.stage_records import submission_record
+from metarl.store.records import ClaimStatus, Episode, EpisodeGroup, GroupStatus, ProbeAttempt, Run, RunStatus, Stage, StageClaim
 from tests.integration.helpers import new_episode, race
 
 pytestmark = pytest.mark.integration
@@ -179,8 +179,8 @@ def make_group(url: str, size: int, held_out: bool = False) -> tuple[str, int, l
 def test_episodes_ending_at_once_complete_their_group_once(pg_url, held_out, final):
     import psycopg
 
-    from metarl.db import normalise_url
-    from metarl.tick_wakeup import CHANNEL
+    from metarl.store.db import normalise_url
+    from metarl.store.tick_wakeup import CHANNEL
 
     size = 6
     run_id, group_id, episode_ids = make_group(pg_url, size, held_out)
@@ -207,7 +207,7 @@ def test_a_move_waiting_on_a_concurrent_claim_update_rechecks_the_claim(pg_url, 
 
     import psycopg
 
-    from metarl.db import normalise_url
+    from metarl.store.db import normalise_url
 
     run_id, episode_id = make_episode(pg_url)
     _, held = row_and_claim(pg_url, episode_id, "a")

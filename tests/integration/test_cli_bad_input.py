@@ -194,7 +194,7 @@ def _limit_memory() -> None:
 def test_endless_config_file(tmp_path: Path, service_env: dict[str, str]) -> None:
     before = snapshot(service_env["METARL_DATABASE_URL"])
     result = subprocess.run(
-        [sys.executable, "-m", "metarl.cli", "run", "/dev/zero", "--no-workers", "--quiet"],
+        [sys.executable, "-m", "metarl_cli.main", "run", "/dev/zero", "--no-workers", "--quiet"],
         env=dict(service_env, METARL_HOME=str(tmp_path / "home")),
         capture_output=True,
         text=True,

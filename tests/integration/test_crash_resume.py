@@ -11,9 +11,9 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from metarl.db import session_scope
-from metarl.testing.exactly_once import assert_exactly_once
-from schemas.records import ClaimStatus, Episode, InnerJob, InnerJobStatus, OuterStep, Run, RunStatus, Stage, StageClaim
+from metarl.store.db import session_scope
+from metarl.store.exactly_once import assert_exactly_once
+from metarl.store.records import ClaimStatus, Episode, InnerJob, InnerJobStatus, OuterStep, Run, RunStatus, Stage, StageClaim
 from tests.conftest import REPO, metarl_cli
 from tests.integration.helpers import sim_config
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 def start_orchestrator(config, env) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "metarl.cli", "run", str(config), "--no-workers", "--quiet"],
+        [sys.executable, "-m", "metarl_cli.main", "run", str(config), "--no-workers", "--quiet"],
         env=env,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -68,7 +68,7 @@ def test_kill_orchestrator_and_workers_then_resume(tmp_path, service_env, pools,
 
     # Point 3: resume, then kill the resumed orchestrator and the eval worker once an outer step exists.
     resumed = subprocess.Popen(
-        [sys.executable, "-m", "metarl.cli", "resume", run_id, "--no-workers", "--quiet"],
+        [sys.executable, "-m", "metarl_cli.main", "resume", run_id, "--no-workers", "--quiet"],
         env=service_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     steps = select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run_id)

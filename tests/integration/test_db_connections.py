@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from sqlalchemy import event, exc, text
 
-from metarl.db import dispose_engines, get_engine, normalise_url, observing_statements, run_sql, server_closed, session_scope, sql_transaction
+from metarl.store.db import dispose_engines, get_engine, normalise_url, observing_statements, run_sql, server_closed, session_scope, sql_transaction
 
 
 def backend_pid(url: str) -> int:

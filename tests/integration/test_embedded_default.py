@@ -2,7 +2,7 @@
 
 `metarl run examples/sim.toml` from a fresh folder starts the embedded PostgreSQL and the
 file-backed broker, finishes the run, and leaves no process running and nothing outside its home.
-Its workers never read a half-written message (`workers.fs_broker`).
+Its workers never read a half-written message (`metarl.messaging.fs_broker`).
 """
 
 from __future__ import annotations

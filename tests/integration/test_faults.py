@@ -1,5 +1,5 @@
 """Fault campaign: each fault hits a running simulator run; the run must finish (or pause with a clear
-message), lose nothing and bill nothing twice (metarl.testing.exactly_once, the simulated cloud's
+message), lose nothing and bill nothing twice (metarl.store.exactly_once, the simulated cloud's
 launch records included).
 
 Faults: Redis restarted mid-run (a private redis-server without persistence: every queued message is
@@ -35,14 +35,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from metarl import db
-from metarl.db import session_scope
+from metarl.store import db
+from metarl.store.db import session_scope
 from metarl.pools import WorkerPools, stop_process_group
 from metarl.settings import BROKER_ENV, DATABASE_ENV
 from metarl.testing.drill import REPO, read_run_id, service_env, sim_run_config, start_orchestrator, wait_until
-from metarl.testing.exactly_once import assert_exactly_once
+from metarl.store.exactly_once import assert_exactly_once
 from metarl.testing.services import PrivatePostgres, PrivateRedis, ServiceUnavailable
-from schemas.records import (
+from metarl.store.records import (
     ClaimStatus,
     Episode,
     InnerJob,
@@ -80,12 +80,12 @@ def install_fault(fault: str) -> None:
         workers.stages.probe_job_text = slow_probe
         return
     if kind == "hang-eval":
-        from metarl.backends.sim import SimEval
+        from metarl.backends.sim.simulator import SimEval
 
         hang_first_episode(SimEval, "score_trained", Path(value))
         return
     if kind == "hang-train-poll":
-        from metarl.backends.sim import SimTrain
+        from metarl.backends.sim.simulator import SimTrain
 
         hang_first_episode(SimTrain, "poll", Path(value))
         return
@@ -255,7 +255,7 @@ def test_redis_restarted_mid_run(tmp_path: Path, pg_url: str, private_redis: Pri
     def restart_redis(run_id: str) -> None:
         wait_until(lambda: closed_claims(pg_url, run_id) >= 8 and running_claim(pg_url, run_id, Stage.train), 120, "a run in progress with an inner job running")
         private_redis.kill()
-        down = subprocess.run([sys.executable, "-m", "metarl.cli", "status", run_id, "--json"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+        down = subprocess.run([sys.executable, "-m", "metarl_cli.main", "status", run_id, "--json"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
         assert down.returncode == 0, f"status failed while the broker was down:\n{down.stderr[-2000:]}"
         assert set(json.loads(down.stdout)["queue_depths"].values()) == {None}
         time.sleep(3)
@@ -371,7 +371,7 @@ def test_full_disk_in_the_artifact_folder(tmp_path: Path, pg_url: str, redis_url
         waiting = select(func.count()).select_from(Episode).where(Episode.run_id == run_id, Episode.error.like("waiting for storage space%"))
         wait_until(lambda: scalar(pg_url, waiting) >= 2, 120, "launches waiting for storage space")
         time.sleep(4)  # paused for a while: two leases, several tries
-        shown = subprocess.run([sys.executable, "-m", "metarl.cli", "status", run_id, "--json"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+        shown = subprocess.run([sys.executable, "-m", "metarl_cli.main", "status", run_id, "--json"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0, shown.stderr
         reasons = [failure["error"] for failure in json.loads(shown.stdout)["failures"]]
         assert any("No space left on device" in reason for reason in reasons), reasons

@@ -148,7 +148,7 @@ def compose_worker_argv(pool: str) -> list[str]:
 
     (argv,) = command_lines(render(yaml.safe_load(COMPOSE.read_text()), TEST_ENV)["services"][pool])
     assert argv[:2] == ["metarl", "worker"], argv
-    return [sys.executable, "-m", "metarl.cli", *argv[1:]]
+    return [sys.executable, "-m", "metarl_cli.main", *argv[1:]]
 
 
 @pytest.fixture

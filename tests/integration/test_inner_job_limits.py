@@ -11,11 +11,11 @@ from functools import partial
 import pytest
 from sqlalchemy import func, select
 
-from metarl.db import observing_statements, session_scope, sql_transaction
-from metarl.episodes import finish_and_move, stage_row_and_claim, train_row_and_claim
-from metarl.inner_jobs import InnerJobLimits, create_within_limits, inner_job_name, lost_record
-from orchestrator.transitions import Transition
-from schemas.records import RUN_ROW_LOCK, ClaimStatus, CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, ProbeAttempt, Run, Stage, StageClaim
+from metarl.store.db import observing_statements, session_scope, sql_transaction
+from metarl.store.episodes import finish_and_move, stage_row_and_claim, train_row_and_claim
+from metarl.store.inner_jobs import InnerJobLimits, create_within_limits, inner_job_name, lost_record
+from metarl.domain.transitions import Transition
+from metarl.store.records import RUN_ROW_LOCK, ClaimStatus, CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, ProbeAttempt, Run, Stage, StageClaim
 from tests.integration.helpers import race
 
 pytestmark = pytest.mark.integration

@@ -11,9 +11,9 @@ import pytest
 import tomli_w
 from sqlalchemy import select
 
-from metarl.db import session_scope
+from metarl.store.db import session_scope
 from metarl.learning.families import get_family
-from schemas.records import Evaluation, InnerJob, InnerJobStatus, Run, RunStatus
+from metarl.store.records import Evaluation, InnerJob, InnerJobStatus, Run, RunStatus
 from tests.conftest import REPO, metarl_cli
 from tests.integration.helpers import assert_exactly_once
 

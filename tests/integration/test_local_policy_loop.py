@@ -9,9 +9,9 @@ import pytest
 import torch
 from sqlalchemy import select
 
-from metarl.db import session_scope
+from metarl.store.db import session_scope
 from metarl.policy.local_policy import LocalPolicy
-from schemas.records import OuterStep, PolicyVersion, ProbeAttempt, Run, RunStatus
+from metarl.store.records import OuterStep, PolicyVersion, ProbeAttempt, Run, RunStatus
 from tests.conftest import metarl_cli
 from tests.integration.helpers import assert_exactly_once, sim_config
 

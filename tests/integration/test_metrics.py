@@ -21,12 +21,12 @@ from metarl.pools import stop_process_group
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from metarl.db import session_scope
+from metarl.store.db import session_scope
 from metarl.metrics import LATENCY_BUCKETS, build_registry
-from schemas.records import ClaimStatus, CostEntry, Episode, EpisodeGroup, Run, RunStatus, Stage, StageClaim
+from metarl.store.records import ClaimStatus, CostEntry, Episode, EpisodeGroup, Run, RunStatus, Stage, StageClaim
 from tests.conftest import REPO
 from workers.app import QUEUES, make_app
-from workers.dispatch import send_outer, send_stage
+from metarl.messaging.dispatch import send_outer, send_stage
 
 pytestmark = pytest.mark.integration
 
@@ -251,7 +251,7 @@ def metrics_server(service_env: dict[str, str], tmp_path: Path) -> Iterator[tupl
     port = free_port()
     log_path = tmp_path / "metrics.log"
     env = dict(service_env, METARL_HOME=str(tmp_path / "home"))
-    command = [sys.executable, "-m", "metarl.cli", "metrics", "--host", "127.0.0.1", "--port", str(port), "--interval", "0.2"]
+    command = [sys.executable, "-m", "metarl_cli.main", "metrics", "--host", "127.0.0.1", "--port", str(port), "--interval", "0.2"]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:

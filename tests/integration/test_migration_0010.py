@@ -11,8 +11,8 @@ import pytest
 from alembic import command
 from sqlalchemy import create_engine, text
 
-from metarl import db
-from metarl.migration_head import normalise_url
+from metarl.store import db
+from metarl.store.migration_head import normalise_url
 from schemas.task_spec import TaskSpec
 
 pytestmark = pytest.mark.integration

@@ -6,8 +6,8 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from metarl import db
-from schemas.records import Base
+from metarl.store import db
+from metarl.store.records import Base
 
 pytestmark = pytest.mark.integration
 

@@ -22,15 +22,15 @@ import pytest
 from sqlalchemy import func, select
 
 from metarl.backends import registry
-from metarl.backends.local_agent import saved_states
-from metarl.claims import utcnow
-from metarl.db import session_scope
-from metarl.episodes import run_config_of
+from metarl.backends.local.agent import saved_states
+from metarl.store.claims import utcnow
+from metarl.store.db import session_scope
+from metarl.store.episodes import run_config_of
 from metarl.pools import WorkerPools, signal_group
 from metarl.runconfig import load_run
 from orchestrator.loop import create_run
 from orchestrator.reconciler import orphaned_outer_steps
-from schemas.records import (
+from metarl.store.records import (
     Episode,
     EpisodeGroup,
     GroupStatus,
@@ -63,8 +63,8 @@ type = "local"
 
 def install_fault(mode: str) -> None:
     """Wrap the outer backends' `update` with the fault `mode` (runs in the worker process before it forks)."""
-    from metarl.backends.local_agent import LocalOuter
-    from metarl.backends.sim import SimOuter
+    from metarl.backends.local.agent import LocalOuter
+    from metarl.backends.sim.simulator import SimOuter
 
     for backend in (LocalOuter, SimOuter):
         real = backend.update
@@ -127,7 +127,7 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.1) 
 def start_orchestrator(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     """`metarl run|resume ... --no-workers` in its own process group (so it can be killed with -9)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "metarl.cli", *args, "--no-workers", "--quiet"],
+        [sys.executable, "-m", "metarl_cli.main", *args, "--no-workers", "--quiet"],
         env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
 

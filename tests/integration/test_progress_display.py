@@ -6,11 +6,11 @@ import pytest
 from sqlalchemy import update
 
 from metarl.backends.base import CostItem
-from metarl.db import session_scope, sql_transaction
-from metarl.episodes import record_costs
-from metarl.progress import ProgressDisplay
+from metarl.store.db import session_scope, sql_transaction
+from metarl.store.episodes import record_costs
+from metarl_cli.progress import ProgressDisplay
 from orchestrator.loop import TickReport
-from schemas.records import Episode, OuterStatus, OuterStep, Run, Stage
+from metarl.store.records import Episode, OuterStatus, OuterStep, Run, Stage
 from tests.integration.helpers import new_episode
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,7 @@ def test_off_a_terminal_a_line_is_printed_at_the_start_every_five_seconds_and_at
         reads.append(clock[0])
         return read_run()
 
-    monkeypatch.setattr("metarl.progress.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("metarl_cli.progress.time.monotonic", lambda: clock[0])
     monkeypatch.setattr(display, "snapshot", counted_snapshot)
     with display:
         assert display.live is None  # pytest's stderr is not a terminal

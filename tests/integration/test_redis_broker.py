@@ -8,7 +8,7 @@ import uuid
 import redis
 from kombu import Connection, Exchange, Queue
 
-from workers.redis_broker import ClientReusingChannel, ClientReusingRedisTransport
+from metarl.messaging.redis_broker import ClientReusingChannel, ClientReusingRedisTransport
 
 MESSAGES = 40
 

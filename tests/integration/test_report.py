@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, update
 
-from metarl.db import session_scope
-from schemas.records import ClaimStatus, Episode, EpisodeGroup, GroupStatus, OuterStep, Reward, Run, Stage, StageClaim
+from metarl.store.db import session_scope
+from metarl.store.records import ClaimStatus, Episode, EpisodeGroup, GroupStatus, OuterStep, Reward, Run, Stage, StageClaim
 from tests.conftest import metarl_cli
 from tests.integration.helpers import sim_config
 

@@ -1,4 +1,4 @@
-"""Run ids as users type them: `metarl.run_ids.resolve_run_id` on real PostgreSQL, and every command that takes a run id
+"""Run ids as users type them: `metarl.store.run_ids.resolve_run_id` on real PostgreSQL, and every command that takes a run id
 (status, resume, stop, report) accepting a unique prefix, with a clear error for an ambiguous or unknown one."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from metarl.db import session_scope
-from metarl.migration_head import libpq_uri
-from schemas.records import Run, RunStatus
+from metarl.store.db import session_scope
+from metarl.store.migration_head import libpq_uri
+from metarl.store.records import Run, RunStatus
 from tests.conftest import metarl_cli
 from tests.integration.helpers import sim_config
 
@@ -27,14 +27,14 @@ def add_runs(pg_url: str, *ids: str) -> None:
 
 
 def resolve(pg_url: str, text: str) -> str:
-    from metarl.run_ids import resolve_run_id
+    from metarl.store.run_ids import resolve_run_id
 
     with psycopg.connect(libpq_uri(pg_url)) as connection:
         return resolve_run_id(connection, text)
 
 
 def test_resolver_full_ids_unique_prefixes_and_errors(pg_url: str) -> None:
-    from metarl.run_ids import RunIdError
+    from metarl.store.run_ids import RunIdError
 
     lone = "0123abcd-3333-4000-8000-000000000003"
     add_runs(pg_url, *TWINS, lone)

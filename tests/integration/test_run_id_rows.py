@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import create_engine, text
 
-from metarl import db
-from metarl.db import session_scope
-from metarl.testing.exactly_once import exactly_once_violations
-from schemas.records import ProbeAttempt, Reward
+from metarl.store import db
+from metarl.store.db import session_scope
+from metarl.store.exactly_once import exactly_once_violations
+from metarl.store.records import ProbeAttempt, Reward
 from tests.integration.helpers import finished_episode
 
 pytestmark = pytest.mark.integration

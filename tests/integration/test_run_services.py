@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from metarl.db import session_scope
-from schemas.records import Run, RunStatus
+from metarl.store.db import session_scope
+from metarl.store.records import Run, RunStatus
 from tests.conftest import metarl_cli
 from tests.integration.helpers import assert_exactly_once, sim_config
 

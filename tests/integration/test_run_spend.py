@@ -9,13 +9,13 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import create_engine, text
 
-from metarl import db
+from metarl.store import db
 from metarl.backends.base import CostItem
-from metarl.db import session_scope, sql_transaction
-from metarl.episodes import record_costs
-from metarl.ledger import run_total_usd
-from metarl.testing.exactly_once import spend_violations
-from schemas.records import CostEntry, RunSpend
+from metarl.store.db import session_scope, sql_transaction
+from metarl.store.episodes import record_costs
+from metarl.store.ledger import run_total_usd
+from metarl.store.exactly_once import spend_violations
+from metarl.store.records import CostEntry, RunSpend
 from tests.integration.helpers import new_episode
 
 pytestmark = pytest.mark.integration

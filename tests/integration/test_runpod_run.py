@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, text
 
-from metarl.db import session_scope
+from metarl.store.db import session_scope
 from metarl.pools import WorkerPools, stop_process_group
-from schemas.records import Base, BaselineScore, CostEntry, Evaluation, InnerJob, InnerJobStatus, Run, RunStatus
+from metarl.store.records import Base, BaselineScore, CostEntry, Evaluation, InnerJob, InnerJobStatus, Run, RunStatus
 from tests.conftest import REPO, metarl_cli
 from tests.fakes.runpod_server import FakeRunpod, Faults, GpuOffer
 from tests.integration.helpers import assert_exactly_once
@@ -152,7 +152,7 @@ def run_env(pg_url: str, redis_url: str) -> dict[str, str]:
 def start_run(config: Path, env: dict[str, str], log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     log_file = open(log_path, "wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "metarl.cli", "run", str(config), "--no-workers", "--quiet"],
+        [sys.executable, "-m", "metarl_cli.main", "run", str(config), "--no-workers", "--quiet"],
         env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=log_file, start_new_session=True,
     )
     log_file.close()
@@ -182,8 +182,8 @@ def heartbeat_steps(artifacts: Path) -> list[int]:
 
 def launch_orphan(artifacts: Path, run_id: str) -> str:
     """A pod named like one of the run's jobs, assigned to a job that does not exist."""
-    from metarl.backends.runpod_train import POD_NAME_ENV, POD_ROOT_ENV, PodAssignment
-    from metarl.runpod_provider import LaunchRequest, RetryPolicy, RunpodProvider
+    from metarl.backends.runpod.train import POD_NAME_ENV, POD_ROOT_ENV, PodAssignment
+    from metarl.backends.runpod.provider import LaunchRequest, RetryPolicy, RunpodProvider
 
     name = f"metarl-{run_id[:8]}-999999"
     assignment = artifacts / "runpod" / "pods" / name / "assignment.json"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from metarl import db
-from metarl.db import psycopg_connection, session_scope
-from metarl.migration_head import head_revision, libpq_uri, revision_of
-from orchestrator.status import run_status
+from metarl.store import db
+from metarl.store.db import psycopg_connection, session_scope
+from metarl.store.migration_head import head_revision, libpq_uri, revision_of
+from metarl.store.status import run_status
 from tests.conftest import REPO, metarl_cli
 from tests.integration.helpers import finished_episode
 
@@ -23,10 +23,10 @@ STATUS_AND_MODULES = """
 import json, runpy, sys
 sys.argv = ["metarl", "status", *sys.argv[1:]]
 try:
-    runpy.run_module("metarl.cli", run_name="__main__")
+    runpy.run_module("metarl_cli.main", run_name="__main__")
 except SystemExit as done:
     code = done.code
-print(json.dumps({"exit": code, "sqlalchemy": "sqlalchemy" in sys.modules, "records": "schemas.records" in sys.modules}), file=sys.stderr)
+print(json.dumps({"exit": code, "sqlalchemy": "sqlalchemy" in sys.modules, "records": "metarl.store.records" in sys.modules}), file=sys.stderr)
 """
 
 

@@ -10,9 +10,9 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from metarl.db import session_scope
+from metarl.store.db import session_scope
 from metarl.pools import stop_process_group
-from schemas.records import Episode, Run, RunStatus, Stage
+from metarl.store.records import Episode, Run, RunStatus, Stage
 from tests.conftest import REPO, metarl_cli
 from tests.integration.helpers import assert_exactly_once, sim_config
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 def test_stop_lets_in_flight_episodes_finish_and_resume_continues(tmp_path, service_env, pools, pg_url):
     config = sim_config(tmp_path, name="stoppable", max_outer_steps=6, train_median_s=0.8)
     process = subprocess.Popen(
-        [sys.executable, "-m", "metarl.cli", "run", str(config), "--no-workers", "--quiet"],
+        [sys.executable, "-m", "metarl_cli.main", "run", str(config), "--no-workers", "--quiet"],
         env=service_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from metarl.db import session_scope
-from metarl.tick_wakeup import TickWaiter, request_tick
+from metarl.store.db import session_scope
+from metarl.store.tick_wakeup import TickWaiter, request_tick
 
 RUN = "0a1b2c3d-0000-4000-8000-000000000001"
 

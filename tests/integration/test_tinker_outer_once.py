@@ -19,15 +19,15 @@ import pytest
 import tinker
 from sqlalchemy import select
 
-from metarl import tinker_client
-from metarl.backends import tinker_outer
-from metarl.claims import utcnow
-from metarl.db import session_scope
+from metarl.backends.tinker import client as tinker_client
+from metarl.backends.tinker import outer as tinker_outer
+from metarl.store.claims import utcnow
+from metarl.store.db import session_scope
 from metarl.runconfig import load_run
 from metarl.settings import DATABASE_ENV
-from metarl.tinker_client import TinkerPolicyRef
+from metarl.backends.tinker.client import TinkerPolicyRef
 from orchestrator.loop import create_run
-from schemas.records import Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, PolicyVersion, ProbeAttempt, Reward, Run, Stage
+from metarl.store.records import Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, PolicyVersion, ProbeAttempt, Reward, Run, Stage
 from schemas.run_config import RunConfig
 from tests.conftest import REPO
 from tests.unit.test_tinker_fakes import FakeService, server_failure

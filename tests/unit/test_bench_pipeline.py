@@ -210,7 +210,7 @@ def test_machine_busy_ratio_uses_medians_and_is_shown_only_with_readings() -> No
 
 def test_the_reuse_pass_is_the_plain_chain_on_our_transport_and_is_reported_beside_it() -> None:
     from bench._sim_plain_chain import CHAIN_TRANSPORT_ENV, chain_app
-    from workers.redis_broker import ClientReusingRedisTransport
+    from metarl.messaging.redis_broker import ClientReusingRedisTransport
 
     assert CHAIN_MODULES["reuse"] == CHAIN_MODULES["plain"]
     assert CHAIN_TRANSPORT == {"plain": "stock", "floor": "stock", "reuse": "ours"}

@@ -6,9 +6,9 @@ import pytest
 
 from kombu.transport import TRANSPORT_ALIASES
 
-from workers.app import KOMBU_REDIS_TRANSPORT, REDIS_TRANSPORT, broker_transport, make_app
-from workers.fs_broker import AtomicFilesystemTransport
-from workers.redis_broker import ClientReusingRedisTransport
+from metarl.messaging.celery_app import KOMBU_REDIS_TRANSPORT, REDIS_TRANSPORT, broker_transport, make_app
+from metarl.messaging.fs_broker import AtomicFilesystemTransport
+from metarl.messaging.redis_broker import ClientReusingRedisTransport
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from metarl.cli import build_parser
+from metarl_cli.main import build_parser
 from workers.app import QUEUES
 
 import yaml  # noqa: E402

@@ -1001,7 +1001,7 @@ def test_stage_deadline_out_of_bounds_names_the_field() -> None:
 
 
 def test_stage_deadlines_cover_every_queue() -> None:
-    from workers.queues import QUEUES
+    from metarl.messaging.queues import QUEUES
 
     config = validate_model(RunConfig, tomllib.loads(quickstart_text() + "\n[deadlines]\nprobe_s = 42\n"), "run.toml")
     limits = {queue: config.deadlines.for_queue(queue) for queue in QUEUES}

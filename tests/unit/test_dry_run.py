@@ -171,7 +171,7 @@ def test_runpod_estimate_uses_each_tasks_budget() -> None:
 
 def test_eval_cost_is_pod_seconds_at_a_price_or_not_estimated() -> None:
     config, specs = example("runpod")
-    from metarl.backends.pod_eval import estimate_eval_seconds
+    from metarl.backends.runpod.eval import estimate_eval_seconds
 
     seconds = eval_pod_seconds(config, specs["addition"])
     assert seconds == math.ceil(estimate_eval_seconds(specs["addition"], config.backends.eval, score_base=False))

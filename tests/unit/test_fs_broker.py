@@ -12,8 +12,8 @@ from kombu import Connection, Exchange, Queue
 from kombu.transport import TRANSPORT_ALIASES
 
 import workers.app  # noqa: F401  (registers the transport for filesystem:// URLs)
-import workers.fs_broker
-from workers.fs_broker import PART_SUFFIX, AtomicFilesystemTransport, message_name
+import metarl.messaging.fs_broker
+from metarl.messaging.fs_broker import PART_SUFFIX, AtomicFilesystemTransport, message_name
 
 MESSAGES = 300
 
@@ -30,7 +30,7 @@ def connection(folder: Path) -> Connection:
 
 
 def test_filesystem_urls_use_the_atomic_transport(tmp_path: Path) -> None:
-    assert TRANSPORT_ALIASES["filesystem"] == "workers.fs_broker:AtomicFilesystemTransport"
+    assert TRANSPORT_ALIASES["filesystem"] == "metarl.messaging.fs_broker:AtomicFilesystemTransport"
     with connection(tmp_path) as conn:
         assert isinstance(conn.transport, AtomicFilesystemTransport)
 
@@ -39,13 +39,13 @@ def test_no_message_file_is_visible_before_its_content_is_written(tmp_path: Path
     """kombu's own channel creates the (empty) message file first and serialises the payload after:
     a consumer listing the folder in between takes an empty message."""
     visible_while_serialising: list[list[str]] = []
-    real_dumps = workers.fs_broker.dumps
+    real_dumps = metarl.messaging.fs_broker.dumps
 
     def watching_dumps(payload: object) -> str:
         visible_while_serialising.append(sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".msg")))
         return real_dumps(payload)
 
-    monkeypatch.setattr(workers.fs_broker, "dumps", watching_dumps)
+    monkeypatch.setattr(metarl.messaging.fs_broker, "dumps", watching_dumps)
     with connection(tmp_path) as conn:
         queue = conn.SimpleQueue(fresh_queue())
         queue.put({"episode": 1})

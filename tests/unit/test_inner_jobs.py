@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from metarl.inner_jobs import InnerJobLimits, creation_outcome, inner_job_name, inner_job_name_prefix
-from schemas.records import InnerJobStatus
+from metarl.store.inner_jobs import InnerJobLimits, creation_outcome, inner_job_name, inner_job_name_prefix
+from metarl.store.records import InnerJobStatus
 
 RUN_ID = "0123456789abcdef-run"
 

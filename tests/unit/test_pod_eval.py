@@ -1,9 +1,9 @@
 """The on-pod hidden eval: its config, the request the workers publish, grading, the estimate, the
 train backend's eval phase (pure decisions and billing labels), and one Runpod backend against the
-fake server whose fake pod runs the real pod side (metarl.pod_eval.EvalServer, torch engine).
+fake server whose fake pod runs the real pod side (metarl.backends.runpod.pod.eval_server.EvalServer, torch engine).
 
-Also the pod's generate step (metarl/pod_scoring.py): its vLLM path against a stand-in with vLLM's
-call shape, its torch path against the CPU scorer, and the LoRA merge (metarl/pod_lora_merge.py).
+Also the pod's generate step (metarl/backends/runpod/pod/scoring.py): its vLLM path against a stand-in with vLLM's
+call shape, its torch path against the CPU scorer, and the LoRA merge (metarl/backends/runpod/pod/lora_merge.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from pydantic import ValidationError
 
 from metarl.backends.base import CostItem, EpisodeContext
-from metarl.backends.pod_eval import (
+from metarl.backends.runpod.eval import (
     PASS_K_TEMPERATURE,
     PodVllmEval,
     baseline_path,
@@ -31,11 +31,11 @@ from metarl.backends.pod_eval import (
     grade,
     hidden_items,
 )
-from metarl.backends.runpod_train import RunpodTrain, eval_refusal, eval_targets, judge_eval, pod_charges
+from metarl.backends.runpod.train import RunpodTrain, eval_refusal, eval_targets, judge_eval, pod_charges
 from metarl.errors import PermanentBackendError
-from metarl.pod_eval import REQUEST_FILE, EvalRequest, EvalResult, TargetOutput, items_digest
-from metarl.pod_runner import ExitReport
-from metarl.runpod_provider import PodState
+from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, EvalRequest, EvalResult, TargetOutput, items_digest
+from metarl.backends.runpod.pod.runner import ExitReport
+from metarl.backends.runpod.provider import PodState
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec
 from schemas.run_config import BudgetConfig, PodVllmEvalBackend, RunConfig, RunpodTrainBackend
@@ -193,8 +193,8 @@ class LLMStandIn:
 def test_pod_scoring_vllm_path_builds_the_same_engine_and_sampling_as_the_gpu_pool(tiny_model_dir: Path) -> None:
     from metarl.learning.families import get_family
     from metarl.learning.tokenizer import load_tokenizer
-    from metarl.pod_scoring import score_request
-    from metarl.vllm_scoring import engine_kwargs, sampling_kwargs
+    from metarl.backends.runpod.pod.scoring import score_request
+    from metarl.backends.vllm.scoring import engine_kwargs, sampling_kwargs
     from schemas.run_config import VllmEvalBackend
 
     task = small_task(6)
@@ -209,7 +209,7 @@ def test_pod_scoring_vllm_path_builds_the_same_engine_and_sampling_as_the_gpu_po
     assert built == engine_kwargs(tiny_model_dir, pool, built["max_model_len"])
     assert built["max_model_len"] == max(len(row) for row in tokenizer(request["prompts"])["input_ids"]) + request["max_tokens"]
     # the sampling arguments equal the GPU pool's for the same family, pass@k and seed
-    from metarl.pod_scoring import forbidden_ids, generation_kwargs
+    from metarl.backends.runpod.pod.scoring import forbidden_ids, generation_kwargs
 
     pod_kwargs = generation_kwargs(
         eos_id=tokenizer.eos_token_id,
@@ -226,7 +226,7 @@ def test_pod_scoring_vllm_path_builds_the_same_engine_and_sampling_as_the_gpu_po
 def test_pod_scoring_torch_path_matches_the_cpu_scorer(tiny_model_dir: Path) -> None:
     from metarl.learning.scoring import load_model, score_loaded_model
     from metarl.learning.tokenizer import load_tokenizer
-    from metarl.pod_scoring import score_request
+    from metarl.backends.runpod.pod.scoring import score_request
 
     task = small_task(12)
     request = eval_request(task, PodVllmEvalBackend(type="pod_vllm"), request_id="j:a0", targets=["trained"], published_at=1.0)
@@ -241,7 +241,7 @@ def test_pod_scoring_torch_path_matches_the_cpu_scorer(tiny_model_dir: Path) -> 
 
 def test_chat_formatted_prompts_and_think_blocks(tiny_model_dir: Path) -> None:
     from metarl.learning.tokenizer import load_tokenizer
-    from metarl.pod_scoring import completion_text, prompt_token_rows, uses_chat
+    from metarl.backends.runpod.pod.scoring import completion_text, prompt_token_rows, uses_chat
 
     tokenizer = load_tokenizer(tiny_model_dir)
     assert not uses_chat(tokenizer, True)
@@ -257,7 +257,7 @@ def test_the_merge_adds_the_scaled_adapter_to_the_targeted_weights(tmp_path: Pat
     import torch
     from safetensors.torch import load_file, save_file
 
-    from metarl.pod_lora_merge import MergeError, adapter_pairs, merge_folder
+    from metarl.backends.runpod.pod.lora_merge import MergeError, adapter_pairs, merge_folder
 
     step = tmp_path / "step_3"
     (step / "lora_adapters").mkdir(parents=True)
@@ -402,7 +402,7 @@ def test_backend_publishes_the_eval_after_training_and_the_pod_scores_it(cloud: 
 
 
 def test_the_scoring_stack_is_checked_against_the_images_manifest(tmp_path: Path) -> None:
-    from metarl.pod_eval import verify_manifest, write_manifest
+    from metarl.backends.runpod.pod.eval_server import verify_manifest, write_manifest
 
     venv = tmp_path / "venv" / "site-packages"
     (venv / "vllm" / "__pycache__").mkdir(parents=True)
@@ -434,8 +434,8 @@ def test_the_scoring_stack_is_checked_against_the_images_manifest(tmp_path: Path
 
 
 def test_a_modified_stack_is_refused_and_the_prompts_still_deleted(tmp_path: Path) -> None:
-    from metarl.pod_eval import EvalServer, EvalSettings, write_manifest
-    from metarl.pod_runner import Storage
+    from metarl.backends.runpod.pod.eval_server import EvalServer, EvalSettings, write_manifest
+    from metarl.backends.runpod.pod.runner import Storage
 
     stack = tmp_path / "stack"
     stack.mkdir()
@@ -453,7 +453,7 @@ def test_a_modified_stack_is_refused_and_the_prompts_still_deleted(tmp_path: Pat
 
 
 def test_the_scoring_runs_with_private_caches(tmp_path: Path) -> None:
-    from metarl.pod_eval import private_environment
+    from metarl.backends.runpod.pod.eval_server import private_environment
 
     env = private_environment({"PATH": "/bin", "HF_HOME": "/home/appuser/.cache/hf", "HF_HUB_OFFLINE": "1"}, tmp_path, fresh_hub_cache=True)
     assert env["PATH"] == "/bin" and env["HOME"].startswith(str(tmp_path)) and env["PYTHONPYCACHEPREFIX"].startswith(str(tmp_path))

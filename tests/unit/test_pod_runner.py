@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from metarl.pod_eval import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, items_digest
-from metarl.pod_runner import (
+from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, items_digest
+from metarl.backends.runpod.pod.runner import (
     ExitReport,
     Heartbeat,
     ProcessInfo,
@@ -42,8 +42,8 @@ from metarl.pod_runner import (
     row_step,
     sweep_targets,
 )
-from metarl.primerl.manifest import EXIT_FILE, MANIFEST_FILE, STATUS_FILE
-from metarl.primerl.pin import PRIME_RL_TAG
+from metarl.backends.runpod.pod.manifest import EXIT_FILE, MANIFEST_FILE, STATUS_FILE
+from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
 from tests.fakes.primerl_bundle import DELETE, ENVIRONMENT, job_spec, make_bundle as compile_test_bundle, store_bundle
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,7 +105,7 @@ def runner_config(tmp_path: Path, job_url: str, *, mode: str = "ok", real_instal
 def start_runner(config: dict, extra_env: dict | None = None) -> subprocess.Popen:
     env = {**os.environ, **SECRETS, **(extra_env or {})}
     return subprocess.Popen(
-        [sys.executable, "-m", "metarl.pod_runner", "--config-json", json.dumps(config)],
+        [sys.executable, "-m", "metarl.backends.runpod.pod.runner", "--config-json", json.dumps(config)],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -283,7 +283,7 @@ def test_missing_bundle_and_failed_install(tmp_path: Path) -> None:
 
 def test_bad_config_exits_2(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "metarl.pod_runner", "--config-json", json.dumps({"job_url": "x", "result_url": "y", "heartbeat_interval_s": 0})],
+        [sys.executable, "-m", "metarl.backends.runpod.pod.runner", "--config-json", json.dumps({"job_url": "x", "result_url": "y", "heartbeat_interval_s": 0})],
         cwd=REPO,
         capture_output=True,
         timeout=60,
@@ -365,7 +365,7 @@ def test_manifest_is_what_the_runner_reads(tmp_path: Path) -> None:
 
 
 def test_config_from_environment_and_flags() -> None:
-    from metarl.pod_runner import parse_args
+    from metarl.backends.runpod.pod.runner import parse_args
 
     environ = {
         "METARL_RUNNER_JOB_URL": "s3://bucket/jobs/j1",
@@ -481,7 +481,7 @@ def test_a_lora_job_uploads_the_trained_model_and_it_scores_differently_from_the
     """Item 2: prime-rl's weights folder is the base; the runner merges the adapter saved beside it."""
     from safetensors.torch import load_file
 
-    from metarl.pod_scoring import score_request
+    from metarl.backends.runpod.pod.scoring import score_request
 
     job_url, bundle = make_bundle(tmp_path, max_steps=4, rl=lora_rl(True), lora_rank=8)
     assert bundle.rl_config["trainer"]["model"]["lora"] == {"rank": 8, "alpha": 16.0}
@@ -523,7 +523,7 @@ def test_a_lora_job_without_its_adapter_fails_instead_of_passing_the_base_off(tm
 
 
 def session_members(session: int) -> list[int]:
-    from metarl.pod_runner import read_processes
+    from metarl.backends.runpod.pod.runner import read_processes
 
     return [proc.pid for proc in read_processes() if proc.session == session and not proc.zombie]
 

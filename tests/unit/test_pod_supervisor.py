@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from metarl.pod_eval import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, items_digest
-from metarl.pod_runner import ExitReport, PodAssignment, RunnerConfig, decide_stop, decode_environ
-from metarl.pod_supervisor import POD_NAME_ENV, POD_ROOT_ENV, assignment_path, job_config, job_to_run, parse_args, still_this_job
-from metarl.primerl.manifest import EXIT_FILE
-from metarl.runpod_provider import encode_env_value
+from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, items_digest
+from metarl.backends.runpod.pod.runner import ExitReport, PodAssignment, RunnerConfig, decide_stop, decode_environ
+from metarl.backends.runpod.pod.supervisor import POD_NAME_ENV, POD_ROOT_ENV, assignment_path, job_config, job_to_run, parse_args, still_this_job
+from metarl.backends.runpod.pod.manifest import EXIT_FILE
+from metarl.backends.runpod.provider import encode_env_value
 from tests.fakes.primerl_bundle import job_spec, make_bundle, store_bundle
 from tests.unit.test_pod_runner import FAKE_RL, REPO, SECRETS
 
@@ -65,7 +65,7 @@ def runner_settings(tmp_path: Path, **extra_env: str) -> dict:
 
 def start_supervisor(root: Path, settings: dict, *extra: str) -> subprocess.Popen:
     env = {**os.environ, **SECRETS, POD_ROOT_ENV: str(root), POD_NAME_ENV: POD}
-    argv = [sys.executable, "-m", "metarl.pod_supervisor", "--assignment-poll-s", "0.1", "--runner-config-json", json.dumps(settings), *extra]
+    argv = [sys.executable, "-m", "metarl.backends.runpod.pod.supervisor", "--assignment-poll-s", "0.1", "--runner-config-json", json.dumps(settings), *extra]
     return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -166,11 +166,11 @@ def test_training_is_cut_at_the_tasks_max_train_seconds_and_keeps_its_weights(tm
 
 def test_bad_supervisor_configuration_exits_2(tmp_path: Path) -> None:
     env = {key: value for key, value in os.environ.items() if key not in (POD_ROOT_ENV, POD_NAME_ENV)}
-    done = subprocess.run([sys.executable, "-m", "metarl.pod_supervisor"], cwd=REPO, env=env, capture_output=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "metarl.backends.runpod.pod.supervisor"], cwd=REPO, env=env, capture_output=True, timeout=60)
     assert done.returncode == 2 and b"pod_root" in done.stderr
     bad_runner = json.dumps({"max_runtime_s": -1})
     done = subprocess.run(
-        [sys.executable, "-m", "metarl.pod_supervisor", "--pod-root", str(tmp_path), "--pod-name", POD, "--runner-config-json", bad_runner],
+        [sys.executable, "-m", "metarl.backends.runpod.pod.supervisor", "--pod-root", str(tmp_path), "--pod-name", POD, "--runner-config-json", bad_runner],
         cwd=REPO, env=env, capture_output=True, timeout=60,
     )
     assert done.returncode == 2 and b"max_runtime_s" in done.stderr

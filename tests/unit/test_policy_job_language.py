@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from metarl.backends.local import REWARD_COMPONENTS as LOCAL_REWARD_COMPONENTS
-from metarl.backends.local import local_compile_problems
+from metarl.backends.local.train import REWARD_COMPONENTS as LOCAL_REWARD_COMPONENTS
+from metarl.backends.local.train import local_compile_problems
 from metarl.policy import job_language as jl
 from metarl.probe import probe_job_text
 from schemas.base import FieldProblem, load_toml_model

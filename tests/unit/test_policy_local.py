@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from metarl.backends.local import local_compile_problems
+from metarl.backends.local.train import local_compile_problems
 from metarl.policy import job_language as jl
 from metarl.policy.local_policy import LocalPolicy, PolicyConfig
 from metarl.probe import probe_job_text
@@ -128,7 +128,7 @@ def test_untrained_policy_gives_a_mix_of_valid_and_invalid_mostly_default_jobs()
 
 
 def test_a_weaker_default_prior_sets_more_settings_explicitly(tmp_path):
-    from metarl.backends.local_agent import LocalOuter
+    from metarl.backends.local.agent import LocalOuter
     from schemas.run_config import RunConfig
 
     def explicit_share(policy: LocalPolicy) -> float:

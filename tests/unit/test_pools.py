@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from metarl.pools import MAX_POOL_PROCESSES, WorkerPools, pool_processes
-from workers.queues import QUEUES
+from metarl.messaging.queues import QUEUES
 
 
 def processes_flag(command: list[str]) -> str:

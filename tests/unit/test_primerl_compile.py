@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from metarl.backends.local import compile_local_job
-from metarl.backends.sim import _valid_job
+from metarl.backends.local.train import compile_local_job
+from metarl.backends.sim.simulator import _valid_job
 from metarl.policy import job_language as jl
-from metarl.primerl.checks import primerl_compile_problems
-from metarl.primerl.compiler import (
+from metarl.backends.runpod.primerl.checks import primerl_compile_problems
+from metarl.backends.runpod.primerl.compiler import (
     MODEL_RENDERERS,
     POST_BATCH_FILTERS,
     PROBE_ENV_ID,
@@ -30,9 +30,9 @@ from metarl.primerl.compiler import (
     render_rl_toml,
     seq_len_for,
 )
-from metarl.primerl.pin import PRIME_RL_COMMIT, PRIME_RL_TAG, VERIFIERS_COMMIT
-from metarl.primerl.schema import SCHEMA_FILE, rl_config_problems, rl_schema, schema_provenance
-from metarl.primerl.variants import checked_jobs, compiled, expected_resolved
+from metarl.backends.runpod.pod.pin import PRIME_RL_COMMIT, PRIME_RL_TAG, VERIFIERS_COMMIT
+from metarl.backends.runpod.primerl.schema import SCHEMA_FILE, rl_config_problems, rl_schema, schema_provenance
+from metarl.backends.runpod.primerl.variants import checked_jobs, compiled, expected_resolved
 from metarl.probe import probe_job_text
 from schemas.base import load_toml_model
 from schemas.job import CPU_TRAIN_DEFAULTS, PRIME_RL_TRAIN_DEFAULTS, JobSpec, JobTraining

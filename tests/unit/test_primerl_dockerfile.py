@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from metarl.primerl import pin
+from metarl.backends.runpod.pod import pin
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "inner.Dockerfile"
@@ -48,9 +48,16 @@ def test_the_build_refuses_another_prime_rl_version() -> None:
 
 def test_entrypoint_runs_the_pod_supervisor_through_prime_rls_entry_script() -> None:
     entry = [json.loads(rest) for word, rest in instructions() if word == "ENTRYPOINT"]
-    assert entry == [["/app/docker-entrypoint.sh", "/opt/metarl-runner/bin/python", "-m", "metarl.pod_supervisor"]]
+    assert entry == [["/app/docker-entrypoint.sh", "/opt/metarl-runner/bin/python", "-m", "metarl.backends.runpod.pod.supervisor"]]
     assert [word for word, _ in instructions()][-1] == "CMD"
     assert ("USER", "appuser") in instructions()
+
+
+POD = CONTEXT / "backends" / "runpod" / "pod"
+POD_SCRIPTS = ("scoring.py", "lora_merge.py")
+"""Pod scripts run by path with prime-rl's own Python, where metarl is not importable."""
+RUNNER_DEPENDENCIES = ("pydantic", "pydantic_core", "typing_extensions", "annotated_types", "typing_inspection", "fsspec")
+"""What the image's runner venv installs (pydantic, fsspec; s3fs loads only for s3:// URLs) with what pydantic needs."""
 
 
 def test_copied_files_exist_in_the_build_context() -> None:
@@ -59,32 +66,54 @@ def test_copied_files_exist_in_the_build_context() -> None:
     assert sources
     for source in sources:
         assert (CONTEXT / source).exists(), source
-    assert {"pod_runner.py", "pod_supervisor.py", "pod_eval.py", "pod_scoring.py", "pod_lora_merge.py", "__init__.py", "primerl/"} <= set(sources)
+    # the pod subpackage, and only the (docstring-only) package files above it
+    assert set(sources) == {"__init__.py", "backends/__init__.py", "backends/runpod/__init__.py", "backends/runpod/pod/"}
+    for init in ("__init__.py", "backends/__init__.py", "backends/runpod/__init__.py"):
+        assert not re.search(r"^\s*(from|import) ", (CONTEXT / init).read_text(), re.M), f"{init} must import nothing: the image has only the pod subpackage"
 
 
-def test_runner_imports_only_what_the_image_installs() -> None:
-    """The runner venv has pydantic, fsspec and s3fs: the runner and the modules it imports use nothing else."""
-    allowed = {"pydantic", "fsspec", "metarl"}
-    stdlib_like = re.compile(r"^(from|import) (__future__|argparse|base64|fnmatch|json|os|re|shutil|signal|subprocess|sys|time|tomllib|hashlib|collections|pathlib|typing)\b")
-    runner_modules = ("pod_runner.py", "pod_supervisor.py", "pod_eval.py", "primerl/manifest.py", "primerl/pin.py")
-    for path in (REPO / "metarl" / name for name in runner_modules):
-        for line in path.read_text().splitlines():
-            if re.match(r"^\s*(from \S+ import|import \S+)", line) and not stdlib_like.match(line.strip()):
-                module = line.split()[1].split(".")[0]
-                assert module in allowed, f"{path.name}: {line.strip()}"
-    for name in ("pod_runner.py", "pod_supervisor.py", "pod_eval.py"):
-        for line in (REPO / "metarl" / name).read_text().splitlines():
-            if line.lstrip().startswith("from metarl"):
-                assert line.split()[1] in ("metarl.pod_runner", "metarl.pod_eval", "metarl.primerl.manifest", "metarl.primerl.pin"), line
+def test_the_pod_subpackage_imports_with_only_the_images_dependencies(tmp_path: Path) -> None:
+    """Copy the subpackage as the Dockerfile does and import every module with any other top-level package refused."""
+    import shutil
+    import subprocess
+    import sys
+
+    target = tmp_path / "src" / "metarl"
+    for init in ("__init__.py", "backends/__init__.py", "backends/runpod/__init__.py"):
+        (target / init).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(CONTEXT / init, target / init)
+    shutil.copytree(POD, target / "backends" / "runpod" / "pod", ignore=shutil.ignore_patterns("__pycache__"))
+    modules = [f"metarl.backends.runpod.pod.{path.stem}" for path in sorted(POD.glob("*.py")) if path.stem != "__init__"]
+    code = f"""
+import sys
+sys.path.insert(0, {str(tmp_path / "src")!r})
+allowed = set(sys.stdlib_module_names) | {set(RUNNER_DEPENDENCIES) | {"metarl"}!r}
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] not in allowed and not name.startswith("_sysconfigdata"):
+            raise ImportError("the pod image has no " + name)
+        return None
+sys.meta_path.insert(0, Refuse())
+import importlib
+for name in {modules!r}:
+    module = importlib.import_module(name)
+    assert module.__file__.startswith({str(tmp_path)!r}), module.__file__
+print("ok", len({modules!r}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok", str(len(modules))] and len(modules) >= 7
+
+
+def test_runner_dependencies_are_what_the_image_installs() -> None:
     installs = " ".join(rest for word, rest in instructions() if word == "RUN")
     for package in ("pydantic==", "fsspec==", "s3fs=="):
         assert package in installs
 
 
 def test_pod_scripts_import_nothing_of_metarl() -> None:
-    """The merge and scoring scripts run by path with prime-rl's Python, where metarl is not importable."""
-    for name in ("pod_scoring.py", "pod_lora_merge.py"):
-        for line in (REPO / "metarl" / name).read_text().splitlines():
+    for name in POD_SCRIPTS:
+        for line in (POD / name).read_text().splitlines():
             assert not re.match(r"^\s*(from|import) metarl\b", line), f"{name}: {line.strip()}"
 
 
@@ -95,5 +124,5 @@ def test_the_agent_cannot_sudo_or_rewrite_the_runner() -> None:
     envs = " ".join(rest for word, rest in instructions() if word == "ENV")
     assert "METARL_RUNNER_AGENT_SWEEP=uid" in envs
     manifest = "/opt/metarl-runner/scoring-stack.json"
-    assert f"-m metarl.pod_eval --write-manifest {manifest} /app/.venv /app/src" in runs and f"METARL_RUNNER_EVAL_STACK_MANIFEST={manifest}" in envs
+    assert f"-m metarl.backends.runpod.pod.eval_server --write-manifest {manifest} /app/.venv /app/src" in runs and f"METARL_RUNNER_EVAL_STACK_MANIFEST={manifest}" in envs
     assert runs.index("--write-manifest") > runs.index('"setuptools>=64"'), "the manifest must record the venv after the image's own installs"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from metarl.backends.local_agent import environment_source
-from metarl.primerl.compiler import build_bundle, compile_bundle, write_bundle
+from metarl.backends.local.agent import environment_source
+from metarl.backends.runpod.primerl.compiler import build_bundle, compile_bundle, write_bundle
 from schemas.job import DEFAULT_MAX_TOKENS, JobSpec
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from metarl.backends.base import EpisodeContext
-from metarl.backends.sim import SimAgent, SimEval, simulated_improvement
+from metarl.backends.sim.simulator import SimAgent, SimEval, simulated_improvement
 from metarl.probe import probe_job_text
 from metarl.runconfig import load_run
 from schemas.base import dump_toml_model, load_toml_model

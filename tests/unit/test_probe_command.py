@@ -22,7 +22,7 @@ WITHOUT_BUBBLEWRAP = (
     "import sys\n"
     "from metarl import isolation\n"
     f"isolation.host_isolation = lambda runner, modules: isolation.HostIsolation(None, None, {NO_NAMESPACES!r})\n"
-    "from metarl.cli import main\n"
+    "from metarl_cli.main import main\n"
     "raise SystemExit(main(sys.argv[1:]))\n"
 )
 """The CLI on a host where bubblewrap cannot create namespaces (the one thing patched)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from metarl.progress import LINE_EVERY_S, LIVE_REFRESH_S, display_due
+from metarl_cli.progress import LINE_EVERY_S, LIVE_REFRESH_S, display_due
 
 
 def test_the_first_tick_is_always_shown() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metarl.reward import RewardInputs, compute_reward, efficiency_credit, job_credit, speed_credit, validation_credit
+from metarl.domain.reward import RewardInputs, compute_reward, efficiency_credit, job_credit, speed_credit, validation_credit
 from schemas.run_config import RewardWeights
 
 WEIGHTS = RewardWeights()

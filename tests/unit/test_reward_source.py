@@ -12,8 +12,8 @@ import tomllib
 import pytest
 from pydantic import ValidationError
 
-from metarl.backends.local import REWARD_COMPONENTS, compile_local_job, reward_process_cpu_seconds
-from metarl.backends.local_agent import effective_weights, environment_source
+from metarl.backends.local.train import REWARD_COMPONENTS, compile_local_job, reward_process_cpu_seconds
+from metarl.backends.local.agent import effective_weights, environment_source
 from metarl.learning.families import FAMILIES
 from metarl.learning.grpo import LocalTrainConfig, RewardWeights, rollout_reward
 from metarl.learning.tokenizer import CHARACTERS

@@ -15,8 +15,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
-from metarl.pod_runner import decode_env_value
-from metarl.runpod_provider import (
+from metarl.backends.runpod.pod.runner import decode_env_value
+from metarl.backends.runpod.provider import (
     ErrorKind,
     LaunchRequest,
     PodState,

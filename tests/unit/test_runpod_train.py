@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from metarl.backends.base import CostItem, EpisodeContext
-from metarl.backends.runpod_train import (
+from metarl.backends.runpod.train import (
     PodAssignment,
     RunpodTrain,
     billable_chunks,
@@ -32,9 +32,9 @@ from metarl.backends.runpod_train import (
     settle_price,
     watchdog,
 )
-from metarl.pod_runner import ExitReport, Heartbeat
-from metarl.pod_runner import decode_env_value
-from metarl.runpod_provider import PodState
+from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat
+from metarl.backends.runpod.pod.runner import decode_env_value
+from metarl.backends.runpod.provider import PodState
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec
 from schemas.run_config import BudgetConfig, RunpodTrainBackend

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from metarl.episodes import StageRow, episode_seed, stage_context
+from metarl.store.episodes import StageRow, episode_seed, stage_context
 from metarl.runconfig import load_run
-from schemas.records import RunStatus, Stage
+from metarl.store.records import RunStatus, Stage
 from tests.conftest import REPO
 
 ERRORS = [{"field": "training.batch_size", "message": "must be divisible by group_size", "fix": "use 16"}]
@@ -58,7 +58,7 @@ def test_the_rows_reward_inputs_are_its_attempt_when_it_passed_and_the_tokens_up
 
 
 def test_a_runpod_runs_context_workspace_and_speed_reward_use_the_tasks_gpu_training_cap(tmp_path) -> None:
-    from metarl.episodes import reward_params
+    from metarl.store.episodes import reward_params
     from metarl.workspace import Workspace
 
     config, specs = load_run(REPO / "examples" / "runpod.toml")

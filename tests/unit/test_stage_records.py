@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metarl.stage_records import WHEN_HELD, record_ctes
+from metarl.store.stage_records import WHEN_HELD, record_ctes
 
 
 def test_each_records_parameters_are_renamed_after_it() -> None:

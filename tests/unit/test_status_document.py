@@ -7,8 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from metarl.migration_head import libpq_uri
-from orchestrator.status import status_document
+from metarl.store.migration_head import libpq_uri
+from metarl.store.status import status_document
 
 
 @pytest.mark.parametrize(

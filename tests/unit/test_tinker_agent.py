@@ -13,7 +13,7 @@ import pytest
 import tinker
 
 from metarl.backends.base import EpisodeContext
-from metarl.backends.tinker_agent import (
+from metarl.backends.tinker.agent import (
     CHAT_FORMATS,
     NO_CALL_NOTE,
     NOT_SAMPLED,
@@ -33,7 +33,7 @@ from metarl.backends.tinker_agent import (
     turn_seed,
 )
 from metarl.errors import PermanentBackendError, TransientBackendError
-from metarl.tinker_client import SampledTurn, TinkerGateway, TinkerPolicyRef
+from metarl.backends.tinker.client import SampledTurn, TinkerGateway, TinkerPolicyRef
 from metarl.workspace import Workspace, tool_specs
 from metarl.workspace_probe import probe_workspace
 from schemas.base import FieldProblem

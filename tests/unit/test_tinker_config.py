@@ -11,11 +11,11 @@ import pytest
 import tinker
 import tomli_w
 
-from metarl import tinker_client
+from metarl.backends.tinker import client as tinker_client
 from metarl.backends import registry
 from metarl.backends.base import EpisodeContext, OuterBatchEpisode
-from metarl.backends.tinker_agent import TinkerAgent
-from metarl.backends.tinker_outer import TinkerOuter
+from metarl.backends.tinker.agent import TinkerAgent
+from metarl.backends.tinker.outer import TinkerOuter
 from metarl.errors import PermanentBackendError, TransientBackendError
 from metarl.runconfig import load_run
 from schemas.base import ConfigError, parse_toml_text, validate_model

@@ -14,13 +14,13 @@ import pytest
 import tinker
 from tinker import types
 
-from metarl.backends import tinker_outer
+from metarl.backends.tinker import outer as tinker_outer
 from metarl.backends.base import OuterBatchEpisode, PolicySample
-from metarl.backends.tinker_agent import NOT_SAMPLED
-from metarl.backends.tinker_outer import TinkerOuter, batch_datums, ratio_metrics, sample_datum
+from metarl.backends.tinker.agent import NOT_SAMPLED
+from metarl.backends.tinker.outer import TinkerOuter, batch_datums, ratio_metrics, sample_datum
 from metarl.errors import PermanentBackendError, TransientBackendError
 from metarl.outer_update import build_datum, to_tinker_datum
-from metarl.tinker_client import TinkerGateway, TinkerPolicyRef
+from metarl.backends.tinker.client import TinkerGateway, TinkerPolicyRef
 from schemas.base import load_toml_model
 from schemas.run_config import RunConfig
 from tests.unit.test_tinker_fakes import FakeService, http_error, server_failure, user_failure

@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.batching import GroupView, groups_to_open, is_stale, plan_batch, staleness, tasks_to_open
-from orchestrator.tick_counts import TickCounts
-from orchestrator.transitions import after_agent, after_eval, after_probe, after_train
-from schemas.records import Stage
+from metarl.domain.batching import GroupView, groups_to_open, is_stale, plan_batch, staleness, tasks_to_open
+from metarl.store.tick_counts import TickCounts
+from metarl.domain.transitions import after_agent, after_eval, after_probe, after_train
+from metarl.store.records import Stage
 
 
 def test_probe_pass_goes_to_train():
@@ -101,7 +101,7 @@ def test_tick_counts_follow_drops_batches_and_new_groups():
 
 
 def test_a_retried_run_names_its_step_and_the_error_it_failed_with_in_bounded_text() -> None:
-    from orchestrator.failed_runs import MAX_MESSAGE_CHARS, retry_message
+    from metarl.store.failed_runs import MAX_MESSAGE_CHARS, retry_message
 
     assert retry_message(3, "PermanentBackendError: bad key") == "resumed: outer step 3 retried after: PermanentBackendError: bad key"
     long = retry_message(3, "x" * 5000)
@@ -109,7 +109,7 @@ def test_a_retried_run_names_its_step_and_the_error_it_failed_with_in_bounded_te
 
 
 def test_tick_payloads_say_which_run_and_whether_the_gap_applies() -> None:
-    from metarl.tick_wakeup import tick_payload, wake_of
+    from metarl.store.tick_wakeup import tick_payload, wake_of
 
     run = "0a1b2c3d-0000-4000-8000-000000000001"
     assert wake_of(tick_payload(run), run) == "gapped"

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from metarl.backends import registry
-from metarl.backends.local import LocalEval
-from metarl.backends.vllm_eval import VllmEval, checkpoint_folder
+from metarl.backends.local.train import LocalEval
+from metarl.backends.vllm.eval import VllmEval, checkpoint_folder
 from metarl.errors import PermanentBackendError
 from metarl.learning import scoring
 from metarl.learning.families import get_family
@@ -34,7 +34,7 @@ from metarl.learning.scoring import (
     score_loaded_model,
 )
 from metarl.learning.tokenizer import load_tokenizer
-from metarl.vllm_scoring import (
+from metarl.backends.vllm.scoring import (
     completions_from_outputs,
     engine_kwargs,
     resolve_model_len,
@@ -278,15 +278,15 @@ def test_vllm_eval_config_parses_with_bounds(tmp_path: Path) -> None:
 
 
 def test_selecting_vllm_without_vllm_installed_names_the_field_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    import metarl.vllm_scoring
+    import metarl.backends.vllm.scoring
 
-    monkeypatch.setattr(metarl.vllm_scoring, "vllm_available", lambda: False)
+    monkeypatch.setattr(metarl.backends.vllm.scoring, "vllm_available", lambda: False)
     config = RunConfig.model_validate(run_config({"type": "vllm"}))
     with pytest.raises(ConfigError) as error:
         registry.eval_backend(config)
     assert error.value.problems[0].field == "backends.eval.type"
     assert "pip install -e .[gpu]" in error.value.problems[0].fix
-    monkeypatch.setattr(metarl.vllm_scoring, "vllm_available", lambda: True)
+    monkeypatch.setattr(metarl.backends.vllm.scoring, "vllm_available", lambda: True)
     assert isinstance(registry.eval_backend(config), VllmEval)
 
 
@@ -354,7 +354,7 @@ FAKE_VLLM = textwrap.dedent(
 def test_backend_scores_in_a_subprocess_and_matches_the_local_backend(
     monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """End to end through `python -m metarl.vllm_scoring`, with a fake vllm package on PYTHONPATH."""
+    """End to end through `python -m metarl.backends.vllm.scoring`, with a fake vllm package on PYTHONPATH."""
     fake_root = tmp_path / "fake-site"
     (fake_root / "vllm").mkdir(parents=True)
     (fake_root / "vllm" / "__init__.py").write_text(FAKE_VLLM, encoding="utf-8")

@@ -1,0 +1,289 @@
+"""The `local` trainer agent and outer update: a small torch policy over the compact job language,
+trained with importance-sampling GRPO. Policy states are files under `<artifacts>/policy/<run>/`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+from metarl.backends.base import (
+    AgentSubmission,
+    EpisodeContext,
+    OuterBatchEpisode,
+    OuterResult,
+    PolicySample,
+)
+from metarl.backends.local.train import dataset_text
+from schemas.job import DEFAULT_MAX_TOKENS
+from schemas.run_config import LocalAgentBackend, LocalOuterBackend, RunConfig
+
+_POLICY_CACHE: OrderedDict[str, object] = OrderedDict()
+POLICY_CACHE_SIZE = 4
+
+
+def policy_path(artifacts_root: str, run_id: str, version: int, attempt: str | None = None) -> Path:
+    """Where a policy version's state is saved: `vNNNNN.pt` for the initial version, `vNNNNN-<attempt>.pt`
+    for an update, so that an update taken over while it ran never overwrites the state of the
+    attempt that published the version (the published path is the one in policy_versions)."""
+    name = f"v{version:05d}" if attempt is None else f"v{version:05d}-{attempt}"
+    return Path(artifacts_root) / "policy" / run_id / f"{name}.pt"
+
+
+def saved_states(artifacts_root: str, run_id: str, version: int) -> list[Path]:
+    """Every state saved for a version by any update attempt, published or not."""
+    return sorted((Path(artifacts_root) / "policy" / run_id).glob(f"v{version:05d}-*.pt"))
+
+
+def load_policy(state_uri: str):  # type: ignore[no-untyped-def]
+    """Load a saved policy version (cached per process: versions are immutable once saved)."""
+    from metarl.policy.local_policy import LocalPolicy
+
+    if state_uri in _POLICY_CACHE:
+        _POLICY_CACHE.move_to_end(state_uri)
+        return _POLICY_CACHE[state_uri]
+    policy = LocalPolicy.from_state(state_uri)
+    _POLICY_CACHE[state_uri] = policy
+    while len(_POLICY_CACHE) > POLICY_CACHE_SIZE:
+        _POLICY_CACHE.popitem(last=False)
+    return policy
+
+
+def sample_seed(episode_seed: int, attempt: int) -> int:
+    digest = hashlib.sha256(f"{episode_seed}:{attempt}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+ENVIRONMENT_TEMPLATE = '''"""Reward of the job: the weighted components of [reward.components] (written by the local policy).
+
+Task family %(family)s; completions of at most %(max_tokens)d tokens (one per character, plus the end token).
+Weights as the local trainer applies them: negative ones of the positive components count as 0,
+the length penalty always penalises, and correctness keeps weight 1 unless the job sets it.
+"""
+
+import re
+
+MAX_TOKENS = %(max_tokens)d
+RIGHT_ALIGNED = %(right_aligned)s
+
+
+def _similarity(answer, text):
+    if RIGHT_ALIGNED:
+        answer, text = answer[::-1], text[::-1]
+    longest = max(len(answer), len(text))
+    if longest == 0:
+        return 1.0
+    return sum(1 for left, right in zip(answer, text) if left == right) / longest
+
+
+def correctness(prompt, completion, answer):
+    text = completion.strip()
+    return 1.0 if text == answer else 0.5 * _similarity(answer, text)
+
+
+def exact(prompt, completion, answer):
+    return 1.0 if completion.strip() == answer else 0.0
+
+
+def well_formed(prompt, completion, answer):
+    text = completion.strip()
+    return 1.0 if %(well_formed)s else 0.0
+
+
+def length_penalty(prompt, completion, answer):
+    return -min(1.0, (len(completion) + 1) / MAX_TOKENS)
+
+
+COMPONENTS = {"correctness": correctness, "exact": exact, "format": well_formed, "length_penalty": length_penalty}
+WEIGHTS = %(weights)s
+
+
+def reward(prompt, completion, answer):
+    return sum(weight * COMPONENTS[name](prompt, completion, answer) for name, weight in WEIGHTS.items() if name in COMPONENTS)
+'''
+
+RIGHT_ALIGNED_FAMILIES = frozenset({"addition"})
+"""Families whose partial credit compares strings from the right (numbers)."""
+
+
+def well_formed_check(family_name: str) -> str:
+    """The Python expression (over ``text``, the stripped completion) of the family's format check."""
+    from metarl.learning.families import FAMILIES, MONTH_NAMES
+
+    family = FAMILIES.get(family_name)
+    if family is None:
+        return "0 < len(text) <= 100"
+    n = family.max_answer_chars
+    checks = {
+        "addition": f"text.isdigit() and len(text) <= {n}",
+        "reversal": f"text.isalpha() and len(text) <= {n}",
+        "caesar": f"text.isalpha() and len(text) <= {n}",
+        "max_of_list": f"text.isdigit() and len(text) == {n}",
+        "sorting": f"text.isdigit() and len(text) <= {n}",
+        "date_format": "re.fullmatch(" + repr(r"\d{2} (" + "|".join(MONTH_NAMES) + r") \d{4}") + ", text) is not None",
+    }
+    return checks.get(family_name, f"0 < len(text) <= {n}")
+
+
+def effective_weights(weights: dict[str, float]) -> dict[str, float]:
+    """The job's weights as the local trainer's built-in graders apply them (see compile_local_job):
+    negative weights of the positive components count as 0, the length penalty's by magnitude, and
+    a component the job leaves out keeps its built-in default (correctness 1, the others 0)."""
+    from metarl.learning.grpo import RewardWeights
+
+    out = {name: float(field.default) for name, field in RewardWeights.model_fields.items()}
+    for name, weight in weights.items():
+        if name == "length_penalty":
+            out[name] = abs(float(weight))
+        elif name in out:
+            out[name] = max(0.0, float(weight))
+    return out
+
+
+def environment_source(weights: dict[str, float], family: str = "", max_tokens: int = DEFAULT_MAX_TOKENS) -> str:
+    """The environment module for a job's reward components (the contract of metarl.workspace).
+
+    Its ``reward`` gives the same training signal as the local trainer's built-in graders with the
+    job's weights (:func:`metarl.learning.grpo.rollout_reward`): the family's partial credit,
+    exact match and format check, and the completion-length penalty for ``max_tokens`` (counted
+    from the text: one token per character plus the end token, so a sampled ``<unk>``, which
+    decoding drops, is the one case where the penalty differs from the built-in token count).
+    """
+    return ENVIRONMENT_TEMPLATE % {
+        "family": family or "(unknown)",
+        "max_tokens": max(1, int(max_tokens)),
+        "right_aligned": family in RIGHT_ALIGNED_FAMILIES,
+        "well_formed": well_formed_check(family),
+        "weights": json.dumps(effective_weights(weights), sort_keys=True),
+    }
+
+
+def rollout_max_tokens(parsed: dict) -> int:
+    """The job's completion-token limit (the default when unset, or when the job does not validate)."""
+    from pydantic import ValidationError
+
+    from schemas.job import JobSpec
+
+    try:
+        return JobSpec.model_validate(parsed).resolved().max_tokens
+    except ValidationError:
+        return DEFAULT_MAX_TOKENS
+
+
+def workspace_root(ctx: EpisodeContext) -> Path:
+    return Path(ctx.artifacts_root) / "workspaces" / ctx.run_id / str(ctx.episode_id) / str(ctx.probe_attempt)
+
+
+def write_workspace(ctx: EpisodeContext, job_toml: str, baseline: Callable[[str], float] | None = None) -> Path:
+    """Render the sampled job into the attempt's workspace through the agent's own tools."""
+    from metarl.workspace import Workspace
+
+    workspace = Workspace(workspace_root(ctx), ctx.task, feedback=ctx.feedback, baseline=baseline, train_seconds=ctx.train_seconds)
+    workspace.write_file("job.toml", job_toml)
+    parsed = _parse_job(job_toml)
+    if parsed is not None:
+        weights = {name: float(weight) for name, weight in parsed.get("reward", {}).get("components", {"correctness": 1.0}).items()}
+        dataset = parsed.get("dataset", {})
+        size = int(dataset.get("size", 1000))
+        if 0 < size <= MAX_RENDERED_DATASET:
+            workspace.write_file(str(dataset.get("path", "dataset.jsonl")), dataset_text(ctx.task.family, size, float(dataset.get("difficulty", 0.5)), ctx.seed))
+        module_source = environment_source(weights, ctx.task.family, rollout_max_tokens(parsed))
+        workspace.write_file(str(parsed.get("environment", {}).get("module", "environment.py")), module_source)
+    workspace.submit()
+    return workspace.files_dir
+
+
+MAX_RENDERED_DATASET = 100_000
+
+
+def _parse_job(job_toml: str) -> dict | None:
+    try:
+        return tomllib.loads(job_toml)
+    except tomllib.TOMLDecodeError:
+        return None
+
+
+class LocalAgent:
+    """Samples a job from the episode's policy version, conditioned on task, attempt and probe feedback."""
+
+    name = "local"
+    simulated = False
+
+    def __init__(self, config: LocalAgentBackend):
+        self.config = config
+
+    def run_attempt(self, ctx: EpisodeContext, baseline: Callable[[str], float] | None = None) -> AgentSubmission:
+        import torch
+
+        from metarl.policy.job_language import context_for_episode
+
+        if ctx.policy_state_uri is None:
+            raise ValueError(f"policy version {ctx.policy_version} of run {ctx.run_id} has no saved state")
+        torch.set_num_threads(1)
+        policy = load_policy(ctx.policy_state_uri)
+        sampled = policy.sample(context_for_episode(ctx), seed=sample_seed(ctx.seed, ctx.probe_attempt), temperature=self.config.temperature)
+        job_toml = sampled.render(seed=ctx.seed)
+        workspace = write_workspace(ctx, job_toml, baseline)
+        return AgentSubmission(
+            job_toml=job_toml,
+            agent_tokens=len(sampled.job_tokens),
+            workspace_uri=str(workspace),
+            sample=PolicySample(tokens=list(sampled.tokens), logprobs=list(sampled.logprobs), prompt_length=sampled.prompt_length),
+        )
+
+
+class LocalOuter:
+    """One importance-sampling GRPO step per outer step; the new version is saved before it is used."""
+
+    name = "local"
+    simulated = False
+
+    def __init__(self, config: LocalOuterBackend, agent: LocalAgentBackend):
+        self.config = config
+        self.agent = agent
+
+    def initial_state(self, run_id: str, config: RunConfig) -> str:
+        from metarl.policy.local_policy import LocalPolicy, PolicyConfig
+
+        path = policy_path(config.artifacts.root, run_id, 0)
+        if not path.exists():
+            LocalPolicy(PolicyConfig(init_seed=self.agent.init_seed, default_bias=self.agent.prior_default_bias)).save_state(path)
+        return str(path)
+
+    def update(
+        self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None
+    ) -> OuterResult:
+        import torch
+
+        from metarl.outer_update import build_datum, group_advantages, local_outer_step
+        from metarl.policy.local_policy import LocalPolicy
+
+        if base_state_uri is None:
+            raise ValueError(f"policy version {version - 1} of run {run_id} has no saved state")
+        torch.set_num_threads(1)
+        policy = LocalPolicy.from_state(base_state_uri)
+        groups: dict[int, list[OuterBatchEpisode]] = {}
+        for episode in batch:
+            groups.setdefault(episode.group_id, []).append(episode)
+        advantages = group_advantages([[e.reward for e in members] for members in groups.values()], normalize_std=self.config.normalize_std)
+        datums = []
+        for members, group_advantage in zip(groups.values(), advantages):
+            for episode, advantage in zip(members, group_advantage):
+                for sample in episode.samples:
+                    datums.append(build_datum(sample.tokens[: sample.prompt_length], sample.tokens[sample.prompt_length :], sample.logprobs, advantage))
+        metrics = local_outer_step(
+            policy,
+            None,
+            datums,
+            ratio_cap=config.outer.ratio_cap,
+            lr=config.outer.learning_rate,
+            max_grad_norm=self.config.max_grad_norm,
+            temperature=self.agent.temperature,
+        )
+        path = policy_path(config.artifacts.root, run_id, version, attempt=uuid.uuid4().hex[:12])
+        policy.save_state(path)
+        return OuterResult(state_uri=str(path), metrics={key: float(value) for key, value in metrics.items()})

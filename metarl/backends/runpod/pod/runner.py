@@ -1,0 +1,1014 @@
+"""The inner-job runner that runs inside the prime-rl pod image (``docker/inner.Dockerfile``).
+
+Lifecycle (one job per process): **setup** (read the config, fetch the job bundle from artifact
+storage and check it against its manifest), **start** (install the environment package into
+prime-rl's environment, start ``rl @ rl.toml`` in its own session with a clean environment),
+**main loop** (every ``heartbeat_interval_s``: parse the new rows of the run's ``metrics.jsonl``
+files and write a heartbeat to ``status.json``; stop the run when it exits, stalls, never starts
+producing metrics, outlives ``max_runtime_s`` or reaches the task's ``max_train_seconds``),
+**stop** (kill what is left of rl's session, so none of the agent's code runs any more; pick the
+newest *complete* weights folder; merge a LoRA adapter into it; upload weights, metrics and logs;
+write ``exit.json``: an :class:`ExitReport`), then, when the job's hidden eval runs on this pod,
+**eval** (``metarl.backends.runpod.pod.eval_server``: wait for the request the train backend publishes after
+``exit.json``, generate, upload the completions, delete the hidden prompts).
+
+Facts of prime-rl v0.8.0 this relies on (paths relative to its ``src/prime_rl/``):
+
+- a weights folder ``<output_dir>/weights/step_N`` is complete only once its ``STABLE`` file
+  exists (``trainer/ckpt.py`` ``WeightCheckpointManager.mark_stable``); a folder being written when
+  rl is stopped has none and is never used;
+- rl exits 1 on SIGTERM (``entrypoints/rl.py``), so after the runner stops rl itself the reason is
+  the runner's (``train_timeout``, ``stalled``, ...), never rl's exit code; a job cut at the task's
+  ``max_train_seconds`` succeeds with its newest complete weights;
+- a LoRA job's weights folder holds the untrained base; the adapter is in ``lora_adapters/`` only
+  with ``save_adapter_separately`` (``trainer/weights.py``, ``trainer/lora.py``,
+  ``trainer/ckpt.py``). The runner merges it (``metarl/backends/runpod/pod/lora_merge.py``, run with the image's
+  Python) and uploads the merged model: every evaluator then scores the trained model with no LoRA
+  support of its own; a LoRA job without an adapter fails (``adapter_missing``) instead of passing
+  the base off as trained;
+- with no learning signal the orchestrator raises after 10 empty batches in a row and rl exits 1
+  (``orchestrator/orchestrator.py``: "... consecutive empty train batches ..." in
+  ``logs/orchestrator.log``). That is an outcome, not a failure: ``no_signal`` succeeds with the
+  newest complete weights, or with none (``trained_is_base``: the trained model is the base).
+
+Storage is any fsspec URL (``file://`` or a plain path in tests, ``s3://...`` on pods). The
+``rl`` process (which runs the agent's reward code) gets only the environment variables listed
+in ``passthrough_env`` and never a name that looks like a credential, so the storage keys the
+runner itself uses do not reach it. Only pydantic, fsspec and the stdlib are imported: the pod
+image installs nothing else for the runner.
+
+Usage: ``python -m metarl.backends.runpod.pod.runner --job-url URL --result-url URL`` (or the same settings in
+``METARL_RUNNER_*`` environment variables; ``--config-json`` takes the whole config). Exit code
+0: the job succeeded; 1: it failed (the report says why); 2: the runner could not run at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import fnmatch
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from metarl.backends.runpod.pod.eval_server import RESULT_FILE, EvalServer, EvalSettings
+from metarl.backends.runpod.pod.manifest import (
+    EXIT_FILE,
+    LOGS_DIR,
+    MANIFEST_FILE,
+    METRICS_DIR,
+    PACKAGE_DIR,
+    RL_TOML_FILE,
+    STATUS_FILE,
+    WEIGHTS_DIR,
+    BundleManifest,
+)
+from metarl.backends.runpod.pod.pin import PRIME_RL_TAG, PRIME_RL_VENV_PYTHON
+
+DEFAULT_PASSTHROUGH = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TERM",
+    "TMPDIR",
+    "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "UCX_HOME",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HF_HUB_OFFLINE",
+    "HF_HUB_ETAG_TIMEOUT",
+    "HF_HUB_DOWNLOAD_TIMEOUT",
+    "UV_CACHE_DIR",
+    "UV_PYTHON_PREFERENCE",
+    "PRIME_LOG_LEVEL",
+    "PRIME_VF_LOG_LEVEL",
+    "NCCL_*",
+    "VLLM_*",
+    "TORCH_*",
+    "TRITON_*",
+)
+"""What ``rl`` may see of the pod's environment: system paths, GPU and cache settings."""
+
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|SESSION)", re.IGNORECASE)
+SECRET_PREFIXES = ("AWS_", "RUNPOD_", "TINKER_", "METARL_", "GOOGLE_", "AZURE_", "WANDB_", "OPENAI_", "ANTHROPIC_")
+"""Names never passed to ``rl`` unless listed in ``allow_secret_names``."""
+
+FIXED_CHILD_ENV = {"PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+TRAINING_FINISHED = "Training finished!"
+LOG_TAIL_CHARS = 4000
+LATEST_METRICS_MAX = 32
+STABLE_MARKER = "STABLE"
+"""Written last into a complete weights folder (prime-rl v0.8.0 src/prime_rl/trainer/ckpt.py mark_stable)."""
+NO_SIGNAL_MARKER = "consecutive empty train batches"
+"""Words of the orchestrator's abort after 10 batches without a learning signal (prime-rl v0.8.0
+src/prime_rl/orchestrator/orchestrator.py finalize_train_batch), logged to logs/orchestrator.log."""
+ORCHESTRATOR_LOG = "logs/orchestrator.log"
+ADAPTER_DIR = "lora_adapters"
+MERGE_SCRIPT = Path(__file__).with_name("lora_merge.py")
+MERGED_DIR = "merged"
+
+Reason = Literal[
+    "completed",
+    "no_signal",
+    "rl_failed",
+    "no_weights",
+    "adapter_missing",
+    "merge_failed",
+    "stalled",
+    "startup_timeout",
+    "timeout",
+    "train_timeout",
+    "terminated",
+    "install_failed",
+    "fetch_failed",
+    "bad_bundle",
+]
+
+
+SUCCESS_REASONS = ("completed", "train_timeout", "no_signal")
+"""Ends whose newest uploaded weights are the job's result (a job cut at the task's training time
+keeps what it trained, as the local backend's time budget does; a job without a learning signal
+keeps what it trained before, or the base)."""
+
+
+State = Literal["fetching", "installing", "running", "uploading", "awaiting_eval", "evaluating", "finished"]
+
+
+class RunnerConfig(BaseModel):
+    """Settings of one runner process (from the command line or ``METARL_RUNNER_*`` variables)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_url: str = Field(min_length=1, max_length=2000, description="Folder holding the job bundle (fsspec URL or path)")
+    result_url: str = Field(min_length=1, max_length=2000, description="Folder for status.json, exit.json, metrics, logs, weights")
+    work_dir: str = Field(default="/tmp/metarl-job", min_length=1, max_length=1000, description="Local scratch folder")
+    rl_command: list[str] = Field(default_factory=lambda: ["rl"], min_length=1, max_length=32, description="Command before `@ rl.toml`")
+    install_command: list[str] = Field(
+        default_factory=lambda: ["uv", "pip", "install", "--python", PRIME_RL_VENV_PYTHON, "--no-deps", "--no-build-isolation", "{package}"],
+        min_length=1,
+        max_length=32,
+        description="Installs the environment package into prime-rl's venv (setuptools from the image); {package} is its folder",
+    )
+    expected_tag: str = Field(default=PRIME_RL_TAG, min_length=2, max_length=40, description="prime-rl tag of this image")
+    heartbeat_interval_s: float = Field(default=30.0, gt=0, le=3600, description="Seconds between heartbeats")
+    poll_interval_s: float = Field(default=1.0, gt=0, le=60, description="Seconds between checks of the rl process")
+    startup_timeout_s: float = Field(default=1800.0, gt=0, le=86_400, description="Longest wait for the first metrics row")
+    stall_timeout_s: float = Field(default=900.0, gt=0, le=86_400, description="Longest wait between metrics rows once they flow")
+    max_runtime_s: float = Field(default=4 * 3600.0, gt=0, le=7 * 86_400, description="Wall-clock cap of the rl process")
+    install_timeout_s: float = Field(default=600.0, gt=0, le=7200, description="Cap on the install command")
+    kill_grace_s: float = Field(default=20.0, ge=0, le=600, description="SIGTERM to SIGKILL delay when stopping rl")
+    passthrough_env: list[str] = Field(default_factory=lambda: list(DEFAULT_PASSTHROUGH), max_length=200, description="Names (or globs) rl may see")
+    allow_secret_names: list[str] = Field(default_factory=list, max_length=20, description="Credential-like names rl may still see (e.g. HF_TOKEN)")
+    extra_env: dict[str, str] = Field(default_factory=dict, max_length=50, description="Variables set for rl and the install")
+    metrics_files: list[str] = Field(
+        default_factory=lambda: ["metrics.jsonl", "run_default/metrics.jsonl"],
+        min_length=1,
+        max_length=8,
+        description="metrics.jsonl files under output_dir; the first is the trainer's (steps)",
+    )
+    agent_sweep: Literal["session", "uid"] = Field(
+        default="session",
+        description="What is killed once rl stops: rl's session, or (on a pod, where nothing else runs as this user) every other process of this user",
+    )
+    pod_python: list[str] = Field(
+        default_factory=lambda: [PRIME_RL_VENV_PYTHON], min_length=1, max_length=8, description="The image's Python with torch, safetensors and vLLM (LoRA merge, eval)"
+    )
+    merge_timeout_s: float = Field(default=1800.0, gt=0, le=86_400, description="Cap on merging a LoRA adapter into the weights")
+    eval_on_pod: bool = Field(default=False, description="After exit.json, serve the job's hidden-eval request on this pod (set from the assignment)")
+    eval_engine: Literal["vllm", "torch"] = Field(default="vllm", description="Engine of the on-pod eval (torch: CPU, tests)")
+    eval_wait_s: float = Field(default=3600.0, gt=0, le=86_400, description="Longest wait for the eval request after exit.json")
+    eval_timeout_s: float = Field(default=3600.0, gt=0, le=86_400, description="Cap on scoring one model on the pod")
+    eval_poll_s: float = Field(default=2.0, gt=0, le=60, description="Seconds between looks for the eval request")
+    eval_model_aliases: dict[str, str] = Field(default_factory=dict, max_length=16, description="Base model name -> weights to load instead (tests)")
+    eval_extra_env: dict[str, str] = Field(default_factory=dict, max_length=50, description="Variables set for the eval's scoring processes")
+    eval_base_source: Literal["download", "cache"] = Field(
+        default="download", description="Base model of the eval: downloaded afresh once the agent's code stopped, or read from the pod's cache"
+    )
+    eval_stack_manifest: str | None = Field(
+        default=None, max_length=1000, description="The image's manifest of prime-rl's venv and source, verified before scoring (the image sets it)"
+    )
+
+    def eval_settings(self) -> EvalSettings:
+        """The on-pod eval's settings."""
+        return EvalSettings(
+            python_command=self.pod_python,
+            engine=self.eval_engine,
+            wait_s=self.eval_wait_s,
+            timeout_s=self.eval_timeout_s,
+            poll_s=self.eval_poll_s,
+            model_aliases=self.eval_model_aliases,
+            stack_manifest=self.eval_stack_manifest,
+            base_source=self.eval_base_source,
+        )
+
+
+class Heartbeat(BaseModel):
+    """``status.json``: the runner's latest word on the job, rewritten every heartbeat."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: State = Field(description="Lifecycle phase")
+    sequence: int = Field(ge=0, description="Heartbeat counter (grows by one per write)")
+    prime_rl_tag: str = Field(description="prime-rl tag of the image")
+    env_id: str | None = Field(default=None, max_length=100, description="Environment id of the bundle")
+    started_at: float = Field(ge=0, description="Unix time the runner started")
+    updated_at: float = Field(ge=0, description="Unix time of this heartbeat")
+    rl_pid: int | None = Field(default=None, ge=1, description="pid of the rl process while it runs")
+    step: int | None = Field(default=None, ge=0, description="Highest trainer step in metrics.jsonl")
+    max_steps: int | None = Field(default=None, ge=1, description="Steps the job runs")
+    metric_rows: int = Field(default=0, ge=0, description="metrics.jsonl rows seen, all files")
+    last_progress_at: float | None = Field(default=None, ge=0, description="Unix time a new metrics row was last seen")
+    latest: dict[str, float] = Field(default_factory=dict, max_length=LATEST_METRICS_MAX, description="Numbers of the newest rows")
+    message: str = Field(default="", max_length=1000, description="What the runner is doing")
+
+
+class ExitReport(BaseModel):
+    """``exit.json``: how the job ended, written once at the end."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    succeeded: bool = Field(description="True when the job's result is its uploaded weights (or the base, see trained_is_base)")
+    reason: Reason = Field(description="Why the job ended")
+    exit_code: int | None = Field(default=None, description="rl's exit code (negative: killed by that signal); None if it never ran")
+    steps: int | None = Field(default=None, ge=0, description="Highest trainer step seen in metrics.jsonl")
+    max_steps: int | None = Field(default=None, ge=1, description="Steps the job was to run")
+    weights_step: int | None = Field(default=None, ge=0, description="Step of the uploaded weights folder")
+    weights_url: str | None = Field(default=None, max_length=2100, description="Where the Hugging Face weights were uploaded")
+    training_finished_logged: bool = Field(default=False, description=f"rl printed {TRAINING_FINISHED!r}")
+    prime_rl_tag: str = Field(description="prime-rl tag of the image")
+    env_id: str | None = Field(default=None, max_length=100, description="Environment id of the bundle")
+    started_at: float = Field(ge=0, description="Unix time the runner started")
+    finished_at: float = Field(ge=0, description="Unix time the report was written")
+    duration_s: float = Field(ge=0, description="Runner wall-clock seconds")
+    uploaded: list[str] = Field(default_factory=list, max_length=100_000, description="Result files uploaded (relative paths)")
+    message: str = Field(default="", max_length=2000, description="One-line explanation")
+    log_tail: str = Field(default="", max_length=LOG_TAIL_CHARS, description="End of rl's output")
+    trained_is_base: bool = Field(default=False, description="A no-signal job that saved no weights: the trained model is the base")
+    lora_merged: bool = Field(default=False, description="The uploaded weights are the base with the trained LoRA adapter merged in")
+    agent_stopped: bool = Field(default=False, description="No process of rl's (the agent's code) was left when the report was written")
+    eval_on_pod: bool = Field(default=False, description="The runner serves the job's hidden eval after this report")
+
+
+class PodAssignment(BaseModel):
+    """``pods/<name>/assignment.json``: the job a pod runs now; ``job_name`` None means the pod is idle.
+
+    Written by the train backend (``metarl.backends.runpod.train``), followed by the pod's
+    supervisor (``metarl.backends.runpod.pod.supervisor``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pod_name: str = Field(min_length=1, max_length=191, description="Pod name")
+    seq: int = Field(ge=0, description="Bumped on every change; the supervisor starts a job when it sees a new seq")
+    job_name: str | None = Field(default=None, max_length=191, description="Job to run (None: idle)")
+    job_url: str | None = Field(default=None, max_length=4096, description="The job bundle (the runner's job_url)")
+    result_url: str | None = Field(default=None, max_length=4096, description="Folder of the job attempt (the runner's result_url)")
+    assigned_at: float | None = Field(default=None, description="Wall time of the assignment")
+    released_at: float | None = Field(default=None, description="Wall time the pod went idle")
+    billed_chunks: int = Field(default=0, ge=0, description="Billing intervals of this pod already charged when it went idle")
+    terminated: bool = Field(default=False, description="The pod was settled and terminated (or is being)")
+    eval_on_pod: bool = Field(default=False, description="The job's hidden eval runs on this pod after training (metarl.backends.runpod.pod.eval_server)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def is_secret_name(name: str) -> bool:
+    """True for a variable name that looks like a credential or one of our own settings."""
+    upper = name.upper()
+    return bool(SECRET_NAME.search(upper)) or upper.startswith(SECRET_PREFIXES)
+
+
+def child_environment(
+    parent: Mapping[str, str], passthrough: Iterable[str], allow_secret_names: Iterable[str] = (), extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment rl runs with: allowed names of ``parent``, no credentials, plus fixed and extra values."""
+    patterns = list(passthrough)
+    allowed_secrets = set(allow_secret_names)
+    env = {
+        name: value
+        for name, value in parent.items()
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns) and (name in allowed_secrets or not is_secret_name(name))
+    }
+    env.update(FIXED_CHILD_ENV)
+    env.update(extra or {})
+    return env
+
+
+def parse_metric_rows(text: str) -> tuple[list[dict[str, Any]], int]:
+    """Complete JSON-object rows of a metrics.jsonl chunk and how many bytes they used (a torn last line waits)."""
+    rows: list[dict[str, Any]] = []
+    consumed = 0
+    for line in text.splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break
+        consumed += len(line.encode("utf-8"))
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows, consumed
+
+
+def row_step(row: Mapping[str, Any]) -> int | None:
+    """The integer ``step`` of a metrics row, if it has one."""
+    step = row.get("step")
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or step != step or step < 0:
+        return None
+    return int(step)
+
+
+def numeric_metrics(row: Mapping[str, Any], limit: int = LATEST_METRICS_MAX) -> dict[str, float]:
+    """Up to ``limit`` finite numbers of a row (rewards, losses, progress), for heartbeats."""
+    out: dict[str, float] = {}
+    for key, value in row.items():
+        if len(out) >= limit:
+            break
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf"):
+            out[str(key)[:120]] = float(value)
+    return out
+
+
+def latest_weights_step(weights_dir: Path) -> int | None:
+    """Highest N of the *complete* ``step_N`` folders prime-rl writes under ``<output_dir>/weights``
+    (those with the ``STABLE`` file it writes last; a folder still being written has none)."""
+    steps = []
+    if weights_dir.is_dir():
+        for child in weights_dir.iterdir():
+            match = re.fullmatch(r"step_(\d+)", child.name)
+            if match and child.is_dir() and (child / STABLE_MARKER).is_file():
+                steps.append(int(match.group(1)))
+    return max(steps) if steps else None
+
+
+def is_lora_job(rl_config: Mapping[str, Any]) -> bool:
+    """True when rl.toml trains a LoRA adapter (``[trainer.model.lora]``)."""
+    trainer = rl_config.get("trainer")
+    model = trainer.get("model") if isinstance(trainer, dict) else None
+    return isinstance(model, dict) and isinstance(model.get("lora"), dict)
+
+
+def no_signal_logged(log_text: str) -> bool:
+    """True when the orchestrator's log holds its abort for batches without a learning signal."""
+    return NO_SIGNAL_MARKER in log_text
+
+
+def decide_stop(
+    now: float,
+    started: float,
+    last_progress: float | None,
+    config: RunnerConfig,
+    first_progress: float | None = None,
+    max_train_seconds: float | None = None,
+) -> Reason | None:
+    """Whether the running rl must be stopped: over the wall-clock cap, over the task's training
+    time (counted from the first metrics row, so image pull and model load are not training), never
+    started, or stalled."""
+    if now - started > config.max_runtime_s:
+        return "timeout"
+    if max_train_seconds is not None and first_progress is not None and now - first_progress > max_train_seconds:
+        return "train_timeout"
+    if last_progress is None:
+        return "startup_timeout" if now - started > config.startup_timeout_s else None
+    return "stalled" if now - last_progress > config.stall_timeout_s else None
+
+
+def exit_reason(exit_code: int, has_weights: bool, no_signal: bool = False) -> Reason:
+    """Reason for an rl process that exited by itself (``no_signal``: its orchestrator aborted for lack of a learning signal)."""
+    if exit_code != 0:
+        return "no_signal" if no_signal else "rl_failed"
+    return "completed" if has_weights else "no_weights"
+
+
+class ProcessInfo(BaseModel):
+    """One process as /proc shows it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pid: int = Field(ge=1, description="Process id")
+    ppid: int = Field(ge=0, description="Parent process id")
+    session: int = Field(ge=0, description="Session id")
+    uid: int = Field(ge=0, description="Real user id")
+    zombie: bool = Field(default=False, description="Exited, not yet reaped")
+
+
+def sweep_targets(processes: Iterable[ProcessInfo], mode: str, session: int, uid: int, own_pid: int) -> list[int]:
+    """Processes still running the agent's code: rl's session, or (``uid``) every other live process of
+    this user except this process and its ancestors (and pid 1)."""
+    table = {proc.pid: proc for proc in processes}
+    protected = {1, own_pid}
+    cursor = table.get(own_pid)
+    while cursor is not None and cursor.ppid not in protected and cursor.ppid > 0:
+        protected.add(cursor.ppid)
+        cursor = table.get(cursor.ppid)
+    out = []
+    for proc in table.values():
+        if proc.zombie or proc.pid in protected:
+            continue
+        if proc.session == session or (mode == "uid" and proc.uid == uid):
+            out.append(proc.pid)
+    return sorted(out)
+
+
+def read_processes() -> list[ProcessInfo]:
+    """Every process /proc lists (those that vanish while read are skipped)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        # the real uid from status (the owner of /proc/<pid> is root for a process that made itself non-dumpable)
+        uid_line = next((line for line in status.splitlines() if line.startswith("Uid:")), "Uid:\t0")
+        uid = int(uid_line.split()[1])
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out.append(ProcessInfo(pid=int(entry), ppid=int(fields[1]), session=int(fields[3]), uid=uid, zombie=fields[0] == "Z"))
+    return out
+
+
+def fill_command(command: list[str], **values: str) -> list[str]:
+    """A command with ``{name}`` placeholders filled in."""
+    out = []
+    for part in command:
+        for name, value in values.items():
+            part = part.replace("{" + name + "}", value)
+        out.append(part)
+    return out
+
+
+def tail_text(path: Path, limit: int = LOG_TAIL_CHARS) -> str:
+    """The last ``limit`` characters of a text file ('' when it is missing)."""
+    if not path.is_file():
+        return ""
+    with path.open("rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - 4 * limit))
+        text = handle.read().decode("utf-8", errors="replace")
+    return text[-limit:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics following
+# ---------------------------------------------------------------------------------------------
+
+
+class MetricsFollower:
+    """Reads the new complete rows of the run's metrics.jsonl files since the last call."""
+
+    def __init__(self, output_dir: Path, files: list[str]):
+        self.paths = [output_dir / name for name in files]
+        self.offsets = [0 for _ in self.paths]
+        self.rows = 0
+        self.step: int | None = None
+        self.latest: dict[str, float] = {}
+
+    def poll(self) -> int:
+        """Read what was appended; returns how many new rows there were."""
+        new = 0
+        for index, path in enumerate(self.paths):
+            if not path.is_file():
+                continue
+            with path.open("rb") as handle:
+                handle.seek(self.offsets[index])
+                chunk = handle.read()
+            rows, consumed = parse_metric_rows(chunk.decode("utf-8", errors="replace"))
+            self.offsets[index] += consumed
+            new += len(rows)
+            for row in rows:
+                if index == 0:
+                    step = row_step(row)
+                    if step is not None:
+                        self.step = step if self.step is None else max(self.step, step)
+                self.latest.update(numeric_metrics(row))
+        while len(self.latest) > LATEST_METRICS_MAX:
+            self.latest.pop(next(iter(self.latest)))
+        self.rows += new
+        return new
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage
+# ---------------------------------------------------------------------------------------------
+
+
+class Storage:
+    """A folder in artifact storage (fsspec), addressed by relative paths."""
+
+    def __init__(self, url: str):
+        import fsspec
+
+        self.url = url.rstrip("/")
+        self.fs, root = fsspec.core.url_to_fs(url)
+        self.root = root.rstrip("/")
+
+    def path(self, relative: str) -> str:
+        return f"{self.root}/{relative}" if relative else self.root
+
+    def url_of(self, relative: str) -> str:
+        return f"{self.url}/{relative}"
+
+    def read_bytes(self, relative: str) -> bytes:
+        return self.fs.cat_file(self.path(relative))
+
+    def write_bytes(self, relative: str, data: bytes) -> None:
+        """Write one file; written to a temporary name first and moved, so readers never see half a file."""
+        target = self.path(relative)
+        self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        temporary = f"{target}.tmp-{os.getpid()}"
+        self.fs.pipe_file(temporary, data)
+        self.fs.mv(temporary, target)
+
+    def upload_tree(self, local: Path, relative: str) -> list[str]:
+        """Upload every file under ``local`` to ``relative``/...; returns the uploaded relative paths."""
+        uploaded = []
+        if not local.is_dir():
+            return uploaded
+        for path in sorted(p for p in local.rglob("*") if p.is_file() and not p.is_symlink()):
+            name = f"{relative}/{path.relative_to(local).as_posix()}"
+            target = self.path(name)
+            self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+            self.fs.put_file(str(path), target)
+            uploaded.append(name)
+        return uploaded
+
+
+class RunnerError(Exception):
+    """A job-ending failure before rl runs (fetch, bundle or install), with its report reason."""
+
+    def __init__(self, reason: Reason, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+# ---------------------------------------------------------------------------------------------
+# The runner
+# ---------------------------------------------------------------------------------------------
+
+
+class PodRunner:
+    """One job: setup, start, main loop, stop, then the on-pod eval when asked (see the module docstring)."""
+
+    def __init__(self, config: RunnerConfig, environ: Mapping[str, str] | None = None, still_assigned: Callable[[], bool] = lambda: True):
+        self.config = config
+        self.environ = dict(os.environ if environ is None else environ)
+        self.still_assigned = still_assigned
+        self.work = Path(config.work_dir).resolve()
+        self.bundle_dir = self.work / "bundle"
+        self.run_dir = self.work / "run"
+        self.log_path = self.work / "rl.log"
+        self.results = Storage(config.result_url)
+        self.started = time.time()
+        self.sequence = 0
+        self.manifest: BundleManifest | None = None
+        self.rl_config: dict[str, Any] = {}
+        self.process: subprocess.Popen[bytes] | None = None
+        self.rl_started = 0.0
+        self.follower: MetricsFollower | None = None
+        self.last_progress: float | None = None
+        self.first_progress: float | None = None
+        self.stop_requested: str | None = None
+        self.trained_dir: Path | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def run(self) -> ExitReport:
+        """Run the job to the end, write its exit report, then serve its on-pod eval if asked; never raises for a job failure."""
+        exit_code: int | None = None
+        try:
+            self.setup()
+            self.start()
+            reason, exit_code = self.main_loop()
+            message = self.reason_message(reason, exit_code)
+        except RunnerError as err:
+            reason, message = err.reason, err.message
+        report = self.stop(reason, exit_code, message)
+        if report.eval_on_pod:
+            self.serve_eval(report)
+        return report
+
+    def setup(self) -> None:
+        """Fetch the bundle, check it against its manifest and the image's prime-rl tag."""
+        self.heartbeat("fetching", "fetching the job bundle")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            source = Storage(self.config.job_url)
+            manifest = BundleManifest.model_validate_json(source.read_bytes(MANIFEST_FILE))
+            files = {relative: source.read_bytes(relative) for relative in manifest.files}
+        except FileNotFoundError as err:
+            raise RunnerError("fetch_failed", f"bundle file not found: {err}") from None
+        except ValidationError as err:
+            raise RunnerError("bad_bundle", f"{MANIFEST_FILE} is invalid: {err.errors(include_url=False)[0]['msg']}") from None
+        except OSError as err:
+            raise RunnerError("fetch_failed", f"cannot read the bundle: {err}") from None
+        problems = manifest.file_problems(files)
+        if problems:
+            raise RunnerError("bad_bundle", "bundle does not match its manifest: " + "; ".join(problems[:5]))
+        if manifest.prime_rl_tag != self.config.expected_tag:
+            raise RunnerError("bad_bundle", f"bundle compiled for prime-rl {manifest.prime_rl_tag}, image has {self.config.expected_tag}")
+        try:
+            self.rl_config = tomllib.loads(files[RL_TOML_FILE].decode("utf-8"))
+        except (KeyError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+            raise RunnerError("bad_bundle", f"{RL_TOML_FILE} cannot be read: {err}") from None
+        for relative, data in files.items():
+            target = self.bundle_dir / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        self.manifest = manifest
+
+    def start(self) -> None:
+        """Install the environment package, then start rl in a session of its own."""
+        assert self.manifest is not None
+        self.heartbeat("installing", f"installing {self.manifest.env_id}")
+        env = child_environment(self.environ, self.config.passthrough_env, self.config.allow_secret_names, self.config.extra_env)
+        install = fill_command(self.config.install_command, package=str(self.bundle_dir / PACKAGE_DIR))
+        try:
+            done = subprocess.run(install, env=env, cwd=self.run_dir, capture_output=True, timeout=self.config.install_timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise RunnerError("install_failed", f"install command timed out after {self.config.install_timeout_s:g} s") from None
+        except OSError as err:
+            raise RunnerError("install_failed", f"install command could not start: {err}") from None
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr).decode("utf-8", errors="replace")[-800:]
+            raise RunnerError("install_failed", f"install command exited {done.returncode}: {output}")
+        command = [*self.config.rl_command, "@", str(self.bundle_dir / RL_TOML_FILE)]
+        with self.log_path.open("ab") as log:
+            try:
+                self.process = subprocess.Popen(
+                    command, cwd=self.run_dir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            except OSError as err:
+                raise RunnerError("install_failed", f"rl command could not start: {err}") from None
+        self.rl_started = time.time()
+        self.follower = MetricsFollower(self.run_dir / self.manifest.output_dir, self.config.metrics_files)
+        self.heartbeat("running", "rl started")
+
+    def main_loop(self) -> tuple[Reason, int | None]:
+        """Heartbeat and watch rl until it exits or must be stopped; returns (reason, exit code).
+
+        When the runner stops rl, the reason is the runner's: rl's own exit code after a SIGTERM is 1
+        whatever it trained (prime-rl v0.8.0 src/prime_rl/entrypoints/rl.py)."""
+        assert self.process is not None and self.follower is not None
+        next_beat = time.time() + self.config.heartbeat_interval_s
+        while True:
+            code = self.process.poll()
+            now = time.time()
+            if self.follower.poll():
+                self.last_progress = now
+                self.first_progress = self.first_progress or now
+            if code is not None:
+                return exit_reason(code, self.weights_step() is not None, code != 0 and no_signal_logged(self.orchestrator_log())), code
+            cap = self.manifest.max_train_seconds if self.manifest else None
+            reason: Reason | None = (
+                "terminated" if self.stop_requested else decide_stop(now, self.rl_started, self.last_progress, self.config, self.first_progress, cap)
+            )
+            if reason is not None:
+                return reason, self.kill_rl()
+            if now >= next_beat:
+                self.heartbeat("running", f"step {self.follower.step}" if self.follower.step is not None else "waiting for the first metrics row")
+                next_beat = now + self.config.heartbeat_interval_s
+            time.sleep(self.config.poll_interval_s)
+
+    def stop(self, reason: Reason, exit_code: int | None, message: str) -> ExitReport:
+        """Stop the agent's code, settle the weights (newest complete step, LoRA merged), upload, write the exit report."""
+        if self.process is not None and self.process.poll() is None:
+            exit_code = self.kill_rl()
+        agent_stopped = self.sweep_agent_processes()
+        if self.follower is not None:
+            self.follower.poll()
+        self.heartbeat("uploading", f"uploading results ({reason})")
+        output = self.run_dir / (self.manifest.output_dir if self.manifest else "outputs")
+        weights_step = self.weights_step()
+        reason, message, weights_dir, merged = self.trained_weights(reason, message, weights_step)
+        uploaded: list[str] = []
+        weights_url = None
+        upload_errors = []
+        try:
+            if weights_dir is not None:
+                uploaded += self.results.upload_tree(weights_dir, f"{WEIGHTS_DIR}/step_{weights_step}")
+                weights_url = self.results.url_of(f"{WEIGHTS_DIR}/step_{weights_step}")
+            for name in self.config.metrics_files:
+                path = output / name
+                if path.is_file():
+                    self.results.fs.makedirs(self.results.path(f"{METRICS_DIR}/{name}").rsplit("/", 1)[0], exist_ok=True)
+                    self.results.fs.put_file(str(path), self.results.path(f"{METRICS_DIR}/{name}"))
+                    uploaded.append(f"{METRICS_DIR}/{name}")
+            uploaded += self.results.upload_tree(output / "logs", f"{LOGS_DIR}/prime-rl")
+            if self.log_path.is_file():
+                self.results.fs.makedirs(self.results.path(LOGS_DIR), exist_ok=True)
+                self.results.fs.put_file(str(self.log_path), self.results.path(f"{LOGS_DIR}/rl.log"))
+                uploaded.append(f"{LOGS_DIR}/rl.log")
+        except OSError as err:
+            upload_errors.append(str(err))
+        log_tail = tail_text(self.log_path)
+        trained_is_base = reason == "no_signal" and weights_step is None
+        succeeded = reason in SUCCESS_REASONS and (weights_url is not None or trained_is_base) and not upload_errors
+        if upload_errors:
+            message = f"{message}; upload failed: {upload_errors[0]}"[:2000]
+        self.trained_dir = weights_dir if succeeded else None
+        finished = time.time()
+        report = ExitReport(
+            succeeded=succeeded,
+            reason=reason,
+            exit_code=exit_code,
+            steps=self.follower.step if self.follower else None,
+            max_steps=self.manifest.max_steps if self.manifest else None,
+            weights_step=weights_step if weights_url else None,
+            weights_url=weights_url,
+            training_finished_logged=TRAINING_FINISHED in log_tail,
+            prime_rl_tag=self.config.expected_tag,
+            env_id=self.manifest.env_id if self.manifest else None,
+            started_at=self.started,
+            finished_at=finished,
+            duration_s=finished - self.started,
+            uploaded=uploaded,
+            message=message[:2000],
+            log_tail=log_tail,
+            trained_is_base=succeeded and trained_is_base,
+            lora_merged=merged and weights_url is not None,
+            agent_stopped=agent_stopped,
+            eval_on_pod=self.config.eval_on_pod and succeeded and agent_stopped,
+        )
+        self.results.write_bytes(EXIT_FILE, (report.model_dump_json(indent=2) + "\n").encode())
+        self.heartbeat("finished", f"{reason}: {message}"[:1000])
+        return report
+
+    def trained_weights(self, reason: Reason, message: str, step: int | None) -> tuple[Reason, str, Path | None, bool]:
+        """(reason, message, folder to upload, merged): the newest complete weights, a LoRA adapter merged into them.
+
+        A LoRA job's folder without its adapter is the untrained base: the job fails (``adapter_missing``)."""
+        if step is None or self.manifest is None:
+            return reason, message, None, False
+        step_dir = self.run_dir / self.manifest.output_dir / WEIGHTS_DIR / f"step_{step}"
+        if not is_lora_job(self.rl_config):
+            return reason, message, step_dir, False
+        if not (step_dir / ADAPTER_DIR).is_dir():
+            return (
+                "adapter_missing",
+                f"rl.toml trains a LoRA adapter but weights/step_{step} has no {ADAPTER_DIR}/: prime-rl {self.config.expected_tag} saves the "
+                "untrained base there and the adapter only with [trainer.ckpt.weights] save_adapter_separately = true",
+                None,
+                False,
+            )
+        merged_dir = self.work / MERGED_DIR / f"step_{step}"
+        command = [*self.config.pod_python, str(MERGE_SCRIPT), str(step_dir), str(merged_dir)]
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=self.config.merge_timeout_s, stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired:
+            return "merge_failed", f"merging the LoRA adapter of step {step} ran past {self.config.merge_timeout_s:g} s", None, False
+        except OSError as err:
+            return "merge_failed", f"the LoRA merge could not start: {err}", None, False
+        if done.returncode != 0:
+            tail = done.stderr.decode("utf-8", errors="replace")[-800:].strip()
+            return "merge_failed", f"merging the LoRA adapter of step {step} failed: {tail}", None, False
+        return reason, f"{message}; LoRA adapter merged", merged_dir, True
+
+    def serve_eval(self, report: ExitReport) -> None:
+        """Answer the job's hidden-eval request on this pod (``metarl.backends.runpod.pod.eval_server``), then report ``finished``."""
+        base_model = str((self.rl_config.get("model") or {}).get("name") or "")
+        env = child_environment(self.environ, self.config.passthrough_env, (), self.config.eval_extra_env)
+        server = EvalServer(
+            self.results, self.config.eval_settings(), self.work / "eval", env, self.still_assigned, lambda state, note: self.heartbeat(state, note)  # type: ignore[arg-type]
+        )
+        trained = None if report.trained_is_base else self.trained_dir
+        if trained is None and not report.trained_is_base and report.weights_url:
+            trained = self.download_weights(report.weights_url)
+        server.serve(trained, base_model)
+        self.heartbeat("finished", f"{report.reason}: eval served")
+
+    def resume_eval(self) -> bool:
+        """A restarted pod whose job reported but has no eval result yet: fetch rl.toml and the weights, serve the eval.
+
+        Returns False when there is nothing to serve."""
+        try:
+            report = ExitReport.model_validate_json(self.results.read_bytes(EXIT_FILE))
+        except (FileNotFoundError, ValidationError):
+            return False
+        if not report.eval_on_pod or self.results.fs.exists(self.results.path(RESULT_FILE)):
+            return False
+        try:
+            self.rl_config = tomllib.loads(Storage(self.config.job_url).read_bytes(RL_TOML_FILE).decode("utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+            print(f"[metarl-runner] cannot read rl.toml to resume the eval: {err}", file=sys.stderr, flush=True)
+            return False
+        self.serve_eval(report)
+        return True
+
+    def download_weights(self, weights_url: str) -> Path:
+        """The uploaded weights, fetched back into the work folder (a restarted pod lost its local copy)."""
+        target = self.work / "eval-weights"
+        source = Storage(weights_url)
+        for path in source.fs.find(source.root):
+            relative = path[len(source.root) :].lstrip("/")
+            local = target / relative
+            local.parent.mkdir(parents=True, exist_ok=True)
+            source.fs.get_file(path, str(local))
+        return target
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def weights_step(self) -> int | None:
+        """Step of the newest complete Hugging Face weights folder rl wrote, if any."""
+        if self.manifest is None:
+            return None
+        return latest_weights_step(self.run_dir / self.manifest.output_dir / WEIGHTS_DIR)
+
+    def orchestrator_log(self) -> str:
+        """The end of prime-rl's orchestrator log ('' when absent)."""
+        if self.manifest is None:
+            return ""
+        return tail_text(self.run_dir / self.manifest.output_dir / ORCHESTRATOR_LOG, 20 * LOG_TAIL_CHARS)
+
+    def reason_message(self, reason: Reason, exit_code: int | None) -> str:
+        """One line for the report."""
+        step = self.follower.step if self.follower else None
+        weights = self.weights_step()
+        return {
+            "completed": f"rl finished; weights of step {weights} uploaded",
+            "no_signal": (
+                f"no learning signal: the orchestrator stopped after batches whose rewards were identical within every group; "
+                + (f"weights of step {weights} kept" if weights is not None else "no weights were saved: the trained model is the base")
+            ),
+            "rl_failed": f"rl exited with code {exit_code}",
+            "no_weights": "rl exited 0 but wrote no complete weights folder",
+            "stalled": f"no new metrics row for {self.config.stall_timeout_s:g} s (last step {step}); rl stopped",
+            "startup_timeout": f"no metrics row within {self.config.startup_timeout_s:g} s of the start; rl stopped",
+            "timeout": f"rl ran past max_runtime_s = {self.config.max_runtime_s:g} s; stopped",
+            "train_timeout": (
+                f"training reached the task's max_train_seconds = {(self.manifest.max_train_seconds or 0) if self.manifest else 0:g} s; "
+                f"rl stopped, weights of step {weights} kept"
+            ),
+            "terminated": f"the runner received {self.stop_requested}; rl stopped",
+        }.get(reason, reason)
+
+    def kill_rl(self) -> int | None:
+        """Stop rl's whole process group: SIGTERM, then SIGKILL after the grace period; returns its exit code."""
+        process = self.process
+        if process is None:
+            return None
+        for signum, wait in ((signal.SIGTERM, self.config.kill_grace_s), (signal.SIGKILL, 10.0)):
+            if process.poll() is not None:
+                break
+            try:
+                os.killpg(process.pid, signum)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # children that outlived the leader
+        except ProcessLookupError:
+            pass
+        return process.poll()
+
+    def sweep_agent_processes(self) -> bool:
+        """Kill what is left of rl's session (or, with ``agent_sweep = "uid"``, every other process of this user); True when none is left."""
+        if self.process is None:
+            return True
+        session, uid, own = self.process.pid, os.getuid(), os.getpid()
+        for _ in range(20):
+            targets = sweep_targets(read_processes(), self.config.agent_sweep, session, uid, own)
+            if not targets:
+                return True
+            for pid in targets:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.1)
+        left = sweep_targets(read_processes(), self.config.agent_sweep, session, uid, own)
+        print(f"[metarl-runner] processes of rl still alive after the sweep: {left}", file=sys.stderr, flush=True)
+        return not left
+
+    def heartbeat(self, state: State, message: str) -> None:
+        """Write status.json (a failed write is logged to stderr and retried at the next beat)."""
+        follower = self.follower
+        beat = Heartbeat(
+            state=state,
+            sequence=self.sequence,
+            prime_rl_tag=self.config.expected_tag,
+            env_id=self.manifest.env_id if self.manifest else None,
+            started_at=self.started,
+            updated_at=time.time(),
+            rl_pid=self.process.pid if self.process is not None and self.process.poll() is None else None,
+            step=follower.step if follower else None,
+            max_steps=self.manifest.max_steps if self.manifest else None,
+            metric_rows=follower.rows if follower else 0,
+            last_progress_at=self.last_progress,
+            latest=dict(follower.latest) if follower else {},
+            message=message[:1000],
+        )
+        self.sequence += 1
+        try:
+            self.results.write_bytes(STATUS_FILE, (beat.model_dump_json() + "\n").encode())
+        except OSError as err:
+            print(f"[metarl-runner] heartbeat write failed: {err}", file=sys.stderr, flush=True)
+
+    def request_stop(self, signum: int, frame: object) -> None:
+        """Signal handler: stop rl at the next loop turn and report ``terminated``."""
+        self.stop_requested = signal.Signals(signum).name
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point: parse the config before anything heavy
+# ---------------------------------------------------------------------------------------------
+
+ENV_PREFIX = "METARL_RUNNER_"
+ENCODED_PREFIX = "b64:"
+"""Prefix of an environment value the launcher base64-encoded (``metarl.backends.runpod.provider.encode_env_value``)."""
+
+
+def decode_env_value(value: str) -> str:
+    """A pod environment value as the launcher meant it (``b64:`` values decoded, others as they are)."""
+    if value.startswith(ENCODED_PREFIX):
+        return base64.urlsafe_b64decode(value[len(ENCODED_PREFIX) :].encode("ascii")).decode("utf-8")
+    return value
+
+
+def decode_environ(environ: dict[str, str] | os._Environ[str]) -> None:
+    """Decode, in place, every value the launcher base64-encoded (storage credentials included, which
+    fsspec/s3fs read from the environment)."""
+    for name, value in list(environ.items()):
+        if value.startswith(ENCODED_PREFIX):
+            environ[name] = decode_env_value(value)
+
+
+def config_from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Config values from ``METARL_RUNNER_<FIELD>`` variables (lists and dicts as JSON)."""
+    values: dict[str, Any] = {}
+    for name, field in RunnerConfig.model_fields.items():
+        raw = environ.get(ENV_PREFIX + name.upper())
+        if raw is None:
+            continue
+        raw = decode_env_value(raw)
+        annotation = str(field.annotation)
+        values[name] = json.loads(raw) if ("list" in annotation or "dict" in annotation) else raw
+    return values
+
+
+def parse_args(argv: list[str] | None, environ: Mapping[str, str]) -> RunnerConfig:
+    """The runner config from ``--config-json``, then environment variables, then flags (later wins)."""
+    parser = argparse.ArgumentParser(prog="python -m metarl.backends.runpod.pod.runner", description="Run one metarl inner job with prime-rl.")
+    parser.add_argument("--config-json", help="the whole RunnerConfig as JSON")
+    parser.add_argument("--job-url")
+    parser.add_argument("--result-url")
+    parser.add_argument("--work-dir")
+    args = parser.parse_args(argv)
+    values: dict[str, Any] = json.loads(args.config_json) if args.config_json else {}
+    values.update(config_from_environ(environ))
+    for name in ("job_url", "result_url", "work_dir"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    return RunnerConfig.model_validate(values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one job; exit code 0 success, 1 job failure, 2 unusable config."""
+    decode_environ(os.environ)
+    try:
+        config = parse_args(argv, os.environ)
+    except (ValidationError, ValueError) as err:
+        print(f"[metarl-runner] bad configuration: {err}", file=sys.stderr)
+        return 2
+    runner = PodRunner(config)
+    signal.signal(signal.SIGTERM, runner.request_stop)
+    signal.signal(signal.SIGINT, runner.request_stop)
+    try:
+        report = runner.run()
+    except OSError as err:  # the result folder itself cannot be written: nobody can be told
+        print(f"[metarl-runner] cannot write results to {config.result_url}: {err}", file=sys.stderr)
+        return 2
+    print(f"[metarl-runner] {report.reason}: {report.message}", flush=True)
+    return 0 if report.succeeded else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

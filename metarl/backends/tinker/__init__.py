@@ -1,0 +1,1 @@
+"""The `tinker` backends: the trainer agent as an LLM on Tinker and its LoRA update."""

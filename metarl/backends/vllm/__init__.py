@@ -1,0 +1,1 @@
+"""The `vllm` eval backend: hidden-eval scoring with vLLM on GPU eval workers."""

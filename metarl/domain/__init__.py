@@ -1,0 +1,1 @@
+"""Pure rules of the loop: episode transitions, staleness and batches, the reward."""

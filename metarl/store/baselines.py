@@ -1,0 +1,122 @@
+"""Base-model scores on a task's hidden eval, cached per `BaseScoreKey`: everything a score depends on.
+
+The eval stage and the agent's ``baseline_score`` tool share this cache: whichever asks first
+measures the score with the eval backend and stores it; everyone after reads the stored row.
+The key holds the task, the model name and the built model's identity (for a local stand-in the
+content hash of its build: families, tokenizer, recipe, scale), the hidden eval's version, size and
+pass@k, the grader, the eval backend and its scorer settings, so a rebuilt model or another scale
+never reuses an old score (migration 0010). Only the score leaves this module, never an eval item.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from metarl.backends.base import BaseModelIdentity, BaseScoreKey, EvalBackend, Score
+from metarl.store.db import SqlTarget, database_identity, run_sql, session_scope
+from metarl.store.records import BaselineScore
+from schemas.task_spec import TaskSpec
+
+GRADER_SOURCES = ("families.py", "scoring.py")
+"""Modules of metarl/learning whose source is the graders and the pass@k aggregation: editing them changes the grader's identity."""
+
+CACHED_BASELINE_SQL = """
+SELECT score FROM baseline_scores
+WHERE task_id = %(task_id)s AND model_name = %(model_name)s AND model_build = %(model_build)s AND model_scale = %(model_scale)s
+  AND eval_version = %(eval_version)s AND eval_items = %(eval_items)s AND pass_k = %(pass_k)s AND grader = %(grader)s
+  AND backend = %(backend)s AND scorer = %(scorer)s
+"""
+"""Sent as written, once per process per score (`cached_baseline`)."""
+
+_known_baselines: dict[tuple[tuple[str, int, str], BaseScoreKey], float] = {}
+"""Base scores this process has read, by (database, key): a stored score never changes (a second store of the same key stores nothing)."""
+KNOWN_BASELINES_KEPT = 4096
+
+
+@functools.cache
+def grader_code_digest() -> str:
+    """Short hash of the grading code (GRADER_SOURCES), read once per process."""
+    folder = Path(__file__).resolve().parents[1] / "learning"
+    digest = hashlib.sha256()
+    for name in GRADER_SOURCES:
+        digest.update(name.encode())
+        digest.update((folder / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def base_score_key(task: TaskSpec, model_name: str, backend_name: str, identity: BaseModelIdentity) -> BaseScoreKey:
+    """The key of ``model_name``'s base score on ``task`` with an eval backend and what its score depends on."""
+    return BaseScoreKey(
+        task_id=task.id,
+        model_name=model_name,
+        model_build=identity.build,
+        model_scale=identity.scale,
+        eval_version=task.hidden_eval.version,
+        eval_items=task.hidden_eval.n_items,
+        pass_k=task.hidden_eval.pass_k,
+        grader=f"{task.family}:{grader_code_digest()}",
+        backend=backend_name,
+        scorer=identity.scorer,
+    )
+
+
+def cached_baseline(session: SqlTarget, key: BaseScoreKey) -> float | None:
+    """The stored base score for ``key``, if any (read once per process)."""
+    memo = (database_identity(session), key)
+    known = _known_baselines.get(memo)
+    if known is not None:
+        return known
+    row = run_sql(session, CACHED_BASELINE_SQL, key.model_dump()).first()
+    if row is None:
+        return None
+    if len(_known_baselines) >= KNOWN_BASELINES_KEPT:
+        _known_baselines.clear()
+    _known_baselines[memo] = float(row[0])
+    return _known_baselines[memo]
+
+
+def store_baseline(session: Session, key: BaseScoreKey, score: Score) -> None:
+    """Store a measured base score; a row stored meanwhile by another worker wins (same inputs, same score)."""
+    session.execute(
+        insert(BaselineScore)
+        .values(**key.model_dump(), score=score.score, ci_low=score.ci_low, ci_high=score.ci_high, n_items=score.n_items)
+        .on_conflict_do_nothing(constraint="uq_baseline_scores_key")
+    )
+
+
+def baseline_score(database_url: str, key: BaseScoreKey, task: TaskSpec, backend: EvalBackend) -> float:
+    """The cached base score for ``key``, measured with ``backend`` and stored on first use."""
+    with session_scope(database_url) as session:
+        cached = cached_baseline(session, key)
+    if cached is not None:
+        return cached
+    measured = backend.score_base(task, key.model_name)
+    with session_scope(database_url) as session:
+        store_baseline(session, key, measured)
+        stored = cached_baseline(session, key)
+    return stored if stored is not None else measured.score
+
+
+def baseline_lookup(
+    database_url: str, task: TaskSpec, key_for: Callable[[str], BaseScoreKey], backend_factory: Callable[[], EvalBackend]
+) -> Callable[[str], float]:
+    """The agent tool's lookup for ``task``: ``key_for(model)`` keys the score; the eval backend is built only if a score must be measured."""
+    backends: list[EvalBackend] = []
+
+    def lookup(model_name: str) -> float:
+        key = key_for(model_name)
+        with session_scope(database_url) as session:
+            cached = cached_baseline(session, key)
+        if cached is not None:
+            return cached
+        if not backends:
+            backends.append(backend_factory())
+        return baseline_score(database_url, key, task, backends[0])
+
+    return lookup

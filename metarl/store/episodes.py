@@ -1,0 +1,454 @@
+"""Database side of episode transitions: CAS moves, group completion, reward records, context."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+from metarl.backends.base import CostItem, EpisodeContext
+from metarl.store.claims import FINISH_SET, NEW_CLAIM_COLUMNS, NEW_CLAIM_VALUES, Claim, finish_params, utcnow
+from metarl.store.db import SqlTarget, json_param, run_sql, text_array_literal
+from metarl.store.inner_jobs import INNER_JOB_COLUMNS, CreationBlock, InnerJobLimits, InnerJobRow, creation_outcome, inner_job_name, inner_job_row
+from metarl.store.ledger import RECORD_COST_SQL, cost_params
+from metarl.store.tick_wakeup import CHANNEL as TICK_CHANNEL
+from metarl.domain.reward import RewardInputs, compute_reward
+from metarl.store.stage_records import WHEN_HELD, StageRecord, record_ctes, write_records
+from metarl.domain.transitions import TERMINAL_STAGES, Transition
+from schemas.base import FieldProblem
+from metarl.store.records import ClaimStatus, Run, RunStatus, Stage
+from schemas.run_config import RunConfig
+from schemas.task_spec import TaskSpec
+
+
+class StaleTransition(Exception):
+    """The episode moved on since the claim was taken (another worker finished it)."""
+
+
+def episode_seed(run_seed: int, episode_id: int) -> int:
+    digest = hashlib.sha256(f"{run_seed}:{episode_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+PARSED_ENTRIES_KEPT = 256
+"""Parsed run configs (and, separately, task specs) a process keeps; a run's config never changes after it is created."""
+_parsed_configs: dict[tuple[str, object], RunConfig] = {}
+_parsed_tasks: dict[tuple[str, object, str], TaskSpec] = {}
+
+
+def _remember(cache: dict, key: object, value: object) -> None:  # type: ignore[type-arg]
+    if len(cache) >= PARSED_ENTRIES_KEPT:
+        cache.clear()
+    cache[key] = value
+
+
+def run_config_of(run: Run) -> RunConfig:
+    """The run's validated config, parsed once per process per run (keyed by id and creation time)."""
+    key = (run.id, run.created_at)
+    config = _parsed_configs.get(key)
+    if config is None:
+        config = RunConfig.model_validate(run.config)
+        _remember(_parsed_configs, key, config)
+    return config
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """What a stage reads of its episode before claiming it: one row, one round trip."""
+
+    episode_id: int
+    run_id: str
+    run_created_at: dt.datetime
+    run_status: RunStatus
+    stage: Stage
+    probe_attempt: int
+    task_id: str
+    policy_version: int
+    policy_state_uri: str | None
+    workspace_uri: str | None
+    job_toml: str | None
+    previous_errors: list[dict[str, Any]] | None
+    passed: bool | None = None
+    agent_tokens: int = 0
+    inner_job: InnerJobRow | None = None
+    inner_job_blocked: CreationBlock | None = None
+    """Set only by `train_row_and_claim`: the cap that stopped the inner job's creation in the claim's statement."""
+
+    @property
+    def passed_attempt_and_tokens(self) -> tuple[int | None, int]:
+        """The reward's inputs from the attempts: this attempt if it passed the probe (None otherwise), and the agent tokens of
+        the attempts up to it. At a train or eval stage this is the attempt that passed (earlier ones all failed); at a probe
+        that ends the episode unvalidated, None and the tokens of every attempt."""
+        return (self.probe_attempt if self.passed else None), self.agent_tokens
+
+
+STAGE_ROW_SQL = f"""
+SELECT e.id, e.run_id, r.created_at, r.status, e.stage, e.probe_attempt, e.task_id, e.policy_version,
+       pv.state_uri, cur.workspace_uri, cur.job_toml, prev.errors, cur.passed,
+       (SELECT coalesce(sum(a.agent_tokens), 0) FROM probe_attempts a WHERE a.episode_id = e.id AND a.attempt <= e.probe_attempt),
+       {', '.join(f'ij.{column} AS inner_{column}' for column in INNER_JOB_COLUMNS)}
+FROM episodes e
+JOIN runs r ON r.id = e.run_id
+LEFT JOIN policy_versions pv ON pv.run_id = e.run_id AND pv.version = e.policy_version
+LEFT JOIN probe_attempts cur ON cur.episode_id = e.id AND cur.attempt = e.probe_attempt
+LEFT JOIN probe_attempts prev ON prev.episode_id = e.id AND prev.attempt = e.probe_attempt - 1
+LEFT JOIN inner_jobs ij ON ij.episode_id = e.id
+WHERE e.id = %(episode_id)s
+"""
+ENDED_RUN_STATUSES = (RunStatus.stopped, RunStatus.failed, RunStatus.finished)
+ENDED_ARRAY = text_array_literal(status.value for status in ENDED_RUN_STATUSES)
+ROW_AND_CLAIM_CTES = f"""
+WITH stage_row AS ({STAGE_ROW_SQL}),
+claimable AS (
+    SELECT run_id FROM stage_row WHERE stage = %(stage)s AND probe_attempt = %(probe_attempt)s AND status <> ALL({ENDED_ARRAY})
+),
+inserted AS (
+    INSERT INTO stage_claims ({NEW_CLAIM_COLUMNS})
+    SELECT run_id, {NEW_CLAIM_VALUES}
+    FROM claimable WHERE %(token)s::text IS NULL
+    ON CONFLICT ON CONSTRAINT uq_stage_claims_key DO NOTHING
+    RETURNING id, takeovers
+),
+continued AS (
+    UPDATE stage_claims SET token = %(new_token)s, worker = %(worker)s, heartbeat_at = %(now)s
+    WHERE episode_id = %(episode_id)s AND stage = %(stage)s AND probe_attempt = %(probe_attempt)s AND status = 'running'
+      AND token = %(token)s AND EXISTS (SELECT 1 FROM claimable)
+    RETURNING id, takeovers
+),
+claim AS (SELECT * FROM inserted UNION ALL SELECT * FROM continued)"""
+STAGE_ROW_AND_CLAIM_SQL = f"""{ROW_AND_CLAIM_CTES}
+SELECT stage_row.*, claim.id, claim.takeovers
+FROM stage_row LEFT JOIN claim ON true
+"""
+"""The stage row, and in the same statement the claim when it is the plain case: a first claim (no token), or
+the continuation of this worker's own claim (the token of its last message). Anything else (a duplicate
+message, a takeover) gets no claim here and goes through `metarl.store.claims.claim_stage`."""
+TRAIN_ROW_CLAIM_AND_CREATE_SQL = f"""{ROW_AND_CLAIM_CTES},
+creatable AS MATERIALIZED (
+    SELECT s.run_id, s.id AS episode_id, a.model_name
+    FROM stage_row s
+    JOIN claim c ON c.takeovers <= %(max_stage_attempts)s
+    JOIN probe_attempts a ON a.episode_id = s.id AND a.attempt = s.probe_attempt AND a.model_name IS NOT NULL
+    WHERE s.inner_id IS NULL AND s.passed AND s.run_id = %(limits_run_id)s AND s.created_at = %(limits_run_created_at)s
+),
+created AS MATERIALIZED (
+    SELECT made.spent, made.job_id
+    FROM creatable t CROSS JOIN LATERAL metarl_create_inner_job(
+        t.run_id, t.episode_id, %(name_prefix)s::text || t.episode_id::text, %(backend)s::text, %(simulated)s::boolean, t.model_name,
+        %(max_usd)s::double precision, %(capacity)s::integer) made
+)
+SELECT stage_row.*, claim.id, claim.takeovers, created.spent, created.job_id
+FROM stage_row LEFT JOIN claim ON true LEFT JOIN created ON true
+"""
+"""STAGE_ROW_AND_CLAIM_SQL at the train stage, and when that claims a passed attempt with no inner job yet, of the run the
+limits are for, the inner job's creation under the budget and capacity (`metarl_create_inner_job`, with the model the probe
+recorded) in the same statement. In autocommit the backend's advisory lock is released when the statement commits, as with
+`metarl.store.inner_jobs.CREATE_WITHIN_LIMITS_SQL` on its own."""
+RUN_SPECS_SQL = "SELECT config, task_specs FROM runs WHERE id = %(run_id)s"
+RUN_CONFIG_SQL = "SELECT config FROM runs WHERE id = %(run_id)s"
+"""Sent as they are (no ORM compilation): read when a process meets a run for the first time."""
+
+
+OPEN_GROUPS_SQL = """
+WITH new_groups AS (
+    INSERT INTO episode_groups (run_id, task_id, policy_version, size, held_out, status, ended_episodes, created_at)
+    SELECT %(run_id)s, t.task_id, %(policy_version)s, %(size)s, %(held_out)s, 'open', 0, %(now)s
+    FROM unnest(%(task_ids)s::text[]) WITH ORDINALITY AS t(task_id, position)
+    ORDER BY t.position
+    RETURNING id, task_id
+),
+new_episodes AS (
+    INSERT INTO episodes (run_id, group_id, index_in_group, task_id, policy_version, held_out, stage, probe_attempt, dispatched_at, dispatch_count,
+                          created_at, updated_at)
+    SELECT %(run_id)s, g.id, i, g.task_id, %(policy_version)s, %(held_out)s, 'agent', 1, %(now)s, 1, %(now)s, %(now)s
+    FROM new_groups g CROSS JOIN generate_series(0, %(size)s - 1) AS i
+    ORDER BY g.id, i
+    RETURNING id
+)
+SELECT id FROM new_episodes ORDER BY id
+"""
+"""New open groups, one per task id, each with `size` episodes at the agent stage, first attempt, dispatched now."""
+
+
+def open_groups(session: SqlTarget, *, run_id: str, task_ids: Sequence[str], policy_version: int, size: int, held_out: bool, now: dt.datetime) -> list[int]:
+    """In the caller's transaction: open a group per task id with its episodes (one statement); the new episodes' ids."""
+    params = {"run_id": run_id, "task_ids": list(task_ids), "policy_version": policy_version, "size": size, "held_out": held_out, "now": now}
+    return [episode_id for (episode_id,) in run_sql(session, OPEN_GROUPS_SQL, params)]
+
+
+def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
+    """A StageRow from the columns of STAGE_ROW_SQL."""
+    (eid, run_id, created_at, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, passed, tokens) = columns[:14]
+    inner_job = inner_job_row(columns[14:])
+    return StageRow(
+        eid, run_id, created_at, RunStatus(run_status), Stage(stage), attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, passed, int(tokens), inner_job
+    )
+
+
+def claim_params(*, episode_id: int, stage: Stage, probe_attempt: int, worker: str, token: str | None) -> dict[str, Any]:
+    """The parameters of the claim in STAGE_ROW_AND_CLAIM_SQL (a fresh token for the claim it takes)."""
+    return {
+        "episode_id": episode_id,
+        "stage": stage.value,
+        "probe_attempt": probe_attempt,
+        "new_token": str(uuid.uuid4()),
+        "worker": worker,
+        "token": token,
+        "now": utcnow(),
+    }
+
+
+def claim_of(params: dict[str, Any], claim_id: int | None, takeovers: int | None) -> Claim | None:
+    """The claim the statement took with `params` (None when it took none)."""
+    if claim_id is None:
+        return None
+    return Claim(claim_id, params["new_token"], params["episode_id"], Stage(params["stage"]), params["probe_attempt"], takeovers=int(takeovers or 0))
+
+
+def stage_row_and_claim(
+    session: SqlTarget, *, episode_id: int, stage: Stage, probe_attempt: int, worker: str, token: str | None
+) -> tuple[StageRow | None, Claim | None]:
+    """The episode's stage row (None: no such episode) and, when it is at this stage of a live run, a new or continued claim.
+
+    The claim is None when the episode is elsewhere, its run ended, or the plain claim did not apply
+    (see STAGE_ROW_AND_CLAIM_SQL): the caller then skips, or claims with `metarl.store.claims.claim_stage`.
+    """
+    params = claim_params(episode_id=episode_id, stage=stage, probe_attempt=probe_attempt, worker=worker, token=token)
+    found = run_sql(session, STAGE_ROW_AND_CLAIM_SQL, params).first()
+    if found is None:
+        return None, None
+    return stage_row_of(found[:-2]), claim_of(params, *found[-2:])
+
+
+def train_row_and_claim(
+    session: SqlTarget, *, episode_id: int, probe_attempt: int, worker: str, token: str | None, limits: InnerJobLimits
+) -> tuple[StageRow | None, Claim | None]:
+    """`stage_row_and_claim` at the train stage, creating the inner job in the same statement when it can
+    (TRAIN_ROW_CLAIM_AND_CREATE_SQL): the row then carries the new job as its `inner_job`, or the cap that stopped it as
+    `inner_job_blocked`. Where the statement did not try (another run than `limits`', a takeover, a job that exists), the
+    row is as `stage_row_and_claim` reads it."""
+    params = claim_params(episode_id=episode_id, stage=Stage.train, probe_attempt=probe_attempt, worker=worker, token=token)
+    found = run_sql(session, TRAIN_ROW_CLAIM_AND_CREATE_SQL, {**params, **limits.params()}).first()
+    if found is None:
+        return None, None
+    row = stage_row_of(found[:-4])
+    claim = claim_of(params, *found[-4:-2])
+    spent, job_id = found[-2:]
+    if spent is None:
+        return row, claim
+    created = creation_outcome(spent, job_id, name=inner_job_name(row.run_id, episode_id), backend=limits.backend, max_usd=limits.max_usd)
+    if isinstance(created, str):
+        return replace(row, inner_job_blocked=created), claim
+    return replace(row, inner_job=created), claim
+
+
+def config_and_task(session: SqlTarget, row: StageRow) -> tuple[RunConfig, TaskSpec]:
+    """The run's config and the episode's task spec, parsed once per process per run (read only when not cached)."""
+    config_key, task_key = (row.run_id, row.run_created_at), (row.run_id, row.run_created_at, row.task_id)
+    config, task = _parsed_configs.get(config_key), _parsed_tasks.get(task_key)
+    if config is None or task is None:
+        raw_config, raw_specs = run_sql(session, RUN_SPECS_SQL, {"run_id": row.run_id}).one()
+        config = config or RunConfig.model_validate(raw_config)
+        task = task or TaskSpec.model_validate(raw_specs[row.task_id])
+        _remember(_parsed_configs, config_key, config)
+        _remember(_parsed_tasks, task_key, task)
+    return config, task
+
+
+def run_config_by_key(session: SqlTarget, run_id: str, run_created_at: dt.datetime) -> RunConfig:
+    """The run's config, parsed once per process per run (read only when not cached)."""
+    key = (run_id, run_created_at)
+    config = _parsed_configs.get(key)
+    if config is None:
+        config = RunConfig.model_validate(run_sql(session, RUN_CONFIG_SQL, {"run_id": run_id}).one()[0])
+        _remember(_parsed_configs, key, config)
+    return config
+
+
+def stage_context(row: StageRow, config: RunConfig, task: TaskSpec) -> EpisodeContext:
+    """The backends' view of the episode at this stage (pure)."""
+    feedback = [FieldProblem.model_validate(item) for item in (row.previous_errors or [])] if row.probe_attempt > 1 else []
+    return EpisodeContext(
+        policy_state_uri=row.policy_state_uri,
+        workspace_uri=row.workspace_uri,
+        run_id=row.run_id,
+        episode_id=row.episode_id,
+        task=task,
+        policy_version=row.policy_version,
+        probe_attempt=row.probe_attempt,
+        seed=episode_seed(config.run.seed, row.episode_id),
+        feedback=feedback,
+        artifacts_root=config.artifacts.root,
+        train_backend=config.backends.train.type,
+    )
+
+
+FINISH_AND_MOVE_SQL = f"""
+WITH held AS (
+    SELECT c.id FROM stage_claims c JOIN episodes e ON e.id = c.episode_id
+    WHERE c.id = %(claim_id)s AND c.token = %(token)s AND c.status = 'running'
+      AND e.id = %(episode_id)s AND e.stage = %(from_stage)s AND e.probe_attempt = %(from_attempt)s
+    FOR NO KEY UPDATE OF c, e
+),
+finished AS (UPDATE stage_claims SET {FINISH_SET} WHERE id IN (SELECT id FROM held) RETURNING id),
+moved AS (
+    UPDATE episodes
+    SET stage = %(to_stage)s, probe_attempt = %(to_attempt)s, updated_at = %(now)s, dispatched_at = %(now)s, error = %(episode_error)s,
+        finished_at = CASE WHEN %(terminal)s THEN %(now)s ELSE finished_at END
+    WHERE id = %(episode_id)s AND EXISTS (SELECT 1 FROM held)
+    RETURNING group_id
+),
+counted AS (
+    UPDATE episode_groups g
+    SET ended_episodes = g.ended_episodes + 1,
+        status = CASE WHEN g.status = 'open' AND g.ended_episodes + 1 >= g.size THEN (CASE WHEN g.held_out THEN 'evaluated' ELSE 'complete' END)
+                      ELSE g.status END
+    FROM moved WHERE g.id = moved.group_id AND %(terminal)s
+    RETURNING g.run_id, g.ended_episodes = g.size AND g.status IN ('complete', 'evaluated') AS completed
+),
+notified AS (SELECT pg_notify('{TICK_CHANNEL}', run_id) FROM counted WHERE completed){{records}}
+SELECT (SELECT count(*) FROM finished), (SELECT count(*) FROM notified)
+"""
+"""One statement: lock the claim (still this worker's, by its token) and the episode (still at the claimed stage
+and attempt) together, then close the claim, move the episode and write the stage's records
+(`{records}`: those conditioned on `held`, see `metarl.store.stage_records.WHEN_HELD`, only with the move;
+facts such as a poll's or a charge either way). Either all of the move happens or none of it, so a
+move runs on its own in autocommit. A move that ends the episode counts it on its group's row; the
+one that brings the count to the group's size completes the group (evaluated, if held out) and asks
+its run's orchestrator for a (gapped) tick, delivered when the statement commits (`metarl.store.tick_wakeup`).
+Two episodes of a group ending at once update the same row: the second waits for the first and then
+counts on the row as the first left it. The locks are FOR NO KEY UPDATE: they serialise movers, and
+leave alone the inserts whose foreign keys point at these rows."""
+CLAIM_STILL_HELD_SQL = "SELECT EXISTS (SELECT 1 FROM stage_claims WHERE id = %(claim_id)s AND token = %(token)s AND status = 'running')"
+"""Why a move wrote nothing, read after it (a new snapshot, so it sees what the move waited for): the claim still held means the episode moved on."""
+
+
+def ends_episode(to: Transition) -> bool:
+    """Whether a move to `to` ends the episode (its group counts it)."""
+    return to.stage in TERMINAL_STAGES
+
+
+def finish_and_move_sql(ctes: Sequence[str]) -> str:
+    """FINISH_AND_MOVE_SQL with these records' CTEs in it (the same text for the same records: prepared once)."""
+    return FINISH_AND_MOVE_SQL.format(records="".join(f",\n{cte}" for cte in ctes))
+
+
+def finish_and_move(
+    session: SqlTarget,
+    claim: Claim,
+    status: ClaimStatus,
+    to: Transition,
+    *,
+    episode_error: str | None = None,
+    claim_error: str | None = None,
+    records: Sequence[StageRecord] = (),
+) -> bool:
+    """Close the claim, move its episode from the claimed stage and attempt to `to` and write `records`: all or nothing.
+
+    False when the claim was taken over (nothing written). Raises StaleTransition when the episode
+    moved on (nothing written either). Records without `WHEN_HELD` (a poll's facts) are written in
+    both cases: in autocommit they stay, in a transaction the caller decides. An ending move
+    completes the group when it was the group's last episode, in the same statement.
+    """
+    terminal = ends_episode(to)
+    params: dict[str, Any] = {
+        **finish_params(claim, status, claim_error),
+        "to_stage": to.stage.value,
+        "to_attempt": to.probe_attempt,
+        "episode_error": episode_error,
+        "terminal": terminal,
+        "episode_id": claim.episode_id,
+        "from_stage": claim.stage.value,
+        "from_attempt": claim.probe_attempt,
+    }
+    for name, _, record_params in records:
+        if record_params.get("episode_id", claim.episode_id) != claim.episode_id:
+            raise ValueError(f"record {name} is for episode_id {record_params['episode_id']}, not the moved episode {claim.episode_id}")
+    ctes, record_params = record_ctes(records)
+    params.update(record_params)
+    finished = run_sql(session, finish_and_move_sql(ctes), params).one()[0]
+    if not finished:
+        if run_sql(session, CLAIM_STILL_HELD_SQL, {"claim_id": claim.claim_id, "token": claim.token}).scalar_one():
+            raise StaleTransition(f"episode {claim.episode_id} is no longer at {claim.stage.value}/{claim.probe_attempt}")
+        return False
+    return True
+
+
+def cost_records(run_id: str, episode_id: int | None, costs: list[CostItem], simulated: bool) -> list[StageRecord]:
+    """Each charge as a record to write in the same statement as a move or heartbeat (idempotent on its key, unconditional)."""
+    return [
+        (
+            f"charge_{index}",
+            RECORD_COST_SQL,
+            cost_params(
+                run_id=run_id,
+                episode_id=episode_id,
+                source=item.source,
+                description=item.description,
+                quantity=item.quantity,
+                unit=item.unit,
+                unit_price_usd=item.unit_price_usd,
+                idempotency_key=item.key,
+                simulated=simulated,
+            ),
+        )
+        for index, item in enumerate(costs)
+    ]
+
+
+def record_costs(session: SqlTarget, run_id: str, episode_id: int | None, costs: list[CostItem], simulated: bool) -> None:
+    """Write each charge once (a replayed charge is not billed again), in one statement."""
+    write_records(session, cost_records(run_id, episode_id, costs, simulated))
+
+
+REWARD_WITH_MOVE_SQL = f"""
+INSERT INTO rewards (episode_id, run_id, total, job, validation, efficiency, speed, raw_improvement, weights, created_at)
+SELECT %(episode_id)s, %(run_id)s, %(total)s, %(job)s, %(validation)s, %(efficiency)s, %(speed)s, %(raw_improvement)s, %(weights)s, now()
+WHERE {WHEN_HELD}
+ON CONFLICT ON CONSTRAINT uq_rewards_episode_id DO NOTHING
+"""
+"""The reward, as a record of the episode's ending move (written only if the move happens, once)."""
+
+
+def reward_params(
+    *,
+    episode_id: int,
+    run_id: str,
+    config: RunConfig,
+    task: TaskSpec,
+    attempts: tuple[int | None, int],
+    base_score: float | None,
+    trained_score: float | None,
+    train_seconds: float | None,
+) -> dict[str, Any]:
+    """The episode's reward from its records (`attempts`: `StageRow.passed_attempt_and_tokens`), as REWARD_WITH_MOVE_SQL's parameters (pure)."""
+    passed_on, tokens = attempts
+    breakdown = compute_reward(
+        RewardInputs(
+            passed_on_attempt=passed_on,
+            max_probe_attempts=config.retries.max_probe_attempts,
+            agent_tokens=tokens,
+            base_score=base_score,
+            trained_score=trained_score,
+            train_seconds=train_seconds,
+            train_budget_seconds=task.budget.train_seconds_for(config.backends.train.type),
+        ),
+        config.reward,
+    )
+    return {"episode_id": episode_id, "run_id": run_id, "weights": json_param(config.reward.model_dump()), **breakdown.model_dump()}
+
+
+def reward_record(params: dict[str, Any]) -> StageRecord:
+    """The episode's reward (`reward_params`) as a record of its last move: written only if the move happens."""
+    return "reward", REWARD_WITH_MOVE_SQL, params
+
+
+def unscored_reward_record(*, episode_id: int, run_id: str, config: RunConfig, task: TaskSpec, attempts: tuple[int | None, int]) -> StageRecord:
+    """The reward of an episode that ends without a scored job (never validated, or its inner job failed), as a record of that move."""
+    return reward_record(
+        reward_params(episode_id=episode_id, run_id=run_id, config=config, task=task, attempts=attempts, base_score=None, trained_score=None, train_seconds=None)
+    )

@@ -1,0 +1,318 @@
+"""`metarl status`: episodes per stage, queue depths, failures, costs, reward by outer step.
+
+`run_status` reads a run's records with plain SQL on a psycopg connection, so `metarl status
+RUN_ID` imports neither SQLAlchemy nor the record models (about a third of its time went to those
+imports, bench.scale); the listing and the episode report use the ORM.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
+
+from schemas.states import InnerJobStatus, Stage
+from metarl.messaging.queues import QUEUES, filesystem_folder
+
+if TYPE_CHECKING:
+    import psycopg
+    from sqlalchemy.orm import Session
+
+log = logging.getLogger("metarl.status")
+
+BROKER_TIMEOUT_S = 2.0
+
+
+class BrokerReplyError(Exception):
+    """The broker answered a command with an error."""
+
+
+def queue_depths(broker_url: str | None) -> dict[str, int | None]:
+    """Messages waiting per queue (Redis LLEN, or files in the embedded broker folder).
+
+    A broker that cannot be reached gives None for every queue (shown as unknown), so `metarl
+    status` still answers from the database while the broker is down.
+    """
+    if broker_url is None:
+        return {queue: None for queue in QUEUES}
+    folder = filesystem_folder(broker_url)
+    if folder is not None:
+        return {queue: _filesystem_depth(folder, queue) for queue in QUEUES}
+    if urlparse(broker_url).scheme == "redis":
+        try:
+            return dict(zip(QUEUES, _redis_llen(broker_url, QUEUES), strict=True))
+        except (OSError, BrokerReplyError, ValueError) as err:
+            log.warning("queue depths unknown: broker %s unreachable (%s)", without_password(broker_url), err)
+            return {queue: None for queue in QUEUES}
+    import redis
+
+    client = redis.Redis.from_url(broker_url, socket_timeout=BROKER_TIMEOUT_S, socket_connect_timeout=BROKER_TIMEOUT_S)
+    try:
+        return {queue: int(client.llen(queue)) for queue in QUEUES}
+    except redis.RedisError as err:
+        log.warning("queue depths unknown: broker %s unreachable (%s)", without_password(broker_url), err)
+        return {queue: None for queue in QUEUES}
+    finally:
+        client.close()
+
+
+def without_password(url: str) -> str:
+    """The URL with its password, if any, shown as ***."""
+    parsed = urlparse(url)
+    return url if parsed.password is None else url.replace(f":{parsed.password}@", ":***@", 1)
+
+
+def _redis_command(*parts: str) -> bytes:
+    encoded = [part.encode() for part in parts]
+    return b"*%d\r\n" % len(encoded) + b"".join(b"$%d\r\n%s\r\n" % (len(part), part) for part in encoded)
+
+
+def _redis_llen(broker_url: str, queues: tuple[str, ...]) -> list[int]:
+    """LLEN of each queue over one plain `redis://` connection (RESP, pipelined), without importing redis-py.
+
+    redis-py's import alone (it pulls in OpenTelemetry) took about half a second here, a third of
+    what `metarl status` cost; this is the only Redis command status needs.
+    """
+    parsed = urlparse(broker_url)
+    commands: list[bytes] = []
+    if parsed.password is not None:
+        auth = [unquote(parsed.username), unquote(parsed.password)] if parsed.username else [unquote(parsed.password)]
+        commands.append(_redis_command("AUTH", *auth))
+    commands.append(_redis_command("SELECT", str(int(parsed.path.lstrip("/") or 0))))
+    commands += [_redis_command("LLEN", queue) for queue in queues]
+    with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout=BROKER_TIMEOUT_S) as connection:
+        connection.sendall(b"".join(commands))
+        replies = connection.makefile("rb")
+        answers = []
+        for _ in commands:
+            line = replies.readline()
+            if not line.endswith(b"\r\n"):
+                raise BrokerReplyError("connection closed before the reply")
+            if line.startswith(b"-"):
+                raise BrokerReplyError(line[1:].strip().decode("utf-8", "replace"))
+            answers.append(line)
+    return [int(answer[1:]) for answer in answers[len(commands) - len(queues):]]
+
+
+def _filesystem_depth(folder: Path, queue: str) -> int:
+    if not folder.exists():
+        return 0
+    return sum(1 for name in folder.iterdir() if name.name.endswith(f".{queue}.msg"))
+
+
+def list_runs(session: Session) -> list[dict[str, Any]]:
+    from sqlalchemy import select
+
+    from metarl.store.ledger import run_total_usd
+    from metarl.store.records import Run
+
+    runs = session.execute(select(Run).order_by(Run.created_at.desc()).limit(50)).scalars().all()
+    return [
+        {
+            "id": run.id,
+            "name": run.name,
+            "status": run.status.value,
+            "policy_version": run.policy_version,
+            "created_at": run.created_at.isoformat(),
+            "cost_usd": round(run_total_usd(session, run.id), 4),
+        }
+        for run in runs
+    ]
+
+
+RUN_SQL = "SELECT id, name, status, policy_version, status_message, stop_requested, created_at, finished_at FROM runs WHERE id = %(run_id)s"
+EPISODES_BY_STAGE_SQL = "SELECT stage, count(*) FROM episodes WHERE run_id = %(run_id)s GROUP BY stage"
+FAILURES_SQL = "SELECT id, stage, error FROM episodes WHERE run_id = %(run_id)s AND error IS NOT NULL ORDER BY id DESC LIMIT 10"
+COSTS_SQL = "SELECT source, simulated, sum(amount_usd), count(*) FROM cost_ledger WHERE run_id = %(run_id)s GROUP BY source, simulated"
+OUTER_STEPS_SQL = """
+SELECT step, status, policy_version_before, policy_version_after, n_groups, n_episodes, dropped_stale_groups, metrics
+FROM outer_steps WHERE run_id = %(run_id)s ORDER BY step
+"""
+REWARDS_SQL = "SELECT count(id), avg(total), avg(job), avg(validation), avg(efficiency), avg(speed) FROM rewards WHERE run_id = %(run_id)s"
+INNER_JOBS_SQL = "SELECT status, count(*) FROM inner_jobs WHERE run_id = %(run_id)s GROUP BY status"
+PROBE_ATTEMPTS_SQL = "SELECT count(*), count(*) FILTER (WHERE passed) FROM probe_attempts WHERE run_id = %(run_id)s"
+RECENT_EPISODES_SQL = """
+SELECT e.id, e.task_id, e.stage, e.policy_version, r.total, r.job, r.validation, r.efficiency, r.speed
+FROM episodes e LEFT JOIN rewards r ON r.episode_id = e.id
+WHERE e.run_id = %(run_id)s ORDER BY e.id DESC LIMIT 12
+"""
+HELD_OUT_REWARD_SQL = """
+SELECT g.policy_version, avg(r.total)
+FROM episode_groups g JOIN episodes e ON e.group_id = g.id JOIN rewards r ON r.episode_id = e.id
+WHERE g.run_id = %(run_id)s AND g.held_out AND g.status = 'evaluated' AND (%(version)s::integer IS NULL OR g.policy_version = %(version)s::integer)
+GROUP BY g.policy_version
+"""
+"""Mean reward of the evaluated held-out groups per policy version they were sampled under (a group's episodes share its version;
+all versions when `version` is NULL); `metarl.store.step_metrics.held_out_reward_by_version` runs it on an ORM session."""
+
+
+def held_out_means(found: Iterable[tuple[Any, Any]]) -> dict[int, float]:
+    """HELD_OUT_REWARD_SQL's rows as {policy version: mean reward} (pure)."""
+    return {int(version): float(mean) for version, mean in found}
+
+
+def run_status(connection: psycopg.Connection, run_id: str, broker_url: str | None = None) -> dict[str, Any]:
+    """Everything `metarl status RUN_ID` shows, as plain data (JSON-ready), read on a psycopg connection.
+
+    Every query is one aggregate or a bounded list over an index on the run id: a run of 100,000
+    episodes answers in about two hundred milliseconds (bench.scale). The cost total is summed from
+    the per-source rows instead of a second pass over the ledger.
+    """
+
+    def rows(sql: str, **extra: Any) -> list[tuple[Any, ...]]:
+        return connection.execute(sql, {"run_id": run_id, **extra}).fetchall()
+
+    found = rows(RUN_SQL)
+    if not found:
+        raise LookupError(run_id)
+    run_row, = found
+    stages = dict(rows(EPISODES_BY_STAGE_SQL))
+    failures = rows(FAILURES_SQL)
+    costs = rows(COSTS_SQL)
+    steps = rows(OUTER_STEPS_SQL)
+    held_out = held_out_means(rows(HELD_OUT_REWARD_SQL, version=None))
+    rewards, = rows(REWARDS_SQL)
+    jobs = dict(rows(INNER_JOBS_SQL))
+    attempts, = rows(PROBE_ATTEMPTS_SQL)
+    recent = rows(RECENT_EPISODES_SQL)
+    return status_document(run_row, stages, failures, costs, steps, held_out, rewards, jobs, attempts, recent, queue_depths(broker_url))
+
+
+def status_document(
+    run_row: tuple[Any, ...],
+    stages: dict[str, int],
+    failures: list[tuple[Any, ...]],
+    costs: list[tuple[Any, ...]],
+    steps: list[tuple[Any, ...]],
+    held_out: dict[int, float],
+    rewards: tuple[Any, ...],
+    jobs: dict[str, int],
+    attempts: tuple[Any, ...],
+    recent: list[tuple[Any, ...]],
+    depths: dict[str, int | None],
+) -> dict[str, Any]:
+    """The status of a run from the rows of the queries above (pure)."""
+    run_id, name, status, policy_version, message, stop_requested, created_at, finished_at = run_row
+    return {
+        "run": {
+            "id": run_id,
+            "name": name,
+            "status": status,
+            "policy_version": policy_version,
+            "message": message,
+            "stop_requested": stop_requested,
+            "created_at": created_at.isoformat(),
+            "finished_at": finished_at.isoformat() if finished_at else None,
+        },
+        "episodes_by_stage": {stage.value: int(stages.get(stage.value, 0)) for stage in Stage},
+        "inner_jobs": {job_status.value: int(jobs.get(job_status.value, 0)) for job_status in InnerJobStatus},
+        "probe_attempts": {"total": int(attempts[0] or 0), "passed": int(attempts[1] or 0)},
+        "queue_depths": depths,
+        "failures": [{"episode": e, "stage": s, "error": err} for e, s, err in failures],
+        "costs": [
+            {"source": source, "simulated": bool(simulated), "usd": float(total or 0), "entries": int(count)} for source, simulated, total, count in costs
+        ],
+        "cost_usd_total": float(sum((total or 0) for _, _, total, _ in costs)),
+        "rewards": {
+            "episodes": int(rewards[0] or 0),
+            "total_mean": _f(rewards[1]),
+            "job_mean": _f(rewards[2]),
+            "validation_mean": _f(rewards[3]),
+            "efficiency_mean": _f(rewards[4]),
+            "speed_mean": _f(rewards[5]),
+        },
+        "recent_episodes": [
+            {
+                "episode": e,
+                "task": t,
+                "stage": s,
+                "policy_version": v,
+                "reward": _f(total),
+                "job": _f(job),
+                "validation": _f(val),
+                "efficiency": _f(eff),
+                "speed": _f(speed),
+            }
+            for e, t, s, v, total, job, val, eff, speed in recent
+        ],
+        "outer_steps": [outer_step_line(step, held_out) for step in steps],
+    }
+
+
+def outer_step_line(step_row: tuple[Any, ...], held_out: dict[int, float]) -> dict[str, Any]:
+    """One row of OUTER_STEPS_SQL as the status shows it; a held-out reward found in the records wins over the stored one (pure)."""
+    step, status, before, after, groups, episodes, dropped, metrics = step_row
+    metrics = metrics or {}
+    return {
+        "step": step,
+        "status": status,
+        "version": after,
+        "groups": groups,
+        "episodes": episodes,
+        "dropped_stale": dropped,
+        "reward_mean": metrics.get("reward_mean"),
+        "held_out_reward": held_out.get(before, metrics.get("held_out_reward_mean")),
+        "cost_usd": metrics.get("cost_usd_total"),
+    }
+
+
+def _f(value: Any) -> float | None:
+    return None if value is None else round(float(value), 4)
+
+
+def episode_report(session: Session, episode_id: int) -> dict[str, Any]:
+    """What happened to one episode and what it cost: stage claims, submissions, inner job, scores, reward, charges."""
+    from sqlalchemy import select
+
+    from metarl.store.records import CostEntry, Episode, Evaluation, InnerJob, ProbeAttempt, Reward, StageClaim
+
+    episode = session.get(Episode, episode_id)
+    if episode is None:
+        raise LookupError(episode_id)
+    claims = session.execute(select(StageClaim).where(StageClaim.episode_id == episode_id).order_by(StageClaim.claimed_at)).scalars().all()
+    attempts = session.execute(select(ProbeAttempt).where(ProbeAttempt.episode_id == episode_id).order_by(ProbeAttempt.attempt)).scalars().all()
+    job = session.execute(select(InnerJob).where(InnerJob.episode_id == episode_id)).scalar_one_or_none()
+    evaluation = session.execute(select(Evaluation).where(Evaluation.episode_id == episode_id)).scalar_one_or_none()
+    reward = session.execute(select(Reward).where(Reward.episode_id == episode_id)).scalar_one_or_none()
+    costs = session.execute(select(CostEntry).where(CostEntry.episode_id == episode_id).order_by(CostEntry.created_at)).scalars().all()
+    return {
+        "episode": {
+            "id": episode.id,
+            "run": episode.run_id,
+            "task": episode.task_id,
+            "group": episode.group_id,
+            "policy_version": episode.policy_version,
+            "held_out": episode.held_out,
+            "stage": episode.stage.value,
+            "probe_attempt": episode.probe_attempt,
+            "dispatches": episode.dispatch_count,
+            "error": episode.error,
+        },
+        "claims": [
+            {"stage": c.stage.value, "attempt": c.probe_attempt, "status": c.status.value, "worker": c.worker, "takeovers": c.takeovers,
+             "transient_failures": c.transient_failures, "seconds": _f(c.duration_s), "error": c.error}
+            for c in claims
+        ],
+        "attempts": [
+            {"attempt": a.attempt, "passed": a.passed, "model": a.model_name, "agent_tokens": a.agent_tokens, "errors": a.errors, "workspace": a.workspace_uri,
+             "isolation": a.isolation}
+            for a in attempts
+        ],
+        "inner_job": None if job is None else {
+            "name": job.name, "backend": job.backend, "simulated": job.simulated, "external_id": job.external_id, "status": job.status.value,
+            "launch_count": job.launch_count, "train_seconds": _f(job.train_seconds), "checkpoint": job.checkpoint_uri, "error": job.error,
+        },
+        "evaluation": None if evaluation is None else {
+            "backend": evaluation.backend, "simulated": evaluation.simulated, "base": evaluation.base_score, "trained": evaluation.trained_score,
+            "ci": [evaluation.ci_low, evaluation.ci_high], "n": evaluation.n_items,
+        },
+        "reward": None if reward is None else {
+            "total": reward.total, "job": reward.job, "validation": reward.validation, "efficiency": reward.efficiency, "speed": reward.speed,
+            "raw_improvement": reward.raw_improvement,
+        },
+        "costs": [{"source": c.source, "description": c.description, "quantity": c.quantity, "unit": c.unit, "usd": float(c.amount_usd)} for c in costs],
+        "cost_usd_total": float(sum(float(c.amount_usd) for c in costs)),
+    }

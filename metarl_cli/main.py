@@ -1,0 +1,503 @@
+"""The `metarl` command. Parses arguments and configs before importing anything heavy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import math
+import threading
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
+
+EXIT_CONFIG_ERROR = 2
+EXIT_NOT_FOUND = 3
+EXIT_BUSY = 4
+EXIT_FAILED_RUN = 1
+
+BIGINT_MAX = 2**63 - 1
+"""Largest id PostgreSQL's bigint columns hold (episode ids)."""
+CELERY_LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "fatal")
+
+
+def whole_number(low: int, high: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number in [low, high]; anything else is a usage error (exit 2) naming the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: give {what} from {low} to {high}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: give {what} from {low} to {high}")
+        return value
+
+    return parse
+
+
+def seconds_between(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds in (low, high]."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not (math.isfinite(value) and low < value <= high):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give more than {low:g} and at most {high:g} seconds")
+        return value
+
+    return parse
+
+
+def pool_processes_arg(text: str) -> int:
+    """`--concurrency`: 1 to MAX_POOL_PROCESSES worker processes."""
+    from metarl.pools import MAX_POOL_PROCESSES
+
+    return whole_number(1, MAX_POOL_PROCESSES, "a number of worker processes")(text)
+
+
+def autoscale_arg(text: str) -> str:
+    """`--autoscale MAX,MIN`, checked by `metarl.pools.parse_autoscale` (a max below the min is refused, not reordered)."""
+    from metarl.pools import parse_autoscale
+
+    try:
+        largest, smallest = parse_autoscale(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--autoscale ")) from None
+    return f"{largest},{smallest}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="metarl", description="Train a trainer agent by RL to write RL training jobs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="start a run from a run config (embedded services unless METARL_DATABASE_URL is set)")
+    run.add_argument("config", type=Path)
+    _service_flags(run)
+    run.add_argument("--dry-run", action="store_true", help="print the pods, images, compiled prime-rl configs and cost estimate; call no API, start and write nothing")
+    run.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    run.add_argument(
+        "--usd-per-gpu-hour",
+        action="append",
+        default=[],
+        metavar="TYPE=USD",
+        help="with --dry-run: list price of one GPU of a Runpod GPU type per hour, for the estimate (repeatable)",
+    )
+
+    resume = sub.add_parser("resume", help="continue a run after a crash or a stop")
+    resume.add_argument("run_id", help="the run's id or a unique prefix of it")
+    resume.add_argument(
+        "--retry-failed", action="store_true", help="a failed run: retry its failed outer step from the same saved policy version (fix the cause first)"
+    )
+    _service_flags(resume)
+
+    stop = sub.add_parser("stop", help="ask a run to stop gracefully (in-flight episodes finish)")
+    stop.add_argument("run_id", help="the run's id or a unique prefix of it")
+
+    status = sub.add_parser("status", help="show runs, or one run in detail")
+    status.add_argument("run_id", nargs="?", help="the run's id or a unique prefix of it (none: list the runs)")
+    status.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    status.add_argument("--episode", type=whole_number(1, BIGINT_MAX, "an episode id"), help="what happened to one episode and what it cost")
+
+    report = sub.add_parser("report", help="write one run's report: an HTML page, PNG plots and CSV tables")
+    report.add_argument("run_id", help="the run's id or a unique prefix of it")
+    report.add_argument("--out", type=Path, help="output folder (default: <artifacts root or METARL_HOME>/reports/RUN_ID)")
+
+    worker = sub.add_parser("worker", help="start one worker pool (services mode)")
+    worker.add_argument("--pool", required=True, choices=["agent", "probe", "train", "eval", "outer"])
+    processes = worker.add_mutually_exclusive_group()
+    processes.add_argument("--concurrency", type=pool_processes_arg, default=1, help="a fixed number of worker processes (Flower cannot resize it)")
+    processes.add_argument("--autoscale", type=autoscale_arg, metavar="MAX,MIN", help="grow and shrink between MIN and MAX worker processes (Flower can change the range)")
+    worker.add_argument("--loglevel", type=str.lower, choices=CELERY_LOG_LEVELS, default="info")
+
+    db = sub.add_parser("db", help="database migrations")
+    db.add_argument("action", choices=["upgrade", "current"])
+
+    metrics = sub.add_parser("metrics", help="serve Prometheus metrics (queue depths, stages, latencies, costs)")
+    metrics.add_argument("--port", type=whole_number(1, 65535, "a TCP port"), default=9108)
+    metrics.add_argument("--host", default="127.0.0.1")
+    metrics.add_argument("--interval", type=seconds_between(0.0, 3600.0), default=5.0, help="seconds between the serving loop's wake-ups (scrapes read the records when they come)")
+
+    from metarl_cli.probe_command import add_parser as add_probe_parser
+
+    add_probe_parser(sub)
+    return parser
+
+
+def _service_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-workers", action="store_true", help="do not spawn worker pools (they run elsewhere)")
+    parser.add_argument("--quiet", action="store_true", help="no live progress display")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=os.environ.get("METARL_LOGLEVEL", "WARNING"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("kombu.connection").setLevel(logging.ERROR)
+    from schemas.config_error import ConfigError
+
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from metarl.runconfig import load_run
+
+    if not args.dry_run and (args.json or args.usd_per_gpu_hour):
+        print("error: --json and --usd-per-gpu-hour need --dry-run", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    config, specs = load_run(args.config)
+    if args.dry_run:
+        return dry_run(args, config, specs)
+    if not args.no_workers:
+        from metarl_cli.probe_command import preflight_isolation
+
+        if (refusal := preflight_isolation(config)) is not None:
+            print(f"error: {refusal}", file=sys.stderr)
+            return EXIT_CONFIG_ERROR
+    with ExitStack() as stack:
+        services = stack.enter_context(Services(config.services.database_url, config.services.broker_url, spawn_workers=not args.no_workers))
+        from orchestrator.loop import create_run
+
+        run_id = create_run(services.database_url, config, specs)
+        print(f"run {run_id} ({config.run.name}) created; resume with `metarl resume {run_id}`", flush=True)
+        return drive(services, run_id, quiet=args.quiet)
+
+
+def dry_run(args: argparse.Namespace, config: Any, specs: dict[str, Any]) -> int:
+    """`run --dry-run`: print the plan of a loaded run config; no service, API or file is touched."""
+    from metarl.dry_run import build_plan, parse_gpu_prices, render_json, render_text
+
+    prices = parse_gpu_prices(args.usd_per_gpu_hour, config.backends.train, str(args.config))
+    plan = build_plan(config, specs, args.config, prices)
+    sys.stdout.write(render_json(plan) + "\n" if args.json else render_text(plan))
+    sys.stdout.flush()
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    with ExitStack() as stack:
+        services = stack.enter_context(Services(None, None, spawn_workers=not args.no_workers))
+        from metarl.store.records import Run, RunStatus
+        from metarl.store.db import psycopg_connection, session_scope
+        from metarl.store.failed_runs import NotRetryable, reopen_failed_run
+
+        with session_scope(services.database_url) as session:
+            run_id = resolved_run_id(psycopg_connection(session), args.run_id)
+            if isinstance(run_id, int):
+                return run_id
+            run = session.get(Run, run_id)
+            if run is None:
+                return no_such_run(run_id)
+            if run.status == RunStatus.failed and not args.retry_failed:
+                print(
+                    f"error: run {run_id} failed: {run.status_message}\n"
+                    f"fix the cause, then `metarl resume {run_id} --retry-failed` retries its failed outer step "
+                    f"from policy version {run.policy_version}",
+                    file=sys.stderr,
+                )
+                return EXIT_FAILED_RUN
+            if args.retry_failed:
+                try:
+                    reopened = reopen_failed_run(session, run_id)
+                except NotRetryable as err:
+                    print(f"error: {err}", file=sys.stderr)
+                    return EXIT_FAILED_RUN
+                print(f"retrying outer step {reopened.step} from policy version {reopened.policy_version} (it failed with: {reopened.previous_error})", flush=True)
+        return drive(services, run_id, quiet=args.quiet)
+
+
+def drive(services: "Services", run_id: str, quiet: bool) -> int:
+    from metarl_cli.progress import ProgressDisplay
+    from orchestrator.loop import Orchestrator, OrchestratorBusy
+    from metarl.store.records import RunStatus
+    from metarl.messaging.celery_app import make_app
+
+    stop_event = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop_event.set())
+    orchestrator = Orchestrator(services.database_url, make_app(services.broker_url), run_id)
+    display = ProgressDisplay(services.database_url, run_id, enabled=not quiet)
+    try:
+        with display:
+            status = orchestrator.loop(stop_event, on_tick=display.update)
+    except OrchestratorBusy as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BUSY
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: run {run_id} is kept; `metarl resume {run_id}` continues it", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if status == RunStatus.running:
+        print(f"stopped this process; run {run_id} continues with `metarl resume {run_id}`")
+        return 0
+    display.print_summary()
+    return 0 if status in (RunStatus.finished, RunStatus.stopped) else 1
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from sqlalchemy import update
+
+    from metarl.store.db import psycopg_connection, session_scope
+    from metarl.store.records import Run
+
+    with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
+        run_id = resolved_run_id(psycopg_connection(session), args.run_id)
+        if isinstance(run_id, int):
+            return run_id
+        updated = session.execute(update(Run).where(Run.id == run_id).values(stop_requested=True).returning(Run.id)).scalar_one_or_none()
+    if updated is None:
+        return no_such_run(run_id)
+    print(f"stop requested for run {run_id}: in-flight episodes finish, then it stops")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from metarl import settings
+
+    database_url = settings.database_url(None)
+    if database_url and args.run_id is not None and args.episode is None:
+        shown = run_status_over_psycopg(args, database_url, settings.broker_url(None))
+        if shown is not None:
+            return shown
+    from metarl.store.db import psycopg_connection, session_scope
+    from metarl.store.status import list_runs, run_status
+
+    with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
+        run_id = None if args.run_id is None else resolved_run_id(psycopg_connection(session), args.run_id)
+        if isinstance(run_id, int):
+            return run_id
+        if args.episode is not None:
+            from metarl.store.status import episode_report
+
+            try:
+                report = episode_report(session, args.episode)
+            except LookupError:
+                report = None
+            if report is None or run_id not in (None, report["episode"]["run"]):
+                print(f"error: no episode {args.episode}" + (f" in run {run_id}" if run_id else ""), file=sys.stderr)
+                return EXIT_NOT_FOUND
+            print(json.dumps(report, indent=2, default=str))
+            return 0
+        if run_id is None:
+            runs = list_runs(session)
+            if args.json:
+                print(json.dumps(runs, indent=2))
+            else:
+                from rich.console import Console
+
+                from metarl.render import runs_table
+
+                Console().print(runs_table(runs))
+            return 0
+        try:
+            status = run_status(psycopg_connection(session), run_id, services.broker_url)
+        except LookupError:
+            return no_such_run(run_id)
+    show_run_status(status, as_json=args.json)
+    return 0
+
+
+def run_status_over_psycopg(args: argparse.Namespace, database_url: str, broker_url: str | None) -> int | None:
+    """`metarl status RUN_ID` on a configured database at the migrations' head, over one psycopg connection (no SQLAlchemy import).
+
+    None when the database is behind the migrations: the caller then takes the usual path, which
+    migrates it first. A database that cannot be reached is an error that names it (no traceback).
+    """
+    import psycopg
+
+    from metarl.store.migration_head import head_revision, libpq_uri, revision_of
+    from metarl.store.status import run_status, without_password
+
+    try:
+        with psycopg.connect(libpq_uri(database_url), connect_timeout=10) as connection:
+            head = head_revision()
+            if head is None or revision_of(connection) != head:
+                return None
+            run_id = resolved_run_id(connection, args.run_id)
+            if isinstance(run_id, int):
+                return run_id
+            try:
+                status = run_status(connection, run_id, broker_url)
+            except LookupError:
+                return no_such_run(run_id)
+    except psycopg.OperationalError as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"error: cannot read the run database {without_password(database_url)}: {reason}. Fix: check METARL_DATABASE_URL and that PostgreSQL runs there", file=sys.stderr)
+        return EXIT_FAILED_RUN
+    show_run_status(status, as_json=args.json)
+    return 0
+
+
+def resolved_run_id(connection: psycopg.Connection, text: str) -> str | int:
+    """The full id of the run ``text`` names (its id or a unique prefix, `metarl.store.run_ids.resolve_run_id`), or the exit code after saying why not."""
+    from metarl.store.run_ids import RunIdError, resolve_run_id
+
+    try:
+        return resolve_run_id(connection, text)
+    except RunIdError as err:
+        print(f"error: {err.message()}", file=sys.stderr)
+        return EXIT_NOT_FOUND if err.kind == "unknown" else EXIT_CONFIG_ERROR
+
+
+def no_such_run(run_id: str) -> int:
+    """Say that there is no run with this id (escaped for the terminal); the exit code."""
+    from schemas.config_error import printable
+
+    print(f"error: no run with id {printable(run_id)}; `metarl status` lists runs", file=sys.stderr)
+    return EXIT_NOT_FOUND
+
+
+def show_run_status(status: dict[str, Any], *, as_json: bool) -> None:
+    """Print one run's status as JSON or as tables."""
+    if as_json:
+        print(json.dumps(status, indent=2, default=str))
+        return
+    from metarl.render import print_status  # rich: only for the tables
+
+    print_status(status)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write the report of one run (HTML, PNG, CSV) and print the path of its index.html."""
+    from metarl.store.db import psycopg_connection, session_scope
+    from metarl.store.report_data import load_report_data
+    from metarl.report_tables import default_report_dir, printable
+
+    with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
+        run_id = resolved_run_id(psycopg_connection(session), args.run_id)
+        if isinstance(run_id, int):
+            return run_id
+        try:
+            data = load_report_data(session, run_id)
+        except LookupError:
+            return no_such_run(run_id)
+        home = services.home
+    from metarl.report import write_report
+
+    out = args.out if args.out is not None else default_report_dir(data.artifacts_root, home, data.run.id)
+    try:
+        index = write_report(data, out)
+    except OSError as err:
+        print(f"error: cannot write the report to {printable(str(out))}: {err.strerror or err}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    print(index.resolve())
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from metarl.pools import worker_command
+
+    command = worker_command(args.pool, args.concurrency, args.autoscale, args.loglevel)
+    os.execv(command[0], command)
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from metarl.store import db
+
+    with Services(None, None, spawn_workers=False, migrate=False) as services:
+        if args.action == "upgrade":
+            db.upgrade(services.database_url)
+        print(f"database at revision {db.current_revision(services.database_url)}")
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from metarl.metrics import listen_problem, serve_metrics
+
+    problem = listen_problem(args.host, args.port)
+    if problem is None:
+        with Services(None, None, spawn_workers=False) as services:
+            try:
+                serve_metrics(services.database_url, services.broker_url, args.host, args.port, args.interval)
+            except OSError as err:  # taken between the check and the start
+                problem = f"cannot listen on {args.host}:{args.port}: {err.strerror or err}"
+    if problem is not None:
+        from schemas.config_error import printable
+
+        print(f"error: {printable(problem)}. Fix: give a --host of this machine and a free --port", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from metarl_cli.probe_command import cmd_probe as probe
+
+    return probe(args)
+
+
+class Services:
+    """Database and broker for one command: the configured services, or the embedded default."""
+
+    def __init__(self, database_url: str | None, broker_url: str | None, *, spawn_workers: bool, migrate: bool = True):
+        from metarl import settings
+
+        self.database_url_setting = settings.database_url(database_url)
+        self.broker_url_setting = settings.broker_url(broker_url)
+        self.spawn_workers = spawn_workers
+        self.migrate = migrate
+        self.home = settings.metarl_home()
+        self.embedded: Any = None
+        self.pools: Any = None
+        self.database_url = ""
+        self.broker_url: str | None = None
+
+    def __enter__(self) -> "Services":
+        from metarl.store import db
+
+        if self.database_url_setting:
+            self.database_url = self.database_url_setting
+        else:
+            from metarl.embedded import EmbeddedServices
+
+            self.embedded = EmbeddedServices(self.home)
+            self.database_url = self.embedded.start_database()
+        if self.broker_url_setting:
+            self.broker_url = self.broker_url_setting
+        elif self.embedded is not None:
+            self.broker_url = self.embedded.broker_url
+        if self.migrate:
+            db.upgrade(self.database_url)
+        if self.spawn_workers:
+            if self.broker_url is None:
+                raise SystemExit("error: METARL_BROKER_URL is not set while METARL_DATABASE_URL is; set both, or neither for the embedded default")
+            from metarl.pools import WorkerPools
+
+            self.pools = WorkerPools(self.database_url, self.broker_url, self.home / "logs")
+            self.pools.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pools is not None:
+            self.pools.stop()
+        if self.embedded is not None:
+            self.embedded.stop()
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "resume": cmd_resume,
+    "stop": cmd_stop,
+    "status": cmd_status,
+    "report": cmd_report,
+    "worker": cmd_worker,
+    "db": cmd_db,
+    "metrics": cmd_metrics,
+    "probe": cmd_probe,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Live progress of a run: episodes done, outer step, reward, cost (rich on a terminal, lines otherwise)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from metarl.store.db import session_scope
+from metarl.store.ledger import run_total_usd
+from orchestrator.loop import TickReport
+from metarl.store.step_metrics import held_out_reward_by_version
+from metarl.domain.transitions import TERMINAL_STAGES
+from metarl.store.records import Episode, OuterStep, OuterStatus, Run
+
+LIVE_REFRESH_S = 0.5
+"""Seconds between refreshes of the table on a terminal."""
+LINE_EVERY_S = 5.0
+"""Seconds between progress lines when stderr is not a terminal (a log file, a service's journal)."""
+
+
+def display_due(now: float, last_shown: float | None, live: bool, finished: bool) -> bool:
+    """Whether to read the run and show it now (pure): the table every LIVE_REFRESH_S, a line every LINE_EVERY_S and at the end."""
+    if last_shown is None:
+        return True
+    if live:
+        return now - last_shown >= LIVE_REFRESH_S
+    return finished or now - last_shown >= LINE_EVERY_S
+
+
+def latest_held_out_reward(session: Session, run_id: str) -> float | None:
+    """Mean reward of the newest policy version whose held-out groups were evaluated (from the records, as `metarl status` reads it)."""
+    by_version = held_out_reward_by_version(session, run_id)
+    return by_version[max(by_version)] if by_version else None
+
+
+class ProgressDisplay:
+    """The run's progress from the database: a table refreshed twice a second on a terminal, else a line every five seconds.
+
+    Its reads run in the orchestrator's tick loop, so nothing is read that is not shown.
+    """
+
+    def __init__(self, database_url: str, run_id: str, enabled: bool = True):
+        self.database_url = database_url
+        self.run_id = run_id
+        self.enabled = enabled
+        self.console = Console(stderr=True)
+        self.live: Live | None = None
+        self._last_shown: float | None = None
+
+    def snapshot(self) -> dict[str, Any]:
+        with session_scope(self.database_url) as session:
+            run = session.get(Run, self.run_id)
+            total, done = session.execute(
+                select(func.count(), func.count().filter(Episode.stage.in_(TERMINAL_STAGES))).where(Episode.run_id == self.run_id)
+            ).one()
+            last = session.execute(
+                select(OuterStep).where(OuterStep.run_id == self.run_id, OuterStep.status == OuterStatus.done).order_by(OuterStep.step.desc()).limit(1)
+            ).scalar_one_or_none()
+            return {
+                "status": run.status.value if run else "?",
+                "episodes_done": done,
+                "episodes_total": total,
+                "outer_step": last.step if last else 0,
+                "max_outer_steps": run.config["run"]["max_outer_steps"] if run else 0,
+                "reward": last.metrics.get("reward_mean") if last else None,
+                "held_out": latest_held_out_reward(session, self.run_id),
+                "cost_usd": run_total_usd(session, self.run_id),
+            }
+
+    def render(self, snap: dict[str, Any]) -> Table:
+        table = Table(title=f"metarl run {self.run_id}", title_justify="left")
+        for column in ("status", "episodes done", "outer step", "reward", "held-out", "cost $"):
+            table.add_column(column)
+        table.add_row(
+            snap["status"],
+            f"{snap['episodes_done']}/{snap['episodes_total']}",
+            f"{snap['outer_step']}/{snap['max_outer_steps']}",
+            "-" if snap["reward"] is None else f"{snap['reward']:.3f}",
+            "-" if snap["held_out"] is None else f"{snap['held_out']:.3f}",
+            f"{snap['cost_usd']:.4f}",
+        )
+        return table
+
+    def update(self, report: TickReport) -> None:
+        """Called after every tick: show the run when due (see display_due)."""
+        now = time.monotonic()
+        if not self.enabled or not display_due(now, self._last_shown, self.live is not None, report.finished):
+            return
+        self._last_shown = now
+        snap = self.snapshot()
+        if self.live is not None:
+            self.live.update(self.render(snap))
+        else:
+            print(
+                f"[{snap['status']}] episodes {snap['episodes_done']}/{snap['episodes_total']} outer step {snap['outer_step']}/{snap['max_outer_steps']} "
+                f"reward {snap['reward']} cost ${snap['cost_usd']:.4f}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def print_summary(self) -> None:
+        snap = self.snapshot()
+        Console().print(self.render(snap))
+
+    def __enter__(self) -> "ProgressDisplay":
+        if self.enabled and self.console.is_terminal:
+            self.live = Live(console=self.console, refresh_per_second=2)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.live is not None:
+            self.live.__exit__(exc_type, exc, tb)
+            self.live = None
