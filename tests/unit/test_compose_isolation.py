@@ -1,5 +1,5 @@
 """docker-compose.yml and docker/app.Dockerfile give the services that run agent-written code what
-bubblewrap needs, and only those (checked without Docker; README "Security: agent-written code")."""
+bubblewrap needs, and only those (checked without Docker; docs/security.md, "Under Docker")."""
 
 from __future__ import annotations
 

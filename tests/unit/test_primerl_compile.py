@@ -3,7 +3,7 @@ cross-field rules, and what the compiled rl.toml must hold for a GPU job to keep
 
 Upstream facts are from prime-rl v0.8.0 (commit 60bc2954), paths relative to its src/prime_rl/ or
 packages/prime-rl-configs/src/prime_rl/. ``scripts/check_bundles_with_primerl.py`` runs the tag's own
-launcher on the same bundles (README, "Checking compiled configs against prime-rl").
+launcher on the same bundles (docs/runpod.md, "Checking compiled configs against prime-rl").
 """
 
 from __future__ import annotations
