@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Table
+from sqlalchemy import FromClause
 
-from metarl.store.columns import checked_columns, insert_lists
+from metarl.store.columns import checked_columns, insert_lists, table_name
 from metarl.store.db import SqlTarget, run_sql, sql_transaction
 from metarl.store.records import ClaimStatus, OuterStatus, Stage, StageClaim
 from metarl.store.records import OuterStep as OuterStepRecord
@@ -49,7 +49,7 @@ def utcnow() -> dt.datetime:
 class Claimable:
     """What is claimed: the table of its leases, the columns that find one, and how a first claim makes its row."""
 
-    table: Table
+    table: FromClause
     key: tuple[str, ...]
     """Columns that find the lease; each is the claim statement's parameter of the same name."""
     first_row: Mapping[str, str] | None = None
@@ -60,7 +60,7 @@ class Claimable:
     def __post_init__(self) -> None:
         checked_columns(self.table, (*LEASE_COLUMNS, *self.key))
         if (self.first_row is None) != (self.unique is None):
-            raise ValueError(f"a claimable of {self.table.name} needs both first_row and unique, or neither")
+            raise ValueError(f"a claimable of {table_name(self.table)} needs both first_row and unique, or neither")
         if self.first_row is not None:
             checked_columns(self.table, self.first_row)
 
@@ -100,7 +100,7 @@ def claim_ctes(what: Claimable, gate: str | None = None) -> str:
     claim's. A claimable whose rows are inserted by their first claim needs one. The parameters are the key's columns
     and those of :func:`claim_params`.
     """
-    table = what.table.name
+    table = table_name(what.table)
     gated = f"\n      AND EXISTS (SELECT 1 FROM {gate})" if gate else ""
     taken = f"""UPDATE {table}
     SET status = '{RUNNING}', token = %(new_token)s, worker = %(worker)s, heartbeat_at = %(now)s,
@@ -137,7 +137,7 @@ def claim_params(key: Mapping[str, Any], *, worker: str, token: str | None, leas
 
 def renew_sql(what: Claimable) -> str:
     """The heartbeat of a lease of `what`: renewed only while this holder's token is on it and it runs."""
-    return f"UPDATE {what.table.name} SET heartbeat_at = %(now)s WHERE id = %(id)s AND token = %(token)s AND status = '{RUNNING}' RETURNING id"
+    return f"UPDATE {table_name(what.table)} SET heartbeat_at = %(now)s WHERE id = %(id)s AND token = %(token)s AND status = '{RUNNING}' RETURNING id"
 
 
 # -- stage claims ----------------------------------------------------------------------------------
