@@ -36,11 +36,10 @@ def _fresh_connections(**_: object) -> None:
 def warm_database_pool(url: str) -> None:
     """Connect before the first task needs it (a task that comes first connects itself); a database that is down is only logged:
     the tasks' own connections report it and the orchestrator pauses the run."""
-    from sqlalchemy.exc import SQLAlchemyError
-
     from metarl.store.db import warm_pool
+    from metarl.store.errors import StoreError
 
     try:
         warm_pool(url)
-    except SQLAlchemyError as err:
+    except StoreError as err:
         log.warning("could not connect to the run database at worker start (tasks will try again): %s", describe_error(err))

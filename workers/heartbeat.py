@@ -16,11 +16,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
-
-from metarl.store.claims import Claim, heartbeat
-from metarl.store.db import session_scope
+from metarl.store.claims import Claim, renew_claim
+from metarl.store.errors import StoreError
 
 MIN_HEARTBEAT_INTERVAL_S = 0.5
 BEATS_PER_LEASE = 3
@@ -100,14 +97,14 @@ def process_renewals() -> Renewals:
 
 
 class LeaseKeeper:
-    """Renews a lease with `renew(session)` every `interval_s` seconds while the block runs.
+    """Renews a lease with `renew(database_url)` (a store function: one statement) every `interval_s` seconds while the block runs.
 
     `renew` returns False when the lease is no longer ours (taken over, finished elsewhere): then
     `lost` is set and renewals stop. A database that is briefly unreachable is retried at the next
     beat; the caller's own compare-and-set at the end decides what counts.
     """
 
-    def __init__(self, database_url: str, renew: Callable[[Session], bool], interval_s: float):
+    def __init__(self, database_url: str, renew: Callable[[str], bool], interval_s: float):
         self.database_url = database_url
         self.renew = renew
         self.interval_s = interval_s
@@ -119,12 +116,12 @@ class LeaseKeeper:
     def beat(self) -> bool:
         """Renew once; False when the lease was lost (no more beats are due)."""
         try:
-            with session_scope(self.database_url) as session:
-                if not self.renew(session):
-                    self.lost.set()
-                    return False
-        except SQLAlchemyError:  # the database is away or dropped the connection: try again at the next beat
+            renewed = self.renew(self.database_url)
+        except StoreError:  # the database is away or dropped the connection: try again at the next beat
             return True
+        if not renewed:
+            self.lost.set()
+            return False
         self.beats += 1
         return True
 
@@ -140,5 +137,5 @@ class Heartbeater(LeaseKeeper):
     """Renews a stage claim every `interval_s` seconds while its work runs."""
 
     def __init__(self, database_url: str, claim: Claim, interval_s: float):
-        super().__init__(database_url, lambda session: heartbeat(session, claim), interval_s)
+        super().__init__(database_url, lambda url: renew_claim(url, claim), interval_s)
         self.claim = claim

@@ -15,48 +15,26 @@ from typing import Any
 
 from celery import Task
 from celery.signals import task_failure
-from sqlalchemy import update
-from sqlalchemy.exc import SQLAlchemyError
 
-from metarl.store import claims
 from metarl.backends import registry
-from metarl.store.baselines import baseline_lookup, cached_baseline, store_baseline
 from metarl.backends.base import BaseScoreKey, EpisodeContext, TrainBackend
-from metarl.store.claims import Claim, ClaimRefused
-from metarl.store.db import SqlTarget, run_sql, session_scope, sql_transaction
-from metarl.store.episodes import (
-    ENDED_RUN_STATUSES,
-    StageRow,
-    StaleTransition,
-    config_and_task,
-    cost_records,
-    finish_and_move,
-    reward_params,
-    reward_record,
-    stage_context,
-    stage_row_and_claim,
-    train_row_and_claim,
-    unscored_reward_record,
-)
-from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
-from metarl.store.inner_jobs import CreationBlock, InnerJobLimits, InnerJobRow, create_within_limits, inner_job_name, launch_record, lost_record, poll_record
-from metarl.probe import probe_job_text
-from metarl.store.stage_records import StageRecord, evaluation_record, submission_record, verdict_record
 from metarl.domain.transitions import Transition, after_agent, after_eval, after_probe, after_train
+from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
+from metarl.messaging.dispatch import send_stage
+from metarl.probe import probe_job_text
+from metarl.store.baselines import baseline_lookup, store_base_score
+from metarl.store.claims import Claim, count_transient_failure, note_claim_error, renew_claim
+from metarl.store.episodes import StageRow, StaleTransition, cost_records, move_episode, reward_params, reward_record, unscored_reward_record
+from metarl.store.errors import StoreError
+from metarl.store.inner_jobs import CreationBlock, InnerJobLimits, InnerJobRow, inner_job_name, launch_record, lost_record, note_capacity_wait, poll_record
+from metarl.store.records import ClaimStatus, InnerJobStatus, Stage
+from metarl.store.stage_records import StageRecord, evaluation_record, submission_record, verdict_record
+from metarl.store.stage_work import ClaimReads, StageClaimed, StageSkipped, claim_stage_work, note_storage_wait
 from schemas.base import parse_toml_text, validate_model
 from schemas.job import JobSpec
-from metarl.store.records import (
-    ClaimStatus,
-    Episode,
-    InnerJob,
-    InnerJobStatus,
-    Stage,
-    StageClaim,
-)
 from schemas.run_config import RunConfig
 from workers.app import app
 from workers.common import database_url, worker_name
-from metarl.messaging.dispatch import send_stage
 from workers.heartbeat import Heartbeater
 
 log = logging.getLogger("metarl.worker")
@@ -65,7 +43,6 @@ RETRY_BACKOFF_S = (1.0, 4.0, 15.0, 60.0)
 STORAGE_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 """A full disk or quota: the stage waits for space (retried, claim kept) instead of failing its episode."""
 MAX_STORAGE_WAIT_S = 10.0
-CLAIM_ERROR_SQL = "SELECT error FROM stage_claims WHERE id = %(id)s"
 STAGE_TASK_NAMES = {
     "metarl.stage.agent": Stage.agent,
     "metarl.stage.probe": Stage.probe,
@@ -87,8 +64,8 @@ class StageJob:
     attempts: tuple[int | None, int] = (None, 0)
 
 
-StageLoader = Callable[[SqlTarget, RunConfig, EpisodeContext, StageRow], Any]
-"""Reads what a stage needs after its claim: (the claim's connection, in autocommit; config; context; the stage row read with the claim)."""
+StageLoader = Callable[[ClaimReads, StageClaimed], Any]
+"""Reads what a stage needs after its claim, on the claim's connection (`metarl.store.stage_work.claim_stage_work`)."""
 
 
 def claim_episode_stage(
@@ -96,51 +73,30 @@ def claim_episode_stage(
 ) -> StageJob | None:
     """Claim the stage, or return None when the message is stale, done, or held by a live worker.
 
-    In autocommit: the episode row with the attempt's inputs and its inner job, and the plain claim,
-    are one statement (at train, with `limits`, the inner job's creation too: `train_row_and_claim`);
-    each of the claim rules' statements (a duplicate message, a takeover) is a compare-and-set of its
-    own. Then `load` reads (or creates, in its own statement) what the stage needs.
+    The claim is one statement (at train, with `limits`, the inner job's creation too), the claim
+    rules' one more when it is a duplicate message or a takeover; then `load` reads (or creates, in
+    its own statement) what the stage needs, unless the stage was abandoned too often.
     """
-    worker = worker_name()
-    with sql_transaction(database_url(), autocommit=True) as session:
-        if limits is not None and stage == Stage.train:
-            row, claim = train_row_and_claim(session, episode_id=episode_id, probe_attempt=probe_attempt, worker=worker, token=token, limits=limits)
-        else:
-            row, claim = stage_row_and_claim(session, episode_id=episode_id, stage=stage, probe_attempt=probe_attempt, worker=worker, token=token)
-        if row is None:
-            log.info("skip %s episode=%s attempt=%s: no such episode", stage.value, episode_id, probe_attempt)
+
+    def load_unless_abandoned(reads: ClaimReads, claimed: StageClaimed) -> Any:
+        if load is None or claimed.claim.takeovers > claimed.config.retries.max_stage_attempts:
             return None
-        if row.stage != stage or row.probe_attempt != probe_attempt:
-            log.info("skip %s episode=%s attempt=%s: episode is elsewhere", stage.value, episode_id, probe_attempt)
-            return None
-        if row.run_status in ENDED_RUN_STATUSES:
-            return None
-        config, task = config_and_task(session, row)
-        if claim is None:  # a duplicate message or a takeover: the claim rules decide
-            try:
-                claim = claims.claim_stage(
-                    session,
-                    run_id=row.run_id,
-                    episode_id=episode_id,
-                    stage=stage,
-                    probe_attempt=probe_attempt,
-                    worker=worker,
-                    lease_s=config.retries.lease_s,
-                    token=token,
-                )
-            except ClaimRefused as refused:
-                log.info("skip %s: %s", stage.value, refused.reason)
-                return None
-        ctx = stage_context(row, config, task)
-        last_error = run_sql(session, CLAIM_ERROR_SQL, {"id": claim.claim_id}).scalar_one() if claim.takeovers else None
-        loaded = load(session, config, ctx, row) if load is not None and claim.takeovers <= config.retries.max_stage_attempts else None
-    job = StageJob(claim=claim, config=config, ctx=ctx, job_toml=row.job_toml, loaded=loaded, attempts=row.passed_attempt_and_tokens)
+        return load(reads, claimed)
+
+    outcome = claim_stage_work(
+        database_url(), stage=stage, episode_id=episode_id, probe_attempt=probe_attempt, token=token, worker=worker_name(), limits=limits, load=load_unless_abandoned
+    )
+    if isinstance(outcome, StageSkipped):
+        log.info("skip %s episode=%s attempt=%s: %s", stage.value, episode_id, probe_attempt, outcome.reason)
+        return None
+    claimed = outcome.claimed
+    claim, config = claimed.claim, claimed.config
+    job = StageJob(claim=claim, config=config, ctx=claimed.ctx, job_toml=claimed.row.job_toml, loaded=outcome.loaded, attempts=claimed.row.passed_attempt_and_tokens)
     if claim.takeovers > config.retries.max_stage_attempts:
         message = f"stage {stage.value} was abandoned {claim.takeovers} times (workers died or crashed in it); giving up"
-        fail_episode(job, stage, f"{message}; last error: {last_error}" if last_error else message)
+        fail_episode(job, stage, f"{message}; last error: {claim.last_error}" if claim.last_error else message)
         return None
     return job
-
 
 
 @task_failure.connect
@@ -155,26 +111,20 @@ def note_stage_failure(sender: Any = None, exception: BaseException | None = Non
     if stage is None or exception is None or not args or len(args) < 2:
         return
     try:
-        with session_scope(database_url()) as session:
-            session.execute(
-                update(StageClaim)
-                .where(StageClaim.episode_id == int(args[0]), StageClaim.stage == stage, StageClaim.probe_attempt == int(args[1]), StageClaim.status == ClaimStatus.running)
-                .values(error=describe_error(exception))
-            )
-    except SQLAlchemyError as err:
+        note_claim_error(database_url(), episode_id=int(args[0]), stage=stage, probe_attempt=int(args[1]), error=describe_error(exception))
+    except StoreError as err:
         log.warning("could not record the error of %s episode=%s: %s", stage.value, args[0], err)
 
 
 def fail_episode(job: StageJob, stage: Stage, message: str) -> None:
     """Record a permanent failure of the episode (after retry caps or a permanent error); at train, its unfinished inner job is lost with it."""
     records = [lost_record(job.ctx.episode_id, f"abandoned: {message}")] if stage == Stage.train else []
-    with sql_transaction(database_url(), autocommit=True) as session:
-        try:
-            failed = Transition(Stage.failed, job.ctx.probe_attempt)
-            if not finish_and_move(session, job.claim, ClaimStatus.failed, failed, episode_error=message, claim_error=message, records=records):
-                return
-        except StaleTransition:
-            pass  # the episode moved on: nothing was written
+    try:
+        failed = Transition(Stage.failed, job.ctx.probe_attempt)
+        if not move_episode(database_url(), job.claim, ClaimStatus.failed, failed, episode_error=message, claim_error=message, records=records):
+            return
+    except StaleTransition:
+        pass  # the episode moved on: nothing was written
     log.warning("episode %s failed at %s: %s", job.ctx.episode_id, stage.value, message)
 
 
@@ -189,12 +139,7 @@ def wait_for_storage(task: Task, job: StageJob, stage: Stage, err: OSError) -> E
     Nothing is failed or billed meanwhile: the episode pauses in its stage until space is freed.
     """
     message = f"waiting for storage space: {describe_error(err)}"
-    with session_scope(database_url()) as session:
-        if claims.heartbeat(session, job.claim):
-            session.execute(update(StageClaim).where(StageClaim.id == job.claim.claim_id).values(error=message))
-            session.execute(
-                update(Episode).where(Episode.id == job.ctx.episode_id, Episode.stage == stage, Episode.probe_attempt == job.ctx.probe_attempt).values(error=message)
-            )
+    note_storage_wait(database_url(), job.claim, message)
     delay = storage_wait_s(job.config.retries.lease_s)
     log.warning("%s episode=%s %s; retry in %.1fs", stage.value, job.ctx.episode_id, message, delay)
     return task.retry(args=[job.ctx.episode_id, job.ctx.probe_attempt], kwargs={"token": job.claim.token}, countdown=delay, max_retries=None)
@@ -212,8 +157,7 @@ def run_with_retries(task: Task, job: StageJob, stage: Stage, work: Callable[[],
             raise
         raise wait_for_storage(task, job, stage, err) from None
     except TransientBackendError as err:
-        with session_scope(database_url()) as session:
-            failures = claims.count_transient_failure(session, job.claim)
+        failures = count_transient_failure(database_url(), job.claim)
         if failures >= job.config.retries.max_stage_attempts:
             fail_episode(job, stage, f"gave up after {failures} transient errors: {err}")
             return None
@@ -263,9 +207,8 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         prompt_length=sample.prompt_length if sample else None,
     )
     charges = cost_records(job.ctx.run_id, episode_id, submission.costs, backend.simulated)  # the tokens were spent, moved or not
-    with sql_transaction(database_url(), autocommit=True) as session:
-        if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=[submitted, *charges]):
-            return "taken over"
+    if not move_episode(database_url(), job.claim, ClaimStatus.done, to, records=[submitted, *charges]):
+        return "taken over"
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
     return "submitted"
 
@@ -302,9 +245,8 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     records = [probed]
     if to.ends_unvalidated:
         records.append(unscored_reward_record(episode_id=episode_id, run_id=job.ctx.run_id, config=job.config, task=job.ctx.task, attempts=job.attempts))
-    with sql_transaction(database_url(), autocommit=True) as session:
-        if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=records):
-            return "taken over"
+    if not move_episode(database_url(), job.claim, ClaimStatus.done, to, records=records):
+        return "taken over"
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
     return "passed" if verdict.passed else "rejected"
 
@@ -376,7 +318,7 @@ def train_limits(config: RunConfig, ctx: EpisodeContext, row: StageRow, backend:
     )
 
 
-def train_inputs(claimed: SqlTarget, config: RunConfig, ctx: EpisodeContext, row: StageRow) -> TrainInputs:
+def train_inputs(reads: ClaimReads, claimed: StageClaimed) -> TrainInputs:
     """The train stage's loader: the passing job and its inner job, created on the first submit when budget and capacity allow.
 
     The claim's statement created it (or found a cap) when this process had met the run; otherwise
@@ -384,6 +326,7 @@ def train_inputs(claimed: SqlTarget, config: RunConfig, ctx: EpisodeContext, row
     are kept for the next claim. Either way the capacity count and the insert run under the
     backend's advisory lock, so two submits never both take the last slot.
     """
+    config, ctx, row = claimed.config, claimed.ctx, claimed.row
     spec = passing_job(ctx, row.job_toml)
     if row.inner_job is not None:
         return TrainInputs(spec, row.inner_job)
@@ -391,8 +334,7 @@ def train_inputs(claimed: SqlTarget, config: RunConfig, ctx: EpisodeContext, row
         return TrainInputs(spec, None, row.inner_job_blocked)
     backend = registry.train_backend(config)
     _met_limits["last"] = train_limits(config, ctx, row, backend)
-    created = create_within_limits(
-        claimed,
+    created = reads.create_inner_job(
         run_id=ctx.run_id,
         episode_id=ctx.episode_id,
         name=inner_job_name(ctx.run_id, ctx.episode_id),
@@ -415,14 +357,15 @@ class EvalInputs:
     base_score: float | None
 
 
-def eval_inputs(session: SqlTarget, config: RunConfig, ctx: EpisodeContext, row: StageRow) -> EvalInputs:
+def eval_inputs(reads: ClaimReads, claimed: StageClaimed) -> EvalInputs:
     """The eval stage's loader: the passing job, its inner job (read with the stage row) and the base score (read once per process)."""
+    config, ctx, row = claimed.config, claimed.ctx, claimed.row
     spec = passing_job(ctx, row.job_toml)
     inner = row.inner_job
     if inner is None:
         raise RuntimeError(f"episode {ctx.episode_id} reached eval without an inner job record")
     base_key = registry.base_score_key(config, ctx.task, spec.model.name)
-    return EvalInputs(spec, inner, base_key, cached_baseline(session, base_key))
+    return EvalInputs(spec, inner, base_key, reads.cached_base_score(base_key))
 
 
 @app.task(bind=True, name="metarl.stage.train", queue="train", max_retries=None)
@@ -452,14 +395,11 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         try:
             launched = run_with_retries(self, job, Stage.train, lambda: backend.launch(job.ctx, spec, name))
         except CapacityError as err:
-            with session_scope(url) as session:
-                session.execute(update(InnerJob).where(InnerJob.episode_id == episode_id).values(error=f"capacity: {err}"))
-                claims.heartbeat(session, job.claim)
+            note_capacity_wait(url, job.claim, f"capacity: {err}")
             return poll_again(max(5.0, backend.poll_interval_s()))
         if launched is None:
             return "failed"
-        with sql_transaction(url, autocommit=True) as session:  # the launch is recorded whether or not the claim still holds
-            claims.heartbeat(session, job.claim, records=[launch_record(episode_id, launched)])
+        renew_claim(url, job.claim, records=[launch_record(episode_id, launched)])  # the launch is recorded whether or not the claim still holds
         return poll_again(backend.poll_interval_s())
     if status != InnerJobStatus.running:
         return finish_train(job, episode_id, probe_attempt, status, inner.error)
@@ -469,12 +409,11 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     ended = None if polled.status == "running" else (InnerJobStatus.succeeded if polled.status == "succeeded" else InnerJobStatus.failed)
     facts = [*cost_records(job.ctx.run_id, episode_id, polled.costs, backend.simulated), poll_record(episode_id, polled, ended)]
     # the poll's facts are written in the move's (or the heartbeat's) statement, and kept when the move is refused
-    with sql_transaction(url, autocommit=True) as session:
-        if ended is None:
-            claims.heartbeat(session, job.claim, records=facts)
-            to = None
-        else:
-            to = close_train_stage(session, job, episode_id, probe_attempt, ended, polled.error, facts=facts)
+    if ended is None:
+        renew_claim(url, job.claim, records=facts)
+        to = None
+    else:
+        to = close_train_stage(url, job, episode_id, probe_attempt, ended, polled.error, facts=facts)
     if ended is None:
         return poll_again(backend.poll_interval_s())
     if to is None:
@@ -484,9 +423,9 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
 
 
 def close_train_stage(
-    session: SqlTarget, job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus, error: str | None, facts: Sequence[StageRecord] = ()
+    url: str, job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus, error: str | None, facts: Sequence[StageRecord] = ()
 ) -> Transition | None:
-    """Close the train claim and move the episode in one statement (None if the claim was taken over).
+    """Close the train claim and move the episode in one statement of its own (None if the claim was taken over).
 
     A succeeded job goes to eval; a failed job ends the episode with no job credit (its reward is a
     record of the move). `facts` (the last poll's) are written in the move's statement, whether or
@@ -494,17 +433,16 @@ def close_train_stage(
     """
     if status == InnerJobStatus.succeeded:
         to = after_train(probe_attempt)
-        return to if finish_and_move(session, job.claim, ClaimStatus.done, to, records=facts) else None
+        return to if move_episode(url, job.claim, ClaimStatus.done, to, records=facts) else None
     to = Transition(Stage.done, probe_attempt)
     unscored = unscored_reward_record(episode_id=episode_id, run_id=job.ctx.run_id, config=job.config, task=job.ctx.task, attempts=job.attempts)
-    moved = finish_and_move(session, job.claim, ClaimStatus.done, to, episode_error=f"inner job failed: {error or ''}", records=[*facts, unscored])
+    moved = move_episode(url, job.claim, ClaimStatus.done, to, episode_error=f"inner job failed: {error or ''}", records=[*facts, unscored])
     return to if moved else None
 
 
 def finish_train(job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus, error: str | None) -> str:
     """Close the train stage of a job that had already ended when this attempt started (`error`: the job's, read with the claim)."""
-    with sql_transaction(database_url(), autocommit=True) as session:
-        to = close_train_stage(session, job, episode_id, probe_attempt, status, error)
+    to = close_train_stage(database_url(), job, episode_id, probe_attempt, status, error)
     if to is None:
         return "taken over"
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
@@ -529,8 +467,7 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
             base = run_with_retries(self, job, Stage.eval, lambda: backend.score_base(task, spec.model.name))
             if base is None:
                 return "failed"
-            with session_scope(url) as session:
-                store_baseline(session, inputs.base_key, base)
+            store_base_score(url, inputs.base_key, base)
             base_score = base.score
         trained = run_with_retries(self, job, Stage.eval, lambda: backend.score_trained(job.ctx, spec, checkpoint, state))
     if trained is None or beat.lost.is_set():
@@ -560,7 +497,6 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
         )
     )
     charges = cost_records(job.ctx.run_id, episode_id, trained.costs, backend.simulated)
-    with sql_transaction(url, autocommit=True) as session:
-        if not finish_and_move(session, job.claim, ClaimStatus.done, to, records=[evaluated, rewarded, *charges]):
-            return "taken over"
+    if not move_episode(url, job.claim, ClaimStatus.done, to, records=[evaluated, rewarded, *charges]):
+        return "taken over"
     return "scored"

@@ -13,7 +13,9 @@ from metarl.backends.sim.simulator import SimAgent, SimEval, SimOuter, SimTrain
 from metarl.backends.tinker.agent import TinkerAgent
 from metarl.backends.tinker.outer import TinkerOuter
 from metarl.backends.vllm.eval import VllmEval
+from metarl.settings import database_url as configured_database_url
 from metarl.store.baselines import base_score_key as make_base_score_key
+from metarl.store.runpod_runs import RunpodRunStore
 from metarl.probe import BackendCheck
 from schemas.run_config import (
     LocalAgentBackend,
@@ -44,8 +46,14 @@ def train_backend(config: RunConfig) -> TrainBackend:
     if isinstance(backend, LocalTrainBackend):
         return LocalTrain(backend, Path(config.artifacts.root) / "jobs", min_isolation=config.sandbox.min_isolation)
     if isinstance(backend, RunpodTrainBackend):
-        return RunpodTrain(backend, config.artifacts.root, config.budget, pod_eval=pod_eval_config(config))
+        return RunpodTrain(backend, config.artifacts.root, config.budget, runpod_runs(), pod_eval=pod_eval_config(config))
     return SimTrain(backend, Path(config.artifacts.root) / "sim-cloud")
+
+
+def runpod_runs(database_url: str | None = None) -> RunpodRunStore | None:
+    """The run database as the Runpod backend sees it: `database_url`, else the configured one (`METARL_DATABASE_URL`); None without."""
+    url = database_url or configured_database_url()
+    return RunpodRunStore(url) if url else None
 
 
 def pod_eval_config(config: RunConfig) -> PodVllmEvalBackend | None:
@@ -103,5 +111,5 @@ def release_train_resources(config: RunConfig, run_id: str, database_url: str) -
     """Give back what a finished run still holds on its train backend (Runpod pods); returns how many."""
     backend = config.backends.train
     if isinstance(backend, RunpodTrainBackend):
-        return RunpodTrain(backend, config.artifacts.root, config.budget, database_url, pod_eval=pod_eval_config(config)).release_run(run_id)
+        return RunpodTrain(backend, config.artifacts.root, config.budget, runpod_runs(database_url), pod_eval=pod_eval_config(config)).release_run(run_id)
     return 0

@@ -19,6 +19,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from metarl.backends.base import BaseModelIdentity, BaseScoreKey, EvalBackend, Score
+from metarl.store.columns import checked_columns
 from metarl.store.db import SqlTarget, database_identity, run_sql, session_scope
 from metarl.store.records import BaselineScore
 from schemas.task_spec import TaskSpec
@@ -26,12 +27,9 @@ from schemas.task_spec import TaskSpec
 GRADER_SOURCES = ("families.py", "scoring.py")
 """Modules of metarl/learning whose source is the graders and the pass@k aggregation: editing them changes the grader's identity."""
 
-CACHED_BASELINE_SQL = """
-SELECT score FROM baseline_scores
-WHERE task_id = %(task_id)s AND model_name = %(model_name)s AND model_build = %(model_build)s AND model_scale = %(model_scale)s
-  AND eval_version = %(eval_version)s AND eval_items = %(eval_items)s AND pass_k = %(pass_k)s AND grader = %(grader)s
-  AND backend = %(backend)s AND scorer = %(scorer)s
-"""
+BASE_SCORE_KEY_COLUMNS = checked_columns(BaselineScore.__table__, BaseScoreKey.model_fields)
+"""The columns of a cached score's key: the fields of `BaseScoreKey` (the table's unique key, migration 0010)."""
+CACHED_BASELINE_SQL = f"SELECT score FROM baseline_scores WHERE {' AND '.join(f'{column} = %({column})s' for column in BASE_SCORE_KEY_COLUMNS)}"
 """Sent as written, once per process per score (`cached_baseline`)."""
 
 _known_baselines: dict[tuple[tuple[str, int, str], BaseScoreKey], float] = {}
@@ -88,6 +86,18 @@ def store_baseline(session: Session, key: BaseScoreKey, score: Score) -> None:
         .values(**key.model_dump(), score=score.score, ci_low=score.ci_low, ci_high=score.ci_high, n_items=score.n_items)
         .on_conflict_do_nothing(constraint="uq_baseline_scores_key")
     )
+
+
+def store_base_score(database_url: str, key: BaseScoreKey, score: Score) -> None:
+    """:func:`store_baseline` in a transaction of its own."""
+    with session_scope(database_url) as session:
+        store_baseline(session, key, score)
+
+
+def base_score_cached(database_url: str, key: BaseScoreKey) -> bool:
+    """Whether a base score for ``key`` is stored (read once per process, :func:`cached_baseline`)."""
+    with session_scope(database_url) as session:
+        return cached_baseline(session, key) is not None
 
 
 def baseline_score(database_url: str, key: BaseScoreKey, task: TaskSpec, backend: EvalBackend) -> float:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 
 from metarl.backends.base import CostItem, EpisodeContext
-from metarl.store.claims import FINISH_SET, NEW_CLAIM_COLUMNS, NEW_CLAIM_VALUES, Claim, finish_params, utcnow
-from metarl.store.db import SqlTarget, json_param, run_sql, text_array_literal
+from metarl.store.claims import FINISH_SET, STAGE_CLAIMS, Claim, claim_ctes, claim_params, finish_params, stage_claim_of, stage_key
+from metarl.store.columns import columns_of, insert_lists
+from metarl.store.db import SqlTarget, json_param, run_sql, sql_transaction, text_array_literal
 from metarl.store.inner_jobs import INNER_JOB_COLUMNS, CreationBlock, InnerJobLimits, InnerJobRow, creation_outcome, inner_job_name, inner_job_row
 from metarl.store.ledger import RECORD_COST_SQL, cost_params
 from metarl.store.tick_wakeup import CHANNEL as TICK_CHANNEL
@@ -20,7 +20,7 @@ from metarl.domain.reward import RewardInputs, compute_reward
 from metarl.store.stage_records import WHEN_HELD, StageRecord, record_ctes, write_records
 from metarl.domain.transitions import TERMINAL_STAGES, Transition
 from schemas.base import FieldProblem
-from metarl.store.records import ClaimStatus, Run, RunStatus, Stage
+from metarl.store.records import ClaimStatus, Reward, Run, RunStatus, Stage
 from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
@@ -106,27 +106,15 @@ WITH stage_row AS ({STAGE_ROW_SQL}),
 claimable AS (
     SELECT run_id FROM stage_row WHERE stage = %(stage)s AND probe_attempt = %(probe_attempt)s AND status <> ALL({ENDED_ARRAY})
 ),
-inserted AS (
-    INSERT INTO stage_claims ({NEW_CLAIM_COLUMNS})
-    SELECT run_id, {NEW_CLAIM_VALUES}
-    FROM claimable WHERE %(token)s::text IS NULL
-    ON CONFLICT ON CONSTRAINT uq_stage_claims_key DO NOTHING
-    RETURNING id, takeovers
-),
-continued AS (
-    UPDATE stage_claims SET token = %(new_token)s, worker = %(worker)s, heartbeat_at = %(now)s
-    WHERE episode_id = %(episode_id)s AND stage = %(stage)s AND probe_attempt = %(probe_attempt)s AND status = 'running'
-      AND token = %(token)s AND EXISTS (SELECT 1 FROM claimable)
-    RETURNING id, takeovers
-),
-claim AS (SELECT * FROM inserted UNION ALL SELECT * FROM continued)"""
+{claim_ctes(STAGE_CLAIMS, "claimable")}"""
 STAGE_ROW_AND_CLAIM_SQL = f"""{ROW_AND_CLAIM_CTES}
-SELECT stage_row.*, claim.id, claim.takeovers
+SELECT stage_row.*, claim.id, claim.takeovers, claim.error
 FROM stage_row LEFT JOIN claim ON true
 """
-"""The stage row, and in the same statement the claim when it is the plain case: a first claim (no token), or
-the continuation of this worker's own claim (the token of its last message). Anything else (a duplicate
-message, a takeover) gets no claim here and goes through `metarl.store.claims.claim_stage`."""
+"""The stage row, and in the same statement the claim when it is the plain case: a first claim, or the continuation of
+this worker's own claim (the token of its last message), by the claim statement of `metarl.store.claims` without a
+takeover. Anything else (a duplicate message, a takeover) gets no claim here and goes through
+`metarl.store.claims.claim_stage`, which needs the run's lease."""
 TRAIN_ROW_CLAIM_AND_CREATE_SQL = f"""{ROW_AND_CLAIM_CTES},
 creatable AS MATERIALIZED (
     SELECT s.run_id, s.id AS episode_id, a.model_name
@@ -141,7 +129,7 @@ created AS MATERIALIZED (
         t.run_id, t.episode_id, %(name_prefix)s::text || t.episode_id::text, %(backend)s::text, %(simulated)s::boolean, t.model_name,
         %(max_usd)s::double precision, %(capacity)s::integer) made
 )
-SELECT stage_row.*, claim.id, claim.takeovers, created.spent, created.job_id
+SELECT stage_row.*, claim.id, claim.takeovers, claim.error, created.spent, created.job_id
 FROM stage_row LEFT JOIN claim ON true LEFT JOIN created ON true
 """
 """STAGE_ROW_AND_CLAIM_SQL at the train stage, and when that claims a passed attempt with no inner job yet, of the run the
@@ -189,26 +177,6 @@ def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
     )
 
 
-def claim_params(*, episode_id: int, stage: Stage, probe_attempt: int, worker: str, token: str | None) -> dict[str, Any]:
-    """The parameters of the claim in STAGE_ROW_AND_CLAIM_SQL (a fresh token for the claim it takes)."""
-    return {
-        "episode_id": episode_id,
-        "stage": stage.value,
-        "probe_attempt": probe_attempt,
-        "new_token": str(uuid.uuid4()),
-        "worker": worker,
-        "token": token,
-        "now": utcnow(),
-    }
-
-
-def claim_of(params: dict[str, Any], claim_id: int | None, takeovers: int | None) -> Claim | None:
-    """The claim the statement took with `params` (None when it took none)."""
-    if claim_id is None:
-        return None
-    return Claim(claim_id, params["new_token"], params["episode_id"], Stage(params["stage"]), params["probe_attempt"], takeovers=int(takeovers or 0))
-
-
 def stage_row_and_claim(
     session: SqlTarget, *, episode_id: int, stage: Stage, probe_attempt: int, worker: str, token: str | None
 ) -> tuple[StageRow | None, Claim | None]:
@@ -217,11 +185,11 @@ def stage_row_and_claim(
     The claim is None when the episode is elsewhere, its run ended, or the plain claim did not apply
     (see STAGE_ROW_AND_CLAIM_SQL): the caller then skips, or claims with `metarl.store.claims.claim_stage`.
     """
-    params = claim_params(episode_id=episode_id, stage=stage, probe_attempt=probe_attempt, worker=worker, token=token)
+    params = claim_params(stage_key(episode_id, stage, probe_attempt), worker=worker, token=token, lease_s=None)
     found = run_sql(session, STAGE_ROW_AND_CLAIM_SQL, params).first()
     if found is None:
         return None, None
-    return stage_row_of(found[:-2]), claim_of(params, *found[-2:])
+    return stage_row_of(found[:-3]), stage_claim_of(params, *found[-3:])
 
 
 def train_row_and_claim(
@@ -231,12 +199,12 @@ def train_row_and_claim(
     (TRAIN_ROW_CLAIM_AND_CREATE_SQL): the row then carries the new job as its `inner_job`, or the cap that stopped it as
     `inner_job_blocked`. Where the statement did not try (another run than `limits`', a takeover, a job that exists), the
     row is as `stage_row_and_claim` reads it."""
-    params = claim_params(episode_id=episode_id, stage=Stage.train, probe_attempt=probe_attempt, worker=worker, token=token)
+    params = claim_params(stage_key(episode_id, Stage.train, probe_attempt), worker=worker, token=token, lease_s=None)
     found = run_sql(session, TRAIN_ROW_CLAIM_AND_CREATE_SQL, {**params, **limits.params()}).first()
     if found is None:
         return None, None
-    row = stage_row_of(found[:-4])
-    claim = claim_of(params, *found[-4:-2])
+    row = stage_row_of(found[:-5])
+    claim = stage_claim_of(params, *found[-5:-2])
     spent, job_id = found[-2:]
     if spent is None:
         return row, claim
@@ -378,6 +346,21 @@ def finish_and_move(
     return True
 
 
+def move_episode(
+    database_url: str,
+    claim: Claim,
+    status: ClaimStatus,
+    to: Transition,
+    *,
+    episode_error: str | None = None,
+    claim_error: str | None = None,
+    records: Sequence[StageRecord] = (),
+) -> bool:
+    """:func:`finish_and_move` as a unit of work of its own: one statement in autocommit (what a stage message ends with)."""
+    with sql_transaction(database_url, autocommit=True) as sql:
+        return finish_and_move(sql, claim, status, to, episode_error=episode_error, claim_error=claim_error, records=records)
+
+
 def cost_records(run_id: str, episode_id: int | None, costs: list[CostItem], simulated: bool) -> list[StageRecord]:
     """Each charge as a record to write in the same statement as a move or heartbeat (idempotent on its key, unconditional)."""
     return [
@@ -405,9 +388,10 @@ def record_costs(session: SqlTarget, run_id: str, episode_id: int | None, costs:
     write_records(session, cost_records(run_id, episode_id, costs, simulated))
 
 
+REWARD_COLUMNS, REWARD_VALUES = insert_lists(Reward.__table__, columns_of(Reward.__table__, without=("id",)), {"created_at": "now()"})
 REWARD_WITH_MOVE_SQL = f"""
-INSERT INTO rewards (episode_id, run_id, total, job, validation, efficiency, speed, raw_improvement, weights, created_at)
-SELECT %(episode_id)s, %(run_id)s, %(total)s, %(job)s, %(validation)s, %(efficiency)s, %(speed)s, %(raw_improvement)s, %(weights)s, now()
+INSERT INTO rewards ({REWARD_COLUMNS})
+SELECT {REWARD_VALUES}
 WHERE {WHEN_HELD}
 ON CONFLICT ON CONSTRAINT uq_rewards_episode_id DO NOTHING
 """

@@ -7,17 +7,35 @@ Every statement here runs once or more per train message, so each is sent as wri
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 
 from metarl.backends.base import LaunchResult, PollResult
-from metarl.store.db import SqlTarget, json_param, run_sql
+from metarl.store.columns import checked_columns
+from metarl.store.claims import Claim, heartbeat
+from metarl.store.db import SqlTarget, json_param, run_sql, sql_transaction
 from metarl.store.stage_records import WHEN_HELD, StageRecord
-from metarl.store.records import InnerJobStatus
+from metarl.store.records import InnerJob, InnerJobStatus
 
-INNER_JOB_COLUMNS = ("id", "name", "backend", "external_id", "status", "backend_state", "checkpoint_uri", "error", "train_seconds")
-"""The columns an InnerJobRow is made of, in its fields' order (read with the stage row: `metarl.store.episodes.STAGE_ROW_SQL`)."""
+
+@dataclass(frozen=True)
+class InnerJobRow:
+    """What the train and eval stages read of an episode's inner job."""
+
+    id: int
+    name: str
+    backend: str
+    external_id: str | None
+    status: InnerJobStatus
+    backend_state: dict[str, Any]
+    checkpoint_uri: str | None
+    error: str | None
+    train_seconds: float | None
+
+
+INNER_JOB_COLUMNS = checked_columns(InnerJob.__table__, (field.name for field in fields(InnerJobRow)))
+"""The columns an InnerJobRow is made of, its fields' names in their order (read with the stage row: `metarl.store.episodes.STAGE_ROW_SQL`)."""
 CREATE_WITHIN_LIMITS_SQL = """
 SELECT spent, active, job_id FROM metarl_create_inner_job(
     %(run_id)s::text, %(episode_id)s::bigint, %(name)s::text, %(backend)s::text, %(simulated)s::boolean, %(model_name)s::text,
@@ -44,21 +62,6 @@ UPDATE inner_jobs SET status = %(lost)s, finished_at = now(), error = %(error)s
 WHERE episode_id = %(episode_id)s AND status IN (%(launching)s, %(running)s) AND {WHEN_HELD}
 """
 """An unfinished job whose episode the train stage gave up on: no one polls it again, so it no longer holds a slot of its backend."""
-
-
-@dataclass(frozen=True)
-class InnerJobRow:
-    """What the train and eval stages read of an episode's inner job."""
-
-    id: int
-    name: str
-    backend: str
-    external_id: str | None
-    status: InnerJobStatus
-    backend_state: dict[str, Any]
-    checkpoint_uri: str | None
-    error: str | None
-    train_seconds: float | None
 
 
 def inner_job_row(columns: tuple[Any, ...] | None) -> InnerJobRow | None:
@@ -177,3 +180,14 @@ def lost_record(episode_id: int, error: str) -> StageRecord:
         "episode_id": episode_id,
     }
     return "lost_job", LOST_SQL, params
+
+
+CAPACITY_WAIT_SQL = "UPDATE inner_jobs SET error = %(error)s WHERE episode_id = %(episode_id)s"
+
+
+def note_capacity_wait(database_url: str, claim: Claim, error: str) -> bool:
+    """The train stage's launch found no capacity: show `error` on its inner job and renew its claim, in one transaction
+    (the claim waits for its next poll). False when the claim was taken over meanwhile (the note is written all the same)."""
+    with sql_transaction(database_url) as sql:
+        run_sql(sql, CAPACITY_WAIT_SQL, {"episode_id": claim.episode_id, "error": error})
+        return heartbeat(sql, claim)

@@ -5,13 +5,15 @@ from __future__ import annotations
 from decimal import Decimal
 
 
+from metarl.store.columns import columns_of, insert_lists
 from metarl.store.db import SqlTarget, run_sql
+from metarl.store.records import CostEntry
 
 
-RECORD_COST_SQL = """
-INSERT INTO cost_ledger (run_id, episode_id, source, description, quantity, unit, unit_price_usd, amount_usd, simulated, idempotency_key, created_at)
-VALUES (%(run_id)s, %(episode_id)s, %(source)s, %(description)s, %(quantity)s, %(unit)s, %(unit_price_usd)s, %(amount_usd)s, %(simulated)s,
-        %(idempotency_key)s, now())
+COST_COLUMNS, COST_VALUES = insert_lists(CostEntry.__table__, columns_of(CostEntry.__table__, without=("id",)), {"created_at": "now()"})
+RECORD_COST_SQL = f"""
+INSERT INTO cost_ledger ({COST_COLUMNS})
+VALUES ({COST_VALUES})
 ON CONFLICT ON CONSTRAINT uq_cost_ledger_idempotency_key DO NOTHING
 RETURNING id
 """

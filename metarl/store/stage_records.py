@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 
+from metarl.store.columns import assignments, columns_of, insert_lists
 from metarl.store.db import SqlTarget, json_param, run_sql
+from metarl.store.records import Evaluation, ProbeAttempt
 
 StageRecord = tuple[str, str, dict[str, Any]]
 """A record written in the same statement as a stage's move or heartbeat, as one of its CTEs: (its name there, its SQL, its parameters).
@@ -54,24 +56,27 @@ def write_records(session: SqlTarget, records: Sequence[StageRecord]) -> None:
     """Write records on their own, in one statement (none of them may carry `WHEN_HELD`)."""
     if records:
         run_sql(session, *with_records("SELECT 1", {}, records))
+VERDICT_COLUMNS = ("passed", "errors", "probe_seconds", "model_name", "explicit_hyperparameters", "isolation")
+"""What the probe's verdict writes on the attempt (with `probed_at`); the agent's submission writes the attempt's other columns."""
+SUBMISSION_COLUMNS, SUBMISSION_VALUES = insert_lists(
+    ProbeAttempt.__table__, columns_of(ProbeAttempt.__table__, without=("id", *VERDICT_COLUMNS, "probed_at")), {"submitted_at": "now()"}
+)
 SUBMISSION_SQL = f"""
-INSERT INTO probe_attempts (episode_id, run_id, attempt, job_toml, workspace_uri, agent_tokens, agent_backend, policy_tokens, behaviour_logprobs,
-                            prompt_length, submitted_at)
-SELECT %(episode_id)s, %(run_id)s, %(attempt)s, %(job_toml)s, %(workspace_uri)s, %(agent_tokens)s, %(agent_backend)s, %(policy_tokens)s,
-       %(behaviour_logprobs)s, %(prompt_length)s, now()
+INSERT INTO probe_attempts ({SUBMISSION_COLUMNS})
+SELECT {SUBMISSION_VALUES}
 WHERE {WHEN_HELD}
 ON CONFLICT ON CONSTRAINT uq_probe_attempts_episode_id DO NOTHING
 """
 VERDICT_SQL = f"""
 UPDATE probe_attempts
-SET passed = %(passed)s, errors = %(errors)s, probe_seconds = %(probe_seconds)s, probed_at = now(), model_name = %(model_name)s,
-    explicit_hyperparameters = %(explicit_hyperparameters)s, isolation = %(isolation)s
+SET {assignments(ProbeAttempt.__table__, (*VERDICT_COLUMNS, "probed_at"), {"probed_at": "now()"})}
 WHERE episode_id = %(episode_id)s AND attempt = %(attempt)s AND {WHEN_HELD}
 """
 """Written with the stage's move, inside its statement (as is EVALUATION_SQL)."""
+EVALUATION_COLUMNS, EVALUATION_VALUES = insert_lists(Evaluation.__table__, columns_of(Evaluation.__table__, without=("id",)), {"created_at": "now()"})
 EVALUATION_SQL = f"""
-INSERT INTO evaluations (episode_id, backend, simulated, base_score, trained_score, ci_low, ci_high, n_items, eval_seconds, created_at)
-SELECT %(episode_id)s, %(backend)s, %(simulated)s, %(base_score)s, %(trained_score)s, %(ci_low)s, %(ci_high)s, %(n_items)s, %(eval_seconds)s, now()
+INSERT INTO evaluations ({EVALUATION_COLUMNS})
+SELECT {EVALUATION_VALUES}
 WHERE {WHEN_HELD}
 ON CONFLICT ON CONSTRAINT uq_evaluations_episode_id DO NOTHING
 """

@@ -229,3 +229,23 @@ def test_a_move_waiting_on_a_concurrent_claim_update_rechecks_the_claim(pg_url, 
     assert attempts(pg_url, episode_id) == (["x"] if moved else [])
     with session_scope(pg_url) as session:
         assert session.get(Episode, episode_id).stage == (Stage.probe if moved else Stage.agent)
+
+
+def test_every_claim_rule_is_one_statement_and_a_takeover_reads_the_last_holders_error(pg_url):
+    from metarl.store.db import observing_statements
+
+    run_id, episode_id = make_episode(pg_url)
+    first = claim(pg_url, run_id, episode_id, "a", lease_s=60)
+    with session_scope(pg_url) as session:
+        session.get(StageClaim, first.claim_id).error = "MemoryError: out of memory"
+    statements: list[object] = []
+    with observing_statements(statements.append):
+        with pytest.raises(ClaimRefused, match="held by a"):
+            claim(pg_url, run_id, episode_id, "b", lease_s=60)
+        assert len(statements) == 1, statements
+        stolen = claim(pg_url, run_id, episode_id, "b", lease_s=0)
+        assert len(statements) == 2, statements
+        continued = claim(pg_url, run_id, episode_id, "b", lease_s=60, token=stolen.token)
+        assert len(statements) == 3, statements
+    assert (stolen.takeovers, stolen.last_error) == (1, "MemoryError: out of memory")
+    assert (continued.claim_id, continued.takeovers) == (stolen.claim_id, 1), "a continuation is not a takeover"

@@ -141,7 +141,8 @@ def sha256(path: str | Path) -> str:
 
 
 def test_heartbeat_keeps_a_long_update_claimed_and_a_dead_one_is_taken_over(tmp_path, pg_url, monkeypatch):
-    from workers.outer import claim_outer_step, keep_alive, renew_outer_claim
+    from metarl.store.claims import renew_outer_claim
+    from workers.outer import claim_outer_step, keep_alive
 
     monkeypatch.setenv("METARL_DATABASE_URL", pg_url)
     config, specs = load_run(sim_config(tmp_path, name="beat", lease_s=1.0, redispatch_after_s=1.0))
@@ -190,7 +191,7 @@ def local_policy_config(tmp_path: Path) -> Path:
 
 def test_kill_orchestrator_and_outer_worker_mid_update_then_resume(tmp_path, service_env, stage_pools, started, pg_url, one_torch_thread):
     from metarl.policy.local_policy import LocalPolicy
-    from workers.outer import load_outer_work
+    from metarl.store.outer_steps import load_outer_work
 
     config_path = local_policy_config(tmp_path)
     artifacts = tmp_path / "artifacts"

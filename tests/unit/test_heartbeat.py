@@ -62,3 +62,23 @@ def test_a_block_shorter_than_the_interval_is_never_renewed() -> None:
             pass
     time.sleep(0.6)
     assert all(keeper.calls == 0 for keeper in keepers)
+
+
+def test_a_renewal_the_database_failed_is_tried_again_and_a_refused_one_loses_the_lease() -> None:
+    from metarl.store.errors import StoreError
+
+    asked: list[str] = []
+    answers: list[object] = [StoreError("the database went away"), True, False]
+
+    def renew(url: str) -> bool:
+        asked.append(url)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return bool(answer)
+
+    keeper = LeaseKeeper("postgresql://db", renew, interval_s=1.0)
+    assert keeper.beat() and not keeper.lost.is_set() and keeper.beats == 0, "a failed renewal is tried at the next beat"
+    assert keeper.beat() and keeper.beats == 1
+    assert not keeper.beat() and keeper.lost.is_set(), "a renewal the store refused means the lease was taken over"
+    assert asked == ["postgresql://db"] * 3

@@ -4,6 +4,7 @@ pod, a hung pod, release; billed seconds equal the fake's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 
 from metarl.backends.base import CostItem, EpisodeContext
 from metarl.backends.runpod.train import (
+    REAP_LOCK_KEY,
     PodAssignment,
     RunpodTrain,
     billable_chunks,
@@ -35,6 +37,9 @@ from metarl.backends.runpod.train import (
 from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat
 from metarl.backends.runpod.pod.runner import decode_env_value
 from metarl.backends.runpod.provider import PodState
+from metarl.backends.runpod.runs import ReapView, RunState
+from metarl.runconfig import load_run
+from schemas.states import RunStatus
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec
 from schemas.run_config import BudgetConfig, RunpodTrainBackend
@@ -279,3 +284,77 @@ def test_backend_launch_poll_warm_reuse_preemption_hang_and_release(cloud, tmp_p
         billed[pod_id] = billed.get(pod_id, 0.0) + item.quantity
     assert billed == {row["pod_id"]: float(row["seconds"]) for row in cloud.billing() if row["seconds"]}
     assert cloud.deploys_by_name.most_common(1)[0][1] == 1
+
+
+# --- the run database, injected ---------------------------------------------------------------
+
+
+class InMemoryRuns:
+    """`metarl.backends.runpod.runs.RunpodRuns` in memory (the store's `RunpodRunStore` is tested on PostgreSQL in
+    tests/integration/test_stage_work.py): a ledger kept once per key, run states, and locks held by this test."""
+
+    def __init__(self, name: str, config, status: RunStatus = RunStatus.running):  # type: ignore[no-untyped-def]
+        self.name = name
+        self.config = config
+        self.status = status
+        self.ledger: dict[str, CostItem] = {}
+        self.held: set[int] = set()
+
+    def record_costs(self, run_id: str, episode_id: int | None, items: list[CostItem]) -> None:
+        for item in items:
+            self.ledger.setdefault(item.key, item)
+
+    def run_total_usd(self, run_id: str) -> float:
+        return sum(item.quantity * item.unit_price_usd for item in self.ledger.values())
+
+    def run_state(self, run_id: str) -> RunState | None:
+        return RunState(status=self.status, stop_requested=False) if run_id == RUN_ID else None
+
+    def base_score_cached(self, task, model_name, eval_backend, identity) -> bool:  # type: ignore[no-untyped-def]
+        return False
+
+    @contextlib.contextmanager
+    def holding_lock(self, key: int) -> Iterator[None]:
+        self.held.add(key)
+        try:
+            yield
+        finally:
+            self.held.discard(key)
+
+    @contextlib.contextmanager
+    def trying_lock(self, key: int) -> Iterator[bool]:
+        if key in self.held:
+            yield False
+            return
+        with self.holding_lock(key):
+            yield True
+
+    def reap_view(self, run_key: str) -> ReapView | None:
+        if not RUN_ID.startswith(run_key):
+            return None
+        return ReapView(run_id=RUN_ID, status=self.status, config=self.config, live_jobs=frozenset())
+
+
+def test_the_reaper_and_the_ledger_go_through_the_injected_run_database(cloud, tmp_path):
+    artifacts = tmp_path / "artifacts"
+    text = (REPO / "examples" / "runpod.toml").read_text()
+    text = text.replace('task_specs_dir = "../tasks_specs"', f'task_specs_dir = "{REPO / "tasks_specs"}"').replace('root = "s3://your-bucket/metarl"', f'root = "{artifacts}"')
+    (tmp_path / "run.toml").write_text(text)
+    run_config, _ = load_run(tmp_path / "run.toml")
+    train = run_config.backends.train.model_copy(update={"poll_interval_s": 0.1, "billing_interval_s": 1, "api_timeout_s": 1.0, "api_backoff_s": 0.01, "capacity_cooldown_s": 0.0})
+    runs = InMemoryRuns(f"in-memory-{uuid.uuid4()}", run_config.model_copy(update={"backends": run_config.backends.model_copy(update={"train": train})}))
+    backend = RunpodTrain(train, str(artifacts), BudgetConfig(), runs)
+    job = JobSpec(model=JobModel(name="Qwen/Qwen3-0.6B"))
+    launched = backend.launch(context(1, tmp_path), job, "metarl-0a1b2c3d-1")
+    assert backend._run_accepting(RUN_ID) and not backend._run_accepting("another-run")
+    (pod,) = cloud.live_pods()
+    time.sleep(1.5)  # a second of uptime to bill
+
+    runs.status = RunStatus.finished
+    assert not backend._run_accepting(RUN_ID)
+    with runs.holding_lock(REAP_LOCK_KEY):  # another process is reaping
+        assert backend.maintain(force=True) == 0 and cloud.live_pods() == [pod]
+    assert backend.maintain(force=True) == 1, "the pod of a run that ended is reaped"
+    assert cloud.live_pods() == [] and launched.external_id == pod.id
+    billed = {row["pod_id"]: float(row["seconds"]) for row in cloud.billing() if row["seconds"]}
+    assert {pod.id: sum(item.quantity for item in runs.ledger.values())} == billed, "the settled pod's seconds are in the run's ledger"

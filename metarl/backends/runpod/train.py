@@ -60,8 +60,10 @@ from metarl.backends.runpod.pod.supervisor import POD_NAME_ENV, POD_ROOT_ENV, as
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, Target
 from metarl.backends.runpod.pod.manifest import EXIT_FILE, METRICS_DIR, STATUS_FILE
 from metarl.backends.runpod.provider import LaunchRequest, PodInfo, PodState, RetryPolicy, RunpodProvider
+from metarl.backends.runpod.runs import RunpodRuns
 from schemas.job import JobSpec
 from schemas.run_config import BudgetConfig, PodVllmEvalBackend, RunpodTrainBackend
+from schemas.states import RunStatus
 from schemas.task_spec import TaskSpec
 
 log = logging.getLogger("metarl.runpod")
@@ -431,20 +433,18 @@ class RunpodTrain:
         config: RunpodTrainBackend,
         artifacts_root: str,
         budget: BudgetConfig | None = None,
-        database_url: str | None = None,
+        runs: RunpodRuns | None = None,
         provider: RunpodProvider | None = None,
         clock: Callable[[], float] = time.time,
         ledger: LedgerWriter | None = None,
         environ: Mapping[str, str] | None = None,
         pod_eval: PodVllmEvalBackend | None = None,
     ):
-        from metarl.settings import database_url as configured_database_url
-
         self.config = config
         self.pod_eval = pod_eval
         self.budget = budget or BudgetConfig()
         self.store = Store(artifacts_root)
-        self.database_url = database_url or configured_database_url()
+        self.runs = runs
         retry = RetryPolicy(attempts=config.api_retries, backoff_s=config.api_backoff_s, call_timeout_s=config.api_timeout_s)
         self.provider = provider or RunpodProvider(retry, capacity_cooldown_s=config.capacity_cooldown_s)
         self.clock = clock
@@ -613,15 +613,11 @@ class RunpodTrain:
 
         if self.store.read(baseline_path(self.store, task, model_name)) is not None:
             return True
-        if self.database_url is None:
+        if self.runs is None:
             return False
         from metarl.backends.runpod.eval import PodVllmEval
-        from metarl.store.baselines import base_score_key, cached_baseline
-        from metarl.store.db import session_scope
 
-        key = base_score_key(task, model_name, NAME, PodVllmEval.base_model_identity(self.pod_eval, model_name))
-        with session_scope(self.database_url) as session:
-            return cached_baseline(session, key) is not None
+        return self.runs.base_score_cached(task, model_name, NAME, PodVllmEval.base_model_identity(self.pod_eval, model_name))
 
     def _keep_base(self, task: TaskSpec, model_name: str, result: EvalResult, job_name: str) -> None:
         from metarl.backends.runpod.eval import keep_baseline
@@ -760,21 +756,9 @@ class RunpodTrain:
 
     def _pool_lock(self) -> Any:
         """A cross-process lock on the pool (PostgreSQL advisory lock; a thread lock without a database)."""
-        if self.database_url is None:
+        if self.runs is None:
             return _LOCAL_POOL_LOCK
-        from contextlib import contextmanager
-
-        from sqlalchemy import func, select
-
-        from metarl.store.db import session_scope
-
-        @contextmanager
-        def locked():  # type: ignore[no-untyped-def]
-            with session_scope(self.database_url) as session:
-                session.execute(select(func.pg_advisory_xact_lock(POOL_LOCK_KEY)))
-                yield
-
-        return locked()
+        return self.runs.holding_lock(POOL_LOCK_KEY)
 
     def _claim_idle(self, run_id: str, job_name: str, attempt_dir: str) -> tuple[PodInfo, int] | None:
         """Take an idle running pod of this run, if any; the assignment file is the claim."""
@@ -907,24 +891,16 @@ class RunpodTrain:
         if self.ledger is not None:
             self.ledger(run_id, episode_id, items)
             return
-        if self.database_url is None:
+        if self.runs is None:
             raise PermanentBackendError("the runpod backend needs METARL_DATABASE_URL to bill pods")
-        from metarl.store.db import session_scope
-        from metarl.store.episodes import record_costs
-
-        with session_scope(self.database_url) as session:
-            record_costs(session, run_id, episode_id, items, simulated=False)
+        self.runs.record_costs(run_id, episode_id, items)
 
     # run state
 
     def _run_total(self, run_id: str) -> float | None:
-        if self.database_url is None:
+        if self.runs is None:
             return None
-        from metarl.store.db import session_scope
-        from metarl.store.ledger import run_total_usd
-
-        with session_scope(self.database_url) as session:
-            return run_total_usd(session, run_id)
+        return self.runs.run_total_usd(run_id)
 
     def _run_over_budget(self, run_id: str) -> bool:
         total = self._run_total(run_id)
@@ -932,33 +908,25 @@ class RunpodTrain:
 
     def _run_accepting(self, run_id: str) -> bool:
         """The run still launches jobs: running, no stop requested, under its budget."""
-        if self.database_url is None:
+        if self.runs is None:
             return True
-        from metarl.store.db import session_scope
-        from metarl.store.records import Run, RunStatus
-
-        with session_scope(self.database_url) as session:
-            run = session.get(Run, run_id)
-            if run is None or run.status != RunStatus.running or run.stop_requested:
-                return False
+        run = self.runs.run_state(run_id)
+        if run is None or run.status != RunStatus.running or run.stop_requested:
+            return False
         return not self._run_over_budget(run_id)
 
     # reaper
 
     def maintain(self, force: bool = False) -> int:
         """Orphan reaper, at most once per reap_interval_s per process; returns how many pods it terminated."""
-        if self.database_url is None:
+        if self.runs is None:
             return 0
         now = self.clock()
-        if not force and now - _LAST_REAP.get(self.database_url, float("-inf")) < self.config.reap_interval_s:
+        if not force and now - _LAST_REAP.get(self.runs.name, float("-inf")) < self.config.reap_interval_s:
             return 0
-        _LAST_REAP[self.database_url] = now
-        from sqlalchemy import func, select
-
-        from metarl.store.db import session_scope
-
-        with session_scope(self.database_url) as session:
-            if not session.execute(select(func.pg_try_advisory_xact_lock(REAP_LOCK_KEY))).scalar_one():
+        _LAST_REAP[self.runs.name] = now
+        with self.runs.trying_lock(REAP_LOCK_KEY) as locked:
+            if not locked:
                 return 0
             try:
                 pods = self.provider.list_owned(NAME_PREFIX)
@@ -968,12 +936,7 @@ class RunpodTrain:
             return self._reap(pods, now)
 
     def _reap(self, pods: list[PodInfo], now: float) -> int:
-        from sqlalchemy import select
-
-        from metarl.store.db import session_scope
-        from metarl.store.episodes import run_config_of
-        from metarl.store.records import Episode, InnerJob, InnerJobStatus, Run, RunStatus, Stage
-
+        assert self.runs is not None, "the reaper runs only with the run database"
         by_run: dict[str, list[PodInfo]] = {}
         for pod in pods:
             key = run_key_of(pod.name)
@@ -981,29 +944,16 @@ class RunpodTrain:
                 by_run.setdefault(key, []).append(pod)
         reaped = 0
         for key, run_pods in by_run.items():
-            with session_scope(self.database_url) as session:
-                runs = session.execute(select(Run).where(Run.id.like(f"{key}%"))).scalars().all()
-                if len(runs) != 1:
-                    continue  # not a run of this database: another deployment's pods are none of our business
-                run = runs[0]
-                run_id, final = run.id, run.status in (RunStatus.finished, RunStatus.stopped, RunStatus.failed)
-                config = run_config_of(run)
-                live = set(
-                    session.execute(
-                        select(InnerJob.name)
-                        .join(Episode, Episode.id == InnerJob.episode_id)
-                        .where(
-                            InnerJob.run_id == run_id,
-                            InnerJob.status.in_((InnerJobStatus.launching, InnerJobStatus.running)),
-                            Episode.stage == Stage.train,
-                        )
-                    ).scalars()
-                )
+            run = self.runs.reap_view(key)
+            if run is None:
+                continue  # not a run of this database: another deployment's pods are none of our business
+            run_id, final = run.run_id, run.status in (RunStatus.finished, RunStatus.stopped, RunStatus.failed)
+            config, live = run.config, run.live_jobs
             train = config.backends.train
             if not isinstance(train, RunpodTrainBackend):
                 continue
             pod_eval = config.backends.eval if isinstance(config.backends.eval, PodVllmEvalBackend) else None
-            backend = RunpodTrain(train, config.artifacts.root, config.budget, self.database_url, self.provider, self.clock, self.ledger, pod_eval=pod_eval)
+            backend = RunpodTrain(train, config.artifacts.root, config.budget, self.runs, self.provider, self.clock, self.ledger, pod_eval=pod_eval)
             accepting = backend._run_accepting(run_id) if not final else False
             for pod in run_pods:
                 assignment = backend.store.read_model(backend.store.assignment_path(pod.name), PodAssignment)

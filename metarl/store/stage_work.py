@@ -1,0 +1,155 @@
+"""The unit of work a stage message starts with: its claim, and what the stage reads with it.
+
+On one pooled connection in autocommit (`workers.stages` calls :func:`claim_stage_work`):
+
+1. the episode's stage row and the plain claim (a first claim, or this worker's continuation), and at
+   train, when the worker knows the run's limits, the inner job's creation: one statement
+   (`metarl.store.episodes.stage_row_and_claim`, `train_row_and_claim`);
+2. the run's config and the task spec, read only when the process meets the run for the first time;
+3. when the plain claim did not apply (a duplicate message, a takeover): the claim rules, one
+   statement (`metarl.store.claims.claim_stage`);
+4. the stage's loader, with :class:`ClaimReads`: the reads (or the inner job's creation) its work needs.
+
+The claim rules themselves are `metarl.store.claims`; the move that ends the stage is
+`metarl.store.episodes.move_episode`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from sqlalchemy import update
+
+from metarl.backends.base import BaseScoreKey, EpisodeContext
+from metarl.store.baselines import cached_baseline
+from metarl.store.claims import Claim, ClaimRefused, claim_stage, heartbeat
+from metarl.store.db import SqlTarget, session_scope, sql_transaction
+from metarl.store.episodes import ENDED_RUN_STATUSES, StageRow, config_and_task, stage_context, stage_row_and_claim, train_row_and_claim
+from metarl.store.inner_jobs import CreationBlock, InnerJobLimits, InnerJobRow, create_within_limits
+from metarl.store.records import Episode, Stage, StageClaim
+from schemas.run_config import RunConfig
+from schemas.task_spec import TaskSpec
+
+Loaded = TypeVar("Loaded")
+
+
+@dataclass(frozen=True)
+class StageClaimed:
+    """A stage this worker now holds, with what was read with its claim (`ctx`: the backends' view of the episode)."""
+
+    row: StageRow
+    claim: Claim
+    config: RunConfig
+    task: TaskSpec
+    ctx: EpisodeContext
+
+
+@dataclass(frozen=True)
+class StageSkipped:
+    """Why a stage message does nothing: no such episode, the episode is elsewhere, its run ended, or the claim was refused."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class StageWork(Generic[Loaded]):
+    """A claimed stage and what its loader returned."""
+
+    claimed: StageClaimed
+    loaded: Loaded | None
+
+
+class ClaimReads:
+    """What a stage's loader does on its claim's connection (in autocommit: each call is one statement of its own)."""
+
+    __slots__ = ("_sql",)
+
+    def __init__(self, sql: SqlTarget):
+        self._sql = sql
+
+    def create_inner_job(
+        self, *, run_id: str, episode_id: int, name: str, backend: str, simulated: bool, model_name: str, max_usd: float, capacity: int
+    ) -> InnerJobRow | CreationBlock:
+        """`metarl.store.inner_jobs.create_within_limits` (the backend's advisory lock is held only while the statement runs)."""
+        return create_within_limits(
+            self._sql,
+            run_id=run_id,
+            episode_id=episode_id,
+            name=name,
+            backend=backend,
+            simulated=simulated,
+            model_name=model_name,
+            max_usd=max_usd,
+            capacity=capacity,
+        )
+
+    def cached_base_score(self, key: BaseScoreKey) -> float | None:
+        """`metarl.store.baselines.cached_baseline`: read once per process per key."""
+        return cached_baseline(self._sql, key)
+
+
+StageLoader = Callable[[ClaimReads, StageClaimed], Loaded]
+"""What a stage reads (or creates) after its claim, on the claim's connection."""
+
+
+def claim_stage_work(
+    database_url: str,
+    *,
+    stage: Stage,
+    episode_id: int,
+    probe_attempt: int,
+    token: str | None,
+    worker: str,
+    limits: InnerJobLimits | None = None,
+    load: StageLoader[Loaded] | None = None,
+) -> StageWork[Loaded] | StageSkipped:
+    """Claim the stage (see the module docstring) and run `load` with the claim's reads; or say why the message is skipped.
+
+    `limits` (train only): the run limits the process last created an inner job under; when the episode is of that
+    run, the claim's statement creates its inner job too (the row then carries it, or the cap that stopped it).
+    """
+    with sql_transaction(database_url, autocommit=True) as sql:
+        if limits is not None and stage == Stage.train:
+            row, claim = train_row_and_claim(sql, episode_id=episode_id, probe_attempt=probe_attempt, worker=worker, token=token, limits=limits)
+        else:
+            row, claim = stage_row_and_claim(sql, episode_id=episode_id, stage=stage, probe_attempt=probe_attempt, worker=worker, token=token)
+        if row is None:
+            return StageSkipped("no such episode")
+        if row.stage != stage or row.probe_attempt != probe_attempt:
+            return StageSkipped(f"episode is elsewhere ({row.stage.value}, attempt {row.probe_attempt})")
+        if row.run_status in ENDED_RUN_STATUSES:
+            return StageSkipped(f"its run is {row.run_status.value}")
+        config, task = config_and_task(sql, row)
+        if claim is None:  # a duplicate message or a takeover: the claim rules decide
+            try:
+                claim = claim_stage(
+                    sql,
+                    run_id=row.run_id,
+                    episode_id=episode_id,
+                    stage=stage,
+                    probe_attempt=probe_attempt,
+                    worker=worker,
+                    lease_s=config.retries.lease_s,
+                    token=token,
+                )
+            except ClaimRefused as refused:
+                return StageSkipped(refused.reason)
+        claimed = StageClaimed(row=row, claim=claim, config=config, task=task, ctx=stage_context(row, config, task))
+        return StageWork(claimed, load(ClaimReads(sql), claimed) if load is not None else None)
+
+
+def note_storage_wait(database_url: str, claim: Claim, error: str) -> bool:
+    """The stage waits for storage space: renew its claim and show `error` on the claim and on the episode (`metarl status`),
+    in one transaction. False (nothing written) when the claim was taken over."""
+    with session_scope(database_url) as session:
+        if not heartbeat(session, claim):
+            return False
+        session.execute(update(StageClaim).where(StageClaim.id == claim.claim_id).values(error=error))
+        session.execute(
+            update(Episode)
+            .where(Episode.id == claim.episode_id, Episode.stage == claim.stage, Episode.probe_attempt == claim.probe_attempt)
+            .values(error=error)
+        )
+    return True
