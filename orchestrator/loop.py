@@ -28,12 +28,12 @@ from orchestrator.reconciler import StageDispatch, orphaned_episodes, orphaned_o
 from metarl.store.tick_counts import TickCounts, read_tick_counts
 from metarl.store.records import RUN_ROW_LOCK, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus, Stage
 from schemas.run_config import RunConfig, StageDeadlines
+from schemas.states import ENDED_RUN_STATUSES
 from schemas.task_spec import TaskSpec
 from metarl.messaging.dispatch import send_outer, send_stage
 
 log = logging.getLogger("metarl.orchestrator")
 
-FINAL_STATUSES = (RunStatus.finished, RunStatus.stopped, RunStatus.failed)
 DATABASE_ERRORS = (OperationalError, InterfaceError)
 """What a database that went away (restart, network) raises; the loop waits for it instead of exiting."""
 MAX_OUTAGE_WAIT_S = 5.0
@@ -158,7 +158,7 @@ class Orchestrator:
             if run is None:
                 raise RunNotFound(f"no run with id {self.run_id}")
             report.status = run.status
-            if run.status in FINAL_STATUSES:
+            if run.status in ENDED_RUN_STATUSES:
                 report.finished = True
                 return report
             config = run_config_of(run)

@@ -36,11 +36,11 @@ from metarl.store.records import OuterStatus, OuterStep, Run, RunStatus
 from workers.app import app
 from workers.common import database_url, worker_name
 from workers.heartbeat import LeaseKeeper, heartbeat_interval
+from schemas.states import ENDED_RUN_STATUSES
 
 log = logging.getLogger("metarl.outer")
 
 TRANSIENT_BACKOFF_S = (1.0, 4.0, 15.0, 60.0)
-CLOSED_RUN_STATUSES = (RunStatus.failed, RunStatus.finished, RunStatus.stopped)
 
 
 # -- pure rules ------------------------------------------------------------------------------------
@@ -156,7 +156,7 @@ def fail_outer_step(claim: OuterClaim, message: str) -> bool:
         run_id, step = failed
         session.execute(
             update(Run)
-            .where(Run.id == run_id, Run.status.in_((RunStatus.running, RunStatus.stopping)))
+            .where(Run.id == run_id, Run.status.not_in(ENDED_RUN_STATUSES))
             .values(status=RunStatus.failed, status_message=f"outer step {step} failed: {message}", finished_at=now)
         )
     log.error("outer step %s of run %s failed: %s", step, run_id, message)
@@ -299,7 +299,7 @@ def outer_update(self: Task, outer_step_id: int) -> str:
         row = outer_step_row(session, outer_step_id)
         if row is None:
             return "missing"
-        if row.run_status in CLOSED_RUN_STATUSES:
+        if row.run_status in ENDED_RUN_STATUSES:
             return "skipped"
         config = run_config_by_key(session, row.run_id, row.run_created_at)
         lease_s, cap = config.retries.lease_s, config.retries.max_stage_attempts

@@ -24,8 +24,8 @@ from metarl.store.baselines import baseline_lookup, cached_baseline, store_basel
 from metarl.backends.base import BaseScoreKey, EpisodeContext, TrainBackend
 from metarl.store.claims import Claim, ClaimRefused
 from metarl.store.db import SqlTarget, run_sql, session_scope, sql_transaction
+from schemas.states import ENDED_RUN_STATUSES
 from metarl.store.episodes import (
-    ENDED_RUN_STATUSES,
     StageRow,
     StaleTransition,
     config_and_task,

@@ -62,6 +62,7 @@ from metarl.backends.runpod.pod.manifest import EXIT_FILE, METRICS_DIR, STATUS_F
 from metarl.backends.runpod.provider import LaunchRequest, PodInfo, PodState, RetryPolicy, RunpodProvider
 from schemas.job import JobSpec
 from schemas.run_config import BudgetConfig, PodVllmEvalBackend, RunpodTrainBackend
+from schemas.states import ENDED_RUN_STATUSES
 from schemas.task_spec import TaskSpec
 
 log = logging.getLogger("metarl.runpod")
@@ -972,7 +973,7 @@ class RunpodTrain:
 
         from metarl.store.db import session_scope
         from metarl.store.episodes import run_config_of
-        from metarl.store.records import Episode, InnerJob, InnerJobStatus, Run, RunStatus, Stage
+        from metarl.store.records import Episode, InnerJob, InnerJobStatus, Run, Stage
 
         by_run: dict[str, list[PodInfo]] = {}
         for pod in pods:
@@ -986,7 +987,7 @@ class RunpodTrain:
                 if len(runs) != 1:
                     continue  # not a run of this database: another deployment's pods are none of our business
                 run = runs[0]
-                run_id, final = run.id, run.status in (RunStatus.finished, RunStatus.stopped, RunStatus.failed)
+                run_id, final = run.id, run.status in ENDED_RUN_STATUSES
                 config = run_config_of(run)
                 live = set(
                     session.execute(
