@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 
+from metarl.domain.batching import is_stale
+
 if TYPE_CHECKING:
     import tinker
 
@@ -90,17 +92,17 @@ def filter_stale(groups, current_version: int, max_steps_off_policy: int, mode: 
     if max_steps_off_policy < 0:
         raise ValueError("max_steps_off_policy must be >= 0")
 
-    def is_stale(group: Sequence[Any]) -> bool:
+    def stale(group: Sequence[Any]) -> bool:
         version = group_version(group)
         if version > current_version:
             raise ValueError(f"a group was sampled with policy version {version}, newer than the current version {current_version}")
-        return current_version - version > max_steps_off_policy
+        return is_stale(version, current_version, max_steps_off_policy)
 
     if isinstance(groups, Mapping):
-        kept = {key: group for key, group in groups.items() if not is_stale(group)}
+        kept = {key: group for key, group in groups.items() if not stale(group)}
         dropped = {key: group for key, group in groups.items() if key not in kept}
         return StaleSplit(kept, dropped)
-    flags = [is_stale(group) for group in groups]
+    flags = [stale(group) for group in groups]
     return StaleSplit([g for g, stale in zip(groups, flags) if not stale], [g for g, stale in zip(groups, flags) if stale])
 
 

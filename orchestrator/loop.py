@@ -23,7 +23,7 @@ from metarl.store.db import get_engine, session_scope
 from metarl.store.episodes import open_groups, run_config_of
 from metarl.store.tick_wakeup import TickWaiter
 from metarl.errors import RunNotFound
-from metarl.domain.batching import GroupView, groups_to_open, plan_batch, tasks_to_open
+from metarl.domain.batching import GroupView, groups_to_open, oldest_fresh_version, plan_batch, tasks_to_open
 from orchestrator.reconciler import StageDispatch, orphaned_episodes, orphaned_outer_steps
 from metarl.store.tick_counts import TickCounts, read_tick_counts
 from metarl.store.records import RUN_ROW_LOCK, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus, Stage
@@ -261,7 +261,7 @@ class Orchestrator:
         return True
 
     def _drop_stale_groups(self, session: Session, run: Run, config: RunConfig) -> tuple[int, list[str]]:
-        cutoff = run.policy_version - config.outer.max_steps_off_policy
+        cutoff = oldest_fresh_version(run.policy_version, config.outer.max_steps_off_policy)
         stale = session.execute(
             select(EpisodeGroup).where(
                 EpisodeGroup.run_id == run.id,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from metarl.backends.base import OuterBatchEpisode
+from metarl.domain.batching import is_stale
 from metarl.outer_update import (
     Datum,
     build_datum,
@@ -69,6 +70,14 @@ def test_filter_stale_on_a_mapping_with_mixed_versions_and_dicts():
     groups = {1: episodes(1, 4) + episodes(1, 1, n=1), 2: [{"policy_version": 4}, {"policy_version": 4}]}
     kept, dropped = filter_stale(groups, current_version=4, max_steps_off_policy=2)
     assert list(kept) == [2] and list(dropped) == [1]  # a group is as old as its oldest episode
+
+
+def test_filter_stale_follows_the_domain_rule():
+    for current in range(5):
+        for bound in range(3):
+            groups = [episodes(version + 1, version) for version in range(current + 1)]
+            _, dropped = filter_stale(groups, current_version=current, max_steps_off_policy=bound)
+            assert [g[0].policy_version for g in dropped] == [v for v in range(current + 1) if is_stale(v, current, bound)]
 
 
 def test_filter_stale_refuses_bad_arguments():
