@@ -30,6 +30,7 @@ from metarl.store.claims import utcnow
 from metarl.store.db import json_param, run_sql, session_scope
 from metarl.store.episodes import record_costs, run_config_by_key
 from metarl.store.tick_wakeup import request_tick
+from metarl.domain.retry import WORKER_BACKOFF, backoff_delay
 from metarl.errors import PermanentBackendError, TransientBackendError, describe_error
 from metarl.store.step_metrics import outer_step_metrics
 from metarl.store.records import OuterStatus, OuterStep, Run, RunStatus
@@ -40,7 +41,6 @@ from schemas.states import ENDED_RUN_STATUSES
 
 log = logging.getLogger("metarl.outer")
 
-TRANSIENT_BACKOFF_S = (1.0, 4.0, 15.0, 60.0)
 
 
 # -- pure rules ------------------------------------------------------------------------------------
@@ -61,11 +61,6 @@ def crash_loop_message(step: int, takeovers: int, max_stage_attempts: int, last_
 
 
 
-def transient_delay(failures: int, backoff: Sequence[float] = TRANSIENT_BACKOFF_S) -> float:
-    """Seconds to wait after the `failures`-th transient error in a row (1-based); the last value repeats."""
-    return backoff[min(max(failures, 1), len(backoff)) - 1]
-
-
 def update_with_retries(work: Callable[[], OuterResult], max_attempts: int, sleep: Callable[[float], None] = time.sleep) -> OuterResult:
     """Run `work`, retrying transient backend errors with backoff (the claim stays heartbeated meanwhile).
 
@@ -80,7 +75,7 @@ def update_with_retries(work: Callable[[], OuterResult], max_attempts: int, slee
             failures += 1
             if failures >= max_attempts:
                 raise PermanentBackendError(f"gave up after {failures} transient errors: {describe_error(err)}") from err
-            delay = transient_delay(failures)
+            delay = backoff_delay(WORKER_BACKOFF, failures)
             log.warning("transient error in the outer update (%s); retry %s/%s in %ss", err, failures, max_attempts - 1, delay)
             sleep(delay)
 
