@@ -28,36 +28,8 @@ if TYPE_CHECKING:
     from metarl.policy.local_policy import LocalPolicy
 
 # ---------------------------------------------------------------------------------------------
-# Advantages and staleness
+# Staleness (group advantages: metarl.domain.advantages)
 # ---------------------------------------------------------------------------------------------
-
-
-def _centred(rewards: Sequence[float], normalize_std: bool, eps: float) -> list[float]:
-    values = [float(r) for r in rewards]
-    if not values:
-        return []
-    if not all(math.isfinite(v) for v in values):
-        raise ValueError(f"rewards must be finite, got {values}")
-    mean = sum(values) / len(values)
-    centred = [v - mean for v in values]
-    if max(values) - min(values) <= 1e-12:
-        return [0.0] * len(values)  # all equal: no signal
-    if normalize_std:
-        std = math.sqrt(sum(c * c for c in centred) / len(centred))
-        centred = [c / (std + eps) for c in centred]
-    return centred
-
-
-def group_advantages(rewards_by_group, normalize_std: bool = False, eps: float = 1e-6):
-    """Group-relative advantages: each reward minus its group's mean (optionally / the group's std).
-
-    `rewards_by_group` is a sequence of reward lists (returns a list of lists) or a mapping
-    group id -> rewards (returns a dict with the same keys). A group whose rewards are all equal,
-    a group of one included, gets zeros.
-    """
-    if isinstance(rewards_by_group, Mapping):
-        return {key: _centred(rewards, normalize_std, eps) for key, rewards in rewards_by_group.items()}
-    return [_centred(rewards, normalize_std, eps) for rewards in rewards_by_group]
 
 
 def _version_of(item: Any) -> int:

@@ -24,6 +24,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from metarl.domain.advantages import group_advantages as domain_group_advantages
 from metarl.learning.families import Example, TaskFamily
 from metarl.learning.lora import adapters_disabled, apply_lora, merge_lora
 from metarl.learning.runtime import configure_torch_threads
@@ -126,13 +127,10 @@ class TrainOutcome(BaseModel):
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS) -> torch.Tensor:
-    """Group-relative advantages of a ``(groups, group_size)`` reward tensor: ``(r - mean) / (std + eps)``.
-
-    A group whose rewards are all equal (including any group of size 1) gets zero advantages.
-    """
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True, unbiased=False)
-    return (rewards - mean) / (std + eps)
+    """Std-normalised group advantages (:func:`metarl.domain.advantages.group_advantages`) of a
+    ``(groups, group_size)`` reward tensor, as a tensor of the same shape and dtype: ``(r - mean) / (std + eps)``,
+    zeros for a group whose rewards are all equal (any group of size 1 included)."""
+    return torch.tensor(domain_group_advantages(rewards.tolist(), normalize_std=True, eps=eps), dtype=rewards.dtype).view(rewards.shape)
 
 
 def warmup_learning_rate(step: int, peak: float, warmup_steps: int) -> float:

@@ -1,4 +1,4 @@
-"""Importance-sampling GRPO: advantages, staleness, Tinker-layout datums, the truncated IS loss, the local step."""
+"""Importance-sampling GRPO: staleness, Tinker-layout datums, the truncated IS loss, the local step."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from metarl.outer_update import (
     build_datum,
     collate,
     filter_stale,
-    group_advantages,
     importance_sampling_loss,
     local_outer_step,
     to_tinker_datum,
@@ -24,30 +23,6 @@ from metarl.policy.local_policy import LocalPolicy
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-# -- advantages ----------------------------------------------------------------------------------
-
-
-def test_advantages_are_group_relative():
-    advantages = group_advantages([[1.0, 0.0, 0.0, 1.0], [0.2, 0.5, 0.8]])
-    assert advantages[0] == pytest.approx([0.5, -0.5, -0.5, 0.5])
-    assert advantages[1] == pytest.approx([-0.3, 0.0, 0.3])
-    assert all(abs(sum(group)) < 1e-9 for group in advantages)
-
-
-def test_equal_rewards_and_singletons_give_zeros():
-    assert group_advantages([[0.3, 0.3, 0.3], [0.7], []]) == [[0.0, 0.0, 0.0], [0.0], []]
-    assert group_advantages([[0.3] * 4], normalize_std=True) == [[0.0] * 4]
-
-
-def test_std_normalisation_and_mapping_input():
-    advantages = group_advantages({7: [1.0, 0.0], 9: [2.0, 2.0]}, normalize_std=True)
-    assert set(advantages) == {7, 9}
-    assert advantages[7] == pytest.approx([1.0, -1.0], abs=1e-5)
-    assert advantages[9] == [0.0, 0.0]
-    with pytest.raises(ValueError, match="finite"):
-        group_advantages([[1.0, math.nan]])
 
 
 # -- staleness -----------------------------------------------------------------------------------

@@ -259,7 +259,8 @@ class LocalOuter:
     ) -> OuterResult:
         import torch
 
-        from metarl.outer_update import build_datum, group_advantages, local_outer_step
+        from metarl.domain.advantages import group_advantages
+        from metarl.outer_update import build_datum, local_outer_step
         from metarl.policy.local_policy import LocalPolicy
 
         if base_state_uri is None:
