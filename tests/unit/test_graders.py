@@ -14,7 +14,7 @@ import pytest
 from metarl import graders, isolation, sandbox_runner
 from metarl.backends.local import train as local_train
 from metarl.learning.families import FAMILIES
-from metarl.learning.grpo import RewardWeights
+from metarl.learning.grpo import RewardComponentWeights
 from metarl.learning.tokenizer import CHARACTERS
 from metarl.policy import job_language
 
@@ -84,4 +84,4 @@ def test_one_list_of_reward_components() -> None:
     """The job language, the local trainer and its weights name the graders' components, in the same order."""
     assert job_language.REWARD_COMPONENTS is graders.REWARD_COMPONENTS
     assert local_train.REWARD_COMPONENTS is graders.REWARD_COMPONENTS
-    assert tuple(RewardWeights.model_fields) == graders.REWARD_COMPONENTS
+    assert tuple(RewardComponentWeights.model_fields) == graders.REWARD_COMPONENTS

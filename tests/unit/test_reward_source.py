@@ -17,7 +17,7 @@ from metarl.backends.local.train import REWARD_COMPONENTS, compile_local_job, re
 from metarl import graders
 from metarl.backends.local.agent import effective_weights, environment_source
 from metarl.learning.families import FAMILIES
-from metarl.learning.grpo import LocalTrainConfig, RewardWeights, rollout_reward
+from metarl.learning.grpo import LocalTrainConfig, RewardComponentWeights, rollout_reward
 from metarl.learning.tokenizer import CHARACTERS
 from metarl.reward_source import (
     EnvironmentRewardSpec,
@@ -193,7 +193,7 @@ def test_local_agent_module_is_the_builtin_training_signal(family_name: str) -> 
         for max_tokens in (6, 16):
             namespace = rendered_reward(weights, family_name, max_tokens)
             assert set(namespace["COMPONENTS"]) == set(REWARD_COMPONENTS)  # type: ignore[arg-type]
-            config = LocalTrainConfig(max_tokens=max_tokens, rewards=RewardWeights(**effective_weights(weights)))
+            config = LocalTrainConfig(max_tokens=max_tokens, rewards=RewardComponentWeights(**effective_weights(weights)))
             for _ in range(200):
                 example = family.generate(rng, rng.random())
                 length = rng.randrange(0, max_tokens + 1)

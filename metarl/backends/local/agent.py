@@ -83,9 +83,9 @@ def effective_weights(weights: dict[str, float]) -> dict[str, float]:
     """The job's weights as the local trainer's built-in graders apply them (see compile_local_job):
     negative weights of the positive components count as 0, the length penalty's by magnitude, and
     a component the job leaves out keeps its built-in default (correctness 1, the others 0)."""
-    from metarl.learning.grpo import RewardWeights
+    from metarl.learning.grpo import RewardComponentWeights
 
-    out = {name: float(field.default) for name, field in RewardWeights.model_fields.items()}
+    out = {name: float(field.default) for name, field in RewardComponentWeights.model_fields.items()}
     for name, weight in weights.items():
         if name == "length_penalty":
             out[name] = abs(float(weight))

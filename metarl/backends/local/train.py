@@ -57,7 +57,7 @@ def compile_local_job(
     (a ``reward`` section naming the module in the job's copy of the workspace); the built-in
     weights stay in ``train.rewards`` for the record but are not used.
     """
-    from metarl.learning.grpo import LocalTrainConfig, RewardWeights
+    from metarl.learning.grpo import LocalTrainConfig, RewardComponentWeights
 
     resolved = job.resolved()
     unknown = sorted(set(job.reward.components) - set(REWARD_COMPONENTS))
@@ -78,7 +78,7 @@ def compile_local_job(
         max_tokens=resolved.max_tokens,
         kl_coef=resolved.kl_coef,
         lora_rank=job.model.lora_rank,
-        rewards=RewardWeights(**weights),
+        rewards=RewardComponentWeights(**weights),
         seed=job.training.seed,
         time_budget_s=task.budget.max_train_seconds,
     )
