@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from metarl.outer_update import build_datum, group_advantages, local_outer_step
+from metarl.domain.advantages import group_advantages
+from metarl.outer_update import build_datum, local_outer_step
 from metarl.policy import job_language as jl
 from metarl.policy.local_policy import LocalPolicy, PolicyConfig
 from metarl.probe import probe_job_text

@@ -24,7 +24,8 @@ What the sandboxed process gets (level ``full``):
 - a root file system of a small tmpfs made read-only, with read-only binds of exactly what the
   interpreter maps (its binary, the shared libraries it loads, found once per process by
   :func:`discover_root`), the standard library (its ``site-packages`` hidden behind an empty
-  read-only tmpfs), the runner at ``/sandbox/sandbox_runner.py`` and the workspace at
+  read-only tmpfs), the runner at ``/sandbox/sandbox_runner.py``, the task families' graders at
+  ``/sandbox/metarl_graders.py`` (:mod:`metarl.graders`, which the runner loads) and the workspace at
   ``/workspace`` (the working directory, read-only: the protocol needs no writes); a private
   ``/tmp`` tmpfs of ``tmp_bytes``; a minimal read-only ``/dev`` (null, zero, full, random,
   urandom, tty, a private pts); no ``/etc`` at all, no host ``/tmp``, ``/home``, ``/run``, no
@@ -56,6 +57,7 @@ from pathlib import Path
 from typing import Literal
 
 from metarl import seccomp
+from metarl.graders import GRADERS_MODULE
 
 IsolationLevel = Literal["process", "full"]
 LEVELS: tuple[IsolationLevel, ...] = ("process", "full")
@@ -63,6 +65,8 @@ LEVELS: tuple[IsolationLevel, ...] = ("process", "full")
 
 SANDBOX_WORKSPACE = "/workspace"
 SANDBOX_RUNNER = "/sandbox/sandbox_runner.py"
+SANDBOX_GRADERS = f"/sandbox/{GRADERS_MODULE}.py"
+"""Where the task families' graders (metarl/graders.py) are bound read-only for the runner to load."""
 SANDBOX_UID = 65534
 SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
 BWRAP_LAYERS = (
@@ -248,8 +252,10 @@ def bwrap_command(
     tmp_bytes: int,
     seccomp_fd: int,
     argv: list[str],
+    graders: str | None = None,
 ) -> list[str]:
-    """The full command line that runs ``argv`` (see :func:`runner_argv`) in the sandbox (pure)."""
+    """The full command line that runs ``argv`` (see :func:`runner_argv`) in the sandbox (pure); ``graders``, when
+    given, is the host path of the graders file, bound read-only at :data:`SANDBOX_GRADERS`."""
     command = [
         bwrap,
         "--unshare-pid",
@@ -280,8 +286,10 @@ def bwrap_command(
     command += ["--ro-bind", root.stdlib, root.stdlib]
     for path in root.masked:
         command += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
+    command += ["--ro-bind", runner, SANDBOX_RUNNER]
+    if graders is not None:
+        command += ["--ro-bind", graders, SANDBOX_GRADERS]
     command += [
-        "--ro-bind", runner, SANDBOX_RUNNER,
         "--ro-bind", workspace, SANDBOX_WORKSPACE,
         "--proc", "/proc",
         "--dev", "/dev",

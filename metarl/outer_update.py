@@ -20,42 +20,16 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 
+from metarl.domain.batching import is_stale
+
 if TYPE_CHECKING:
     import tinker
 
     from metarl.policy.local_policy import LocalPolicy
 
 # ---------------------------------------------------------------------------------------------
-# Advantages and staleness
+# Staleness (group advantages: metarl.domain.advantages)
 # ---------------------------------------------------------------------------------------------
-
-
-def _centred(rewards: Sequence[float], normalize_std: bool, eps: float) -> list[float]:
-    values = [float(r) for r in rewards]
-    if not values:
-        return []
-    if not all(math.isfinite(v) for v in values):
-        raise ValueError(f"rewards must be finite, got {values}")
-    mean = sum(values) / len(values)
-    centred = [v - mean for v in values]
-    if max(values) - min(values) <= 1e-12:
-        return [0.0] * len(values)  # all equal: no signal
-    if normalize_std:
-        std = math.sqrt(sum(c * c for c in centred) / len(centred))
-        centred = [c / (std + eps) for c in centred]
-    return centred
-
-
-def group_advantages(rewards_by_group, normalize_std: bool = False, eps: float = 1e-6):
-    """Group-relative advantages: each reward minus its group's mean (optionally / the group's std).
-
-    `rewards_by_group` is a sequence of reward lists (returns a list of lists) or a mapping
-    group id -> rewards (returns a dict with the same keys). A group whose rewards are all equal,
-    a group of one included, gets zeros.
-    """
-    if isinstance(rewards_by_group, Mapping):
-        return {key: _centred(rewards, normalize_std, eps) for key, rewards in rewards_by_group.items()}
-    return [_centred(rewards, normalize_std, eps) for rewards in rewards_by_group]
 
 
 def _version_of(item: Any) -> int:
@@ -90,17 +64,17 @@ def filter_stale(groups, current_version: int, max_steps_off_policy: int, mode: 
     if max_steps_off_policy < 0:
         raise ValueError("max_steps_off_policy must be >= 0")
 
-    def is_stale(group: Sequence[Any]) -> bool:
+    def stale(group: Sequence[Any]) -> bool:
         version = group_version(group)
         if version > current_version:
             raise ValueError(f"a group was sampled with policy version {version}, newer than the current version {current_version}")
-        return current_version - version > max_steps_off_policy
+        return is_stale(version, current_version, max_steps_off_policy)
 
     if isinstance(groups, Mapping):
-        kept = {key: group for key, group in groups.items() if not is_stale(group)}
+        kept = {key: group for key, group in groups.items() if not stale(group)}
         dropped = {key: group for key, group in groups.items() if key not in kept}
         return StaleSplit(kept, dropped)
-    flags = [is_stale(group) for group in groups]
+    flags = [stale(group) for group in groups]
     return StaleSplit([g for g, stale in zip(groups, flags) if not stale], [g for g, stale in zip(groups, flags) if stale])
 
 

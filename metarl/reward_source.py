@@ -4,7 +4,7 @@ The trainer (:func:`metarl.learning.grpo.train`) takes an optional *batch reward
 ``reward_fn(batch) -> rewards``, where ``batch`` is a list of ``(prompt, completion, answer)``
 rollouts of one step (the dataset item's prompt, the decoded completion as sampled, the item's
 reference answer) and ``rewards`` has one number per rollout. Without one it uses its built-in
-graders (:class:`metarl.learning.grpo.RewardWeights`), exactly as before.
+graders (:class:`metarl.learning.grpo.RewardComponentWeights`), exactly as before.
 
 This module holds
 

@@ -45,7 +45,8 @@ The child (``metarl/sandbox_runner.py``, see its docstring for the order of step
 - when started as root: ``setgroups([])``, ``setgid``/``setuid`` to ``nobody`` (65534) before the
   agent's code (under bubblewrap with only CAP_SETUID/CAP_SETGID to do it);
 - without bubblewrap only: a network namespace, no_new_privs, not dumpable, PR_SET_PDEATHSIG;
-- imports limited to an allowlist of pure stdlib modules, imported before the hook;
+- imports limited to an allowlist of pure stdlib modules, imported before the hook, and the task
+  families' graders (:mod:`metarl.graders`, loaded from their file as ``metarl_graders``);
 - an audit hook (``sys.addaudithook``) that denies every event not on an allowlist: ``os.fork``,
   ``os.system``, ``os.exec*``, ``os.posix_spawn``, ``os.spawn*``, ``subprocess.Popen``,
   ``socket.*``, ``ctypes.*``, ``os.kill``, ``signal.pthread_kill``, ``resource.setrlimit``, file
@@ -88,7 +89,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from metarl import isolation
+from metarl import graders, isolation
 from metarl.errors import MetarlError
 from metarl.isolation import IsolationLevel
 from metarl.sandbox_runner import ALLOWED_MODULES
@@ -96,6 +97,8 @@ from metarl.workspace import WorkspaceError, WorkspaceLimits, read_workspace_tex
 from schemas.base import StrictModel, printable
 
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
+GRADERS = Path(graders.__file__).resolve()
+"""The task families' graders (metarl/graders.py), importable by the agent's module as ``metarl_graders``."""
 CHILD_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
 NOBODY = 65534
 
@@ -256,7 +259,8 @@ def run_calls_in_sandbox(
     limits = limits or SandboxLimits()
     started = time.monotonic()
     host = _host_for(limits)
-    prepared = _prepare_request(workspace_dir, module_file, [call.model_dump(mode="json") for call in calls], limits, {"bubblewrap": host is not None})
+    extra = {"bubblewrap": host is not None, "graders": _graders_path(host)}
+    prepared = _prepare_request(workspace_dir, module_file, [call.model_dump(mode="json") for call in calls], limits, extra)
     if isinstance(prepared, SandboxResult):
         return prepared
     workspace, payload = prepared
@@ -340,6 +344,11 @@ def _host_for(limits: SandboxLimits) -> isolation.HostIsolation | None:
     return None
 
 
+def _graders_path(host: isolation.HostIsolation | None) -> str:
+    """Where the child reads the graders file: bound read-only at ``isolation.SANDBOX_GRADERS`` under bubblewrap, else in place."""
+    return isolation.SANDBOX_GRADERS if host is not None else str(GRADERS)
+
+
 def _start_child(host: isolation.HostIsolation | None, workspace: Path, limits: SandboxLimits, *runner_args: str) -> _Launch:
     """Start the sandbox runner on ``workspace``: under bubblewrap (``host``), else as a plain process."""
     if host is not None:
@@ -351,6 +360,7 @@ def _start_child(host: isolation.HostIsolation | None, workspace: Path, limits: 
                 host.bwrap,
                 host.root,
                 runner=str(RUNNER),
+                graders=str(GRADERS),
                 workspace=str(workspace.absolute()),
                 as_root=as_root,
                 tmp_bytes=limits.tmp_bytes,
@@ -687,7 +697,7 @@ class SandboxSession:
             raise RuntimeError("a sandbox session starts once")
         started = time.monotonic()
         host = _host_for(self.limits)
-        extra = {"die_with_parent": True, "parent_pid": os.getpid(), "bubblewrap": host is not None}
+        extra = {"die_with_parent": True, "parent_pid": os.getpid(), "bubblewrap": host is not None, "graders": _graders_path(host)}
         prepared = _prepare_request(self.workspace_dir, self.module_file, [], self.limits, extra)
         if isinstance(prepared, SandboxResult):
             self._closed_with = prepared

@@ -7,10 +7,12 @@ import metarl (with ``-I -S`` neither the repository nor site-packages is on ``s
 Order of events (each step before the agent's code runs):
 
 1. read the whole request from stdin, then point stdin at /dev/null;
-2. import an allowlist of pure standard-library modules (the only modules the agent's code may
-   import later: every other import is refused, so process, network and FFI extension modules
-   can never be loaded, and behaviour does not depend on whether the stdlib is readable after
-   the privilege drop);
+2. load the task families' graders (``metarl/graders.py``, whose path the request names: under
+   bubblewrap it is bound read-only at ``/sandbox/metarl_graders.py``) as the module
+   ``metarl_graders``, then import an allowlist of pure standard-library modules (these and the
+   graders are the only modules the agent's code may import later: every other import is refused,
+   so process, network and FFI extension modules can never be loaded, and behaviour does not
+   depend on whether the stdlib is readable after the privilege drop);
 3. isolate: a new network namespace (no interfaces but a down loopback) through ``unshare(2)``,
    run as ``nobody`` when started as root (so RLIMIT_NPROC and file permissions apply), set
    ``no_new_privs`` and clear the dumpable flag; each step that the kernel refuses is left out
@@ -53,6 +55,8 @@ MAX_REQUEST_BYTES = 32 * 1024 * 1024
 RESERVE_BYTES = 4 * 1024 * 1024
 MAX_MESSAGE_CHARS = 1000
 READY_LINE = b'{"status": "ready"}\n'
+GRADERS_MODULE = "metarl_graders"
+"""The name the graders file is importable under (metarl.graders.GRADERS_MODULE; this runner imports no metarl)."""
 
 ALLOWED_MODULES = (
     "abc", "array", "base64", "binascii", "bisect", "calendar", "cmath", "collections",
@@ -61,9 +65,9 @@ ALLOWED_MODULES = (
     "math", "numbers", "operator", "pprint", "random", "re", "reprlib", "statistics", "string",
     "struct", "textwrap", "time", "types", "typing", "unicodedata", "warnings", "weakref", "zlib",
     "_strptime", "encodings.ascii", "encodings.latin_1", "encodings.utf_16", "encodings.utf_32",
-    "encodings.unicode_escape", "encodings.raw_unicode_escape",
+    "encodings.unicode_escape", "encodings.raw_unicode_escape", GRADERS_MODULE,
 )
-"""Modules the environment module may import (pre-imported before the audit hook)."""
+"""Modules the environment module may import (pre-imported before the audit hook; the graders loaded from their file)."""
 
 DANGEROUS_MODULES = frozenset(
     {
@@ -172,6 +176,18 @@ def _drop_privileges(request, applied):
         if os.getuid() == 0 or os.geteuid() == 0:
             raise RuntimeError("could not drop root privileges")
         applied.append(f"uid-{uid}")
+
+
+def _load_graders(path):
+    """Load the graders file at ``path`` as the module ``GRADERS_MODULE`` (before the audit hook: it needs no import)."""
+    import types
+
+    with open(path, "rb") as handle:
+        source = handle.read()
+    module = types.ModuleType(GRADERS_MODULE)
+    module.__file__ = path
+    sys.modules[GRADERS_MODULE] = module
+    exec(compile(source, path, "exec"), module.__dict__)  # noqa: S102 - metarl's own file, read before any agent code
 
 
 def _limits(limits, applied):
@@ -452,6 +468,9 @@ def main():
         os.dup2(devnull, 0)
         os.close(devnull)
         workspace = os.path.realpath(os.getcwd())
+        graders = request.get("graders")
+        if graders is not None:
+            _load_graders(graders)
         missing = []
         for name in ALLOWED_MODULES:
             try:
@@ -470,7 +489,7 @@ def main():
         if request.get("audit_hook", True):
             applied.append("audit-hook")
             stdlib = os.path.realpath(os.path.dirname(os.__file__))
-            hook = _make_hook(out_fd, [workspace, stdlib], [workspace], dumps(applied))
+            hook = _make_hook(out_fd, [workspace, stdlib, *([graders] if graders is not None else [])], [workspace], dumps(applied))
         reserve = bytearray(RESERVE_BYTES)
     except BaseException as exc:  # noqa: BLE001 - bootstrap failure: fail closed
         kind, message = _describe(exc)

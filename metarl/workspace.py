@@ -49,7 +49,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticUndefined
 
-from metarl.sandbox_runner import ALLOWED_MODULES
+from metarl.sandbox_runner import ALLOWED_MODULES, GRADERS_MODULE
 from schemas.base import FieldProblem, StrictModel, printable, problems_from_validation
 from schemas.job import JobSpec
 from schemas.task_spec import TaskSpec
@@ -439,7 +439,7 @@ def _example_limit(field: str) -> int:
 
 def environment_contract() -> str:
     """The environment-module contract as shown to the agent (and enforced by the probe)."""
-    modules = ", ".join(sorted(name for name in ALLOWED_MODULES if not name.startswith(("_", "encodings."))))
+    modules = ", ".join(sorted(name for name in ALLOWED_MODULES if not name.startswith(("_", "encodings.")) and name != GRADERS_MODULE))
     return f"""The environment module (job.toml `[environment] module`, default `environment.py`) is plain
 Python 3.11 that scores sampled completions during training. It must define
 
@@ -456,7 +456,9 @@ job.toml `[reward.components]` must be one of its keys.
 
 Rules: the module runs in a sandbox with no network, no processes or threads, no file writes and
 no environment; it may read only files inside the workspace and may import only these standard
-modules: {modules}. Top-level code runs once at import, under the same time and memory limits.
+modules: {modules}; and `{GRADERS_MODULE}`, the task families' own graders (for example
+`{GRADERS_MODULE}.grade(family, answer, completion)` and `{GRADERS_MODULE}.is_well_formed(family, completion)`).
+Top-level code runs once at import, under the same time and memory limits.
 The probe imports it, calls `{ENVIRONMENT_FUNCTION}` on sample items of this task and requires the
 correct answer to score strictly higher than wrong ones."""
 

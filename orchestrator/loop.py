@@ -23,17 +23,17 @@ from metarl.store.db import get_engine, session_scope
 from metarl.store.episodes import open_groups, run_config_of
 from metarl.store.tick_wakeup import TickWaiter
 from metarl.errors import RunNotFound
-from metarl.domain.batching import GroupView, groups_to_open, plan_batch, tasks_to_open
+from metarl.domain.batching import GroupView, groups_to_open, oldest_fresh_version, plan_batch, tasks_to_open
 from orchestrator.reconciler import StageDispatch, orphaned_episodes, orphaned_outer_steps
 from metarl.store.tick_counts import TickCounts, read_tick_counts
 from metarl.store.records import RUN_ROW_LOCK, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus, Stage
 from schemas.run_config import RunConfig, StageDeadlines
+from schemas.states import ENDED_RUN_STATUSES
 from schemas.task_spec import TaskSpec
 from metarl.messaging.dispatch import send_outer, send_stage
 
 log = logging.getLogger("metarl.orchestrator")
 
-FINAL_STATUSES = (RunStatus.finished, RunStatus.stopped, RunStatus.failed)
 DATABASE_ERRORS = (OperationalError, InterfaceError)
 """What a database that went away (restart, network) raises; the loop waits for it instead of exiting."""
 MAX_OUTAGE_WAIT_S = 5.0
@@ -158,7 +158,7 @@ class Orchestrator:
             if run is None:
                 raise RunNotFound(f"no run with id {self.run_id}")
             report.status = run.status
-            if run.status in FINAL_STATUSES:
+            if run.status in ENDED_RUN_STATUSES:
                 report.finished = True
                 return report
             config = run_config_of(run)
@@ -261,7 +261,7 @@ class Orchestrator:
         return True
 
     def _drop_stale_groups(self, session: Session, run: Run, config: RunConfig) -> tuple[int, list[str]]:
-        cutoff = run.policy_version - config.outer.max_steps_off_policy
+        cutoff = oldest_fresh_version(run.policy_version, config.outer.max_steps_off_policy)
         stale = session.execute(
             select(EpisodeGroup).where(
                 EpisodeGroup.run_id == run.id,

@@ -482,8 +482,10 @@ class StageDeadlines(StrictModel):
         return float(getattr(self, f"{queue}_s"))
 
 
-class RewardWeights(StrictModel):
-    """Weights of the episode reward (DESIGN section 5)."""
+class EpisodeRewardWeights(StrictModel):
+    """Weights of the episode reward (DESIGN section 5), the outer reward of one trainer-agent episode.
+
+    Not the inner job's rollout reward: its component weights are `metarl.learning.grpo.RewardComponentWeights`."""
 
     job: float = Field(default=1.0, ge=0.0, le=100.0, description="Weight of the normalised hidden-eval improvement")
     validation: float = Field(default=0.2, ge=0.0, le=100.0, description="Weight of passing the probe early")
@@ -493,7 +495,7 @@ class RewardWeights(StrictModel):
     token_scale: int = Field(default=4000, ge=1, le=10**9, description="Agent tokens at which efficiency credit is halved")
 
     @model_validator(mode="after")
-    def _speed_is_small(self) -> "RewardWeights":
+    def _speed_is_small(self) -> "EpisodeRewardWeights":
         if self.speed > 0.5 * self.job:
             raise ValueError("speed weight must be at most half the job weight, or a fast flat job can outscore real learning")
         return self
@@ -548,7 +550,7 @@ class RunConfig(StrictModel):
     outer: OuterConfig = Field(default_factory=OuterConfig)
     retries: RetryConfig = Field(default_factory=RetryConfig)
     deadlines: StageDeadlines = Field(default_factory=StageDeadlines)
-    reward: RewardWeights = Field(default_factory=RewardWeights)
+    reward: EpisodeRewardWeights = Field(default_factory=EpisodeRewardWeights)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     services: ServicesConfig = Field(default_factory=ServicesConfig)
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)

@@ -19,6 +19,11 @@ class RunStatus(str, enum.Enum):
     failed = "failed"
 
 
+ENDED_RUN_STATUSES: tuple[RunStatus, ...] = (RunStatus.stopped, RunStatus.finished, RunStatus.failed)
+"""The statuses of a run that has ended: no tick, stage or outer step works for it any more (`metarl resume`
+may start a stopped or failed one again). The one definition of "run ended", for Python and SQL alike."""
+
+
 class Stage(str, enum.Enum):
     """Where an episode is. `done` and `failed` are terminal."""
 

@@ -20,6 +20,7 @@ from celery.signals import task_failure
 
 from metarl.backends import registry
 from metarl.backends.base import OuterResult
+from metarl.domain.retry import WORKER_BACKOFF, backoff_delay
 from metarl.errors import PermanentBackendError, TransientBackendError, describe_error
 from metarl.store import outer_steps
 from metarl.store.claims import OuterClaim, claim_outer_lease, renew_outer_step
@@ -29,11 +30,10 @@ from metarl.store.records import RunStatus
 from workers.app import app
 from workers.common import database_url, worker_name
 from workers.heartbeat import LeaseKeeper, heartbeat_interval
+from schemas.states import ENDED_RUN_STATUSES
 
 log = logging.getLogger("metarl.outer")
 
-TRANSIENT_BACKOFF_S = (1.0, 4.0, 15.0, 60.0)
-CLOSED_RUN_STATUSES = (RunStatus.failed, RunStatus.finished, RunStatus.stopped)
 
 
 # -- pure rules ------------------------------------------------------------------------------------
@@ -54,11 +54,6 @@ def crash_loop_message(step: int, takeovers: int, max_stage_attempts: int, last_
 
 
 
-def transient_delay(failures: int, backoff: Sequence[float] = TRANSIENT_BACKOFF_S) -> float:
-    """Seconds to wait after the `failures`-th transient error in a row (1-based); the last value repeats."""
-    return backoff[min(max(failures, 1), len(backoff)) - 1]
-
-
 def update_with_retries(work: Callable[[], OuterResult], max_attempts: int, sleep: Callable[[float], None] = time.sleep) -> OuterResult:
     """Run `work`, retrying transient backend errors with backoff (the claim stays heartbeated meanwhile).
 
@@ -73,7 +68,7 @@ def update_with_retries(work: Callable[[], OuterResult], max_attempts: int, slee
             failures += 1
             if failures >= max_attempts:
                 raise PermanentBackendError(f"gave up after {failures} transient errors: {describe_error(err)}") from err
-            delay = transient_delay(failures)
+            delay = backoff_delay(WORKER_BACKOFF, failures)
             log.warning("transient error in the outer update (%s); retry %s/%s in %ss", err, failures, max_attempts - 1, delay)
             sleep(delay)
 
@@ -134,7 +129,7 @@ def note_outer_failure(sender: Any = None, exception: BaseException | None = Non
 @app.task(bind=True, name=OUTER_TASK_NAME, queue="outer", max_retries=None)
 def outer_update(self: Task, outer_step_id: int) -> str:
     """Run one importance-sampling update on the step's batch and publish the next policy version."""
-    claimed = claim_outer_work(database_url(), outer_step_id, worker=worker_name(), skip_runs=CLOSED_RUN_STATUSES)
+    claimed = claim_outer_work(database_url(), outer_step_id, worker=worker_name(), skip_runs=ENDED_RUN_STATUSES)
     if isinstance(claimed, str):
         return claimed
     claim, config, work = claimed.claim, claimed.config, claimed.work

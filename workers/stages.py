@@ -18,6 +18,7 @@ from celery.signals import task_failure
 
 from metarl.backends import registry
 from metarl.backends.base import BaseScoreKey, EpisodeContext, TrainBackend
+from metarl.domain.retry import WORKER_BACKOFF, backoff_delay
 from metarl.domain.transitions import Transition, after_agent, after_eval, after_probe, after_train
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
 from metarl.messaging.dispatch import send_stage
@@ -39,7 +40,6 @@ from workers.heartbeat import Heartbeater
 
 log = logging.getLogger("metarl.worker")
 
-RETRY_BACKOFF_S = (1.0, 4.0, 15.0, 60.0)
 STORAGE_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 """A full disk or quota: the stage waits for space (retried, claim kept) instead of failing its episode."""
 MAX_STORAGE_WAIT_S = 10.0
@@ -161,7 +161,7 @@ def run_with_retries(task: Task, job: StageJob, stage: Stage, work: Callable[[],
         if failures >= job.config.retries.max_stage_attempts:
             fail_episode(job, stage, f"gave up after {failures} transient errors: {err}")
             return None
-        delay = RETRY_BACKOFF_S[min(failures - 1, len(RETRY_BACKOFF_S) - 1)]
+        delay = backoff_delay(WORKER_BACKOFF, failures)
         log.warning("transient error at %s episode=%s (%s); retry in %ss", stage.value, job.ctx.episode_id, err, delay)
         raise task.retry(args=[job.ctx.episode_id, job.ctx.probe_attempt], kwargs={"token": job.claim.token}, countdown=delay, max_retries=None) from None
     except PermanentBackendError as err:

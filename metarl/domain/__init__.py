@@ -1,1 +1,1 @@
-"""Pure rules of the loop: episode transitions, staleness and batches, the reward."""
+"""Pure rules, each defined once: episode transitions, staleness and batches, the reward, group advantages, the retry backoff."""

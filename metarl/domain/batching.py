@@ -18,8 +18,18 @@ def staleness(group_version: int, current_version: int) -> int:
     return current_version - group_version
 
 
+def oldest_fresh_version(current_version: int, max_steps_off_policy: int) -> int:
+    """The oldest policy version whose groups may still train the current one; a group sampled before it is stale.
+
+    The one rule of staleness (`outer.max_steps_off_policy`): :func:`is_stale`, the orchestrator's drop of stale
+    groups and :func:`metarl.outer_update.filter_stale` all use it.
+    """
+    return current_version - max_steps_off_policy
+
+
 def is_stale(group_version: int, current_version: int, max_steps_off_policy: int) -> bool:
-    return staleness(group_version, current_version) > max_steps_off_policy
+    """True when a group sampled with `group_version` is more than `max_steps_off_policy` versions behind."""
+    return group_version < oldest_fresh_version(current_version, max_steps_off_policy)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.run_config import RewardWeights
+from schemas.run_config import EpisodeRewardWeights
 
 
 class RewardInputs(BaseModel):
@@ -61,7 +61,7 @@ def speed_credit(train_seconds: float | None, budget_seconds: float, improved: b
     return max(0.0, min(1.0, 1.0 - train_seconds / budget_seconds))
 
 
-def compute_reward(inputs: RewardInputs, weights: RewardWeights) -> RewardBreakdown:
+def compute_reward(inputs: RewardInputs, weights: EpisodeRewardWeights) -> RewardBreakdown:
     """Compose the episode reward from its components."""
     passed = inputs.passed_on_attempt is not None
     trained = passed and inputs.base_score is not None and inputs.trained_score is not None

@@ -1,7 +1,8 @@
 """Task families the tiny local models can learn in seconds, with graders and hidden evals.
 
-Each family generates training items at a difficulty in [0, 1], grades completions (partial
-credit where sensible), and draws a deterministic hidden eval. Training and hidden-eval items
+Each family generates training items at a difficulty in [0, 1], grades completions with the
+graders of :mod:`metarl.graders` (partial credit where sensible; the same file the agent's
+environment modules import in the sandbox and on the pod), and draws a deterministic hidden eval. Training and hidden-eval items
 are disjoint by construction: every item has a canonical key, a hash of the key puts it in the
 training or the eval partition, the training generator rejects eval-partition items, and the
 hidden eval draws only eval-partition items from its own seed namespace.
@@ -16,6 +17,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from metarl import graders
+from metarl.graders import MAX_ANSWER_CHARS, MONTH_NAMES
 
 EVAL_PARTITION_MODULUS = 8
 """One item key in this many (by hash) belongs to the hidden-eval partition."""
@@ -33,25 +37,6 @@ class Example(BaseModel):
 
     prompt: str = Field(min_length=1, max_length=200, description="Prompt text given to the model.")
     answer: str = Field(min_length=1, max_length=100, description="Reference answer the completion must match.")
-
-
-def normalize_completion(completion: str) -> str:
-    """The completion as graded: surrounding whitespace removed."""
-    return completion.strip()
-
-
-def positional_similarity(expected: str, actual: str) -> float:
-    """Fraction of positions (over the longer string) where the two strings agree."""
-    longest = max(len(expected), len(actual))
-    if longest == 0:
-        return 1.0
-    matches = sum(1 for left, right in zip(expected, actual) if left == right)
-    return matches / longest
-
-
-def right_aligned_similarity(expected: str, actual: str) -> float:
-    """Positional similarity with both strings aligned at their last character (for numbers)."""
-    return positional_similarity(expected[::-1], actual[::-1])
 
 
 def partition_hash(family_name: str, item_key: str) -> int:
@@ -88,22 +73,19 @@ class TaskFamily(ABC):
 
     def similarity(self, answer: str, completion: str) -> float:
         """Partial-credit similarity in [0, 1] between the answer and a normalised completion."""
-        return positional_similarity(answer, completion)
+        return graders.similarity(self.name, answer, completion)
 
     def is_exact(self, example: Example, completion: str) -> bool:
         """True when the completion is exactly the reference answer."""
-        return normalize_completion(completion) == example.answer
+        return graders.is_exact(example.answer, completion)
 
     def grade(self, example: Example, completion: str) -> float:
         """Score in [0, 1]: 1 for an exact answer, otherwise half the partial-credit similarity."""
-        if self.is_exact(example, completion):
-            return 1.0
-        return 0.5 * self.similarity(example.answer, normalize_completion(completion))
+        return graders.grade(self.name, example.answer, completion)
 
     def is_well_formed(self, completion: str) -> bool:
         """True when the completion has the answer's shape (used by the format reward)."""
-        text = normalize_completion(completion)
-        return 0 < len(text) <= self.max_answer_chars
+        return graders.is_well_formed(self.name, completion)
 
     def is_hidden_eval_item(self, prompt: str) -> bool:
         """True when the prompt's canonical item lies in the hidden-eval partition."""
@@ -162,7 +144,7 @@ class AdditionFamily(TaskFamily):
         "the answer is the decimal sum with no spaces or leading zeros (for example '32'). "
         "Difficulty 0 uses numbers below 10, difficulty 1 numbers below 100."
     )
-    max_answer_chars = 3
+    max_answer_chars = MAX_ANSWER_CHARS[name]
     _pattern = re.compile(r"(\d+\+\d+)")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -177,12 +159,6 @@ class AdditionFamily(TaskFamily):
         left, right = (int(part) for part in match.group(1).split("+"))
         return f"{self.name}:{min(left, right)}+{max(left, right)}"
 
-    def similarity(self, answer: str, completion: str) -> float:
-        return right_aligned_similarity(answer, completion)
-
-    def is_well_formed(self, completion: str) -> bool:
-        text = normalize_completion(completion)
-        return text.isdigit() and len(text) <= self.max_answer_chars
 
 
 class ReversalFamily(TaskFamily):
@@ -194,7 +170,7 @@ class ReversalFamily(TaskFamily):
         "'rev abcd>'); the answer is the letters in reverse order (for example 'dcba'). "
         "Difficulty 0 uses 2 letters, difficulty 1 uses 6."
     )
-    max_answer_chars = 6
+    max_answer_chars = MAX_ANSWER_CHARS[name]
     _pattern = re.compile(r"rev([a-z]+)>")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -204,10 +180,6 @@ class ReversalFamily(TaskFamily):
 
     def item_key(self, prompt: str) -> str:
         return _key_from_pattern(self._pattern, prompt, self.name)
-
-    def is_well_formed(self, completion: str) -> bool:
-        text = normalize_completion(completion)
-        return text.isalpha() and len(text) <= self.max_answer_chars
 
 
 class CaesarFamily(TaskFamily):
@@ -219,7 +191,7 @@ class CaesarFamily(TaskFamily):
         "Prompt format: 'rotN WORD>' (for example 'rot2 abz>'); the answer is the shifted word "
         "(for example 'cdb'). Difficulty raises the word length (2 to 4) and the shift range (1 to 3)."
     )
-    max_answer_chars = 4
+    max_answer_chars = MAX_ANSWER_CHARS[name]
     _pattern = re.compile(r"(rot\d[a-z]+)>")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -232,10 +204,6 @@ class CaesarFamily(TaskFamily):
     def item_key(self, prompt: str) -> str:
         return _key_from_pattern(self._pattern, prompt, self.name)
 
-    def is_well_formed(self, completion: str) -> bool:
-        text = normalize_completion(completion)
-        return text.isalpha() and len(text) <= self.max_answer_chars
-
 
 class MaxOfListFamily(TaskFamily):
     """Name the largest two-digit number of a list."""
@@ -246,7 +214,7 @@ class MaxOfListFamily(TaskFamily):
         "'max A,B,C=' (for example 'max 37,81,52='); the answer is the largest number (for example "
         "'81'). Difficulty 0 uses 2 numbers, difficulty 1 uses 6."
     )
-    max_answer_chars = 2
+    max_answer_chars = MAX_ANSWER_CHARS[name]
     _pattern = re.compile(r"max([\d,]+)=")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -256,10 +224,6 @@ class MaxOfListFamily(TaskFamily):
 
     def item_key(self, prompt: str) -> str:
         return _key_from_pattern(self._pattern, prompt, self.name)
-
-    def is_well_formed(self, completion: str) -> bool:
-        text = normalize_completion(completion)
-        return text.isdigit() and len(text) == 2
 
 
 class SortingFamily(TaskFamily):
@@ -271,7 +235,7 @@ class SortingFamily(TaskFamily):
         "the answer is the same digits sorted (for example '1134'). Difficulty 0 uses 2 digits, "
         "difficulty 1 uses 6."
     )
-    max_answer_chars = 6
+    max_answer_chars = MAX_ANSWER_CHARS[name]
     _pattern = re.compile(r"sort(\d+)>")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -281,13 +245,6 @@ class SortingFamily(TaskFamily):
 
     def item_key(self, prompt: str) -> str:
         return _key_from_pattern(self._pattern, prompt, self.name)
-
-    def is_well_formed(self, completion: str) -> bool:
-        text = normalize_completion(completion)
-        return text.isdigit() and len(text) <= self.max_answer_chars
-
-
-MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 
 
 class DateFormatFamily(TaskFamily):
@@ -300,7 +257,7 @@ class DateFormatFamily(TaskFamily):
         "example '23 apr 1987'; months jan feb mar apr may jun jul aug sep oct nov dec). "
         "Difficulty widens the range of years (1990-2000 at 0, 1000-2999 at 1)."
     )
-    max_answer_chars = 11
+    max_answer_chars = MAX_ANSWER_CHARS[name]
     _pattern = re.compile(r"date(\d{4}-\d{2}-\d{2})>")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -315,10 +272,6 @@ class DateFormatFamily(TaskFamily):
 
     def item_key(self, prompt: str) -> str:
         return _key_from_pattern(self._pattern, prompt, self.name)
-
-    def is_well_formed(self, completion: str) -> bool:
-        pattern = r"\d{2} (" + "|".join(MONTH_NAMES) + r") \d{4}"
-        return re.fullmatch(pattern, normalize_completion(completion)) is not None
 
 
 FAMILIES: dict[str, TaskFamily] = {

@@ -2,7 +2,7 @@
 
 Per step: draw ``batch_size`` prompts, sample ``group_size`` completions each with the KV-cached
 sampler (per-token logprobs come with the samples), score them (with the family's graders under
-``RewardWeights``, or with a pluggable batch reward function such as the agent's sandboxed
+``RewardComponentWeights``, or with a pluggable batch reward function such as the agent's sandboxed
 environment module, see :mod:`metarl.reward_source`), turn
 rewards into group-relative std-normalised advantages, and take ``updates_per_batch`` AdamW steps
 on the PPO-clipped loss (plus an optional KL to the base model). One metrics row per step goes to
@@ -24,6 +24,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from metarl.domain.advantages import group_advantages as domain_group_advantages
 from metarl.learning.families import Example, TaskFamily
 from metarl.learning.lora import adapters_disabled, apply_lora, merge_lora
 from metarl.learning.runtime import configure_torch_threads
@@ -45,8 +46,11 @@ CHECKPOINT_DIR = "checkpoint"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-class RewardWeights(BaseModel):
-    """Weights of the reward components; the reward is their weighted sum."""
+class RewardComponentWeights(BaseModel):
+    """Weights of an inner job's reward components (job.toml ``[reward.components]``, named by
+    ``metarl.graders.REWARD_COMPONENTS``); a rollout's reward is their weighted sum.
+
+    Not the outer episode reward's weights (``schemas.run_config.EpisodeRewardWeights``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -82,7 +86,7 @@ class LocalTrainConfig(BaseModel):
     warmup_steps: int = Field(default=10, ge=0, le=10_000, description="Steps of linear learning-rate warm-up.")
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
     grad_clip: float = Field(default=1.0, gt=0.0, le=100.0, description="Global gradient-norm clip.")
-    rewards: RewardWeights = Field(default_factory=RewardWeights, description="Reward component weights.")
+    rewards: RewardComponentWeights = Field(default_factory=RewardComponentWeights, description="Reward component weights.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of data order, sampling and LoRA init.")
     time_budget_s: float = Field(
         default=60.0, gt=0.0, le=86_400.0, description="Wall-clock budget; no step starts that would overrun it."
@@ -126,13 +130,10 @@ class TrainOutcome(BaseModel):
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS) -> torch.Tensor:
-    """Group-relative advantages of a ``(groups, group_size)`` reward tensor: ``(r - mean) / (std + eps)``.
-
-    A group whose rewards are all equal (including any group of size 1) gets zero advantages.
-    """
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True, unbiased=False)
-    return (rewards - mean) / (std + eps)
+    """Std-normalised group advantages (:func:`metarl.domain.advantages.group_advantages`) of a
+    ``(groups, group_size)`` reward tensor, as a tensor of the same shape and dtype: ``(r - mean) / (std + eps)``,
+    zeros for a group whose rewards are all equal (any group of size 1 included)."""
+    return torch.tensor(domain_group_advantages(rewards.tolist(), normalize_std=True, eps=eps), dtype=rewards.dtype).view(rewards.shape)
 
 
 def warmup_learning_rate(step: int, peak: float, warmup_steps: int) -> float:

@@ -28,6 +28,7 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
+from metarl.graders import REWARD_COMPONENTS
 from schemas.base import FieldProblem, dump_toml_model, parse_toml_text
 from schemas.job import JobSpec
 
@@ -97,7 +98,6 @@ TRAINING_SLOTS = (
 )
 """The seven tunable hyperparameters, in the order they are written."""
 
-REWARD_COMPONENTS = ("correctness", "exact", "format", "length_penalty")
 REWARD_WEIGHTS = (-1.0, 0.0, 0.1, 0.5, 1.0, 2.0)
 REWARD_DEFAULT, REWARD_END = "reward=default", "reward=end"
 DATASET_SLOTS = (

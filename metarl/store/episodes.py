@@ -21,6 +21,7 @@ from metarl.store.stage_records import WHEN_HELD, StageRecord, record_ctes, writ
 from metarl.domain.transitions import TERMINAL_STAGES, Transition
 from schemas.base import FieldProblem
 from metarl.store.records import ClaimStatus, Reward, Run, RunStatus, Stage
+from schemas.states import ENDED_RUN_STATUSES
 from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
@@ -99,7 +100,6 @@ LEFT JOIN probe_attempts prev ON prev.episode_id = e.id AND prev.attempt = e.pro
 LEFT JOIN inner_jobs ij ON ij.episode_id = e.id
 WHERE e.id = %(episode_id)s
 """
-ENDED_RUN_STATUSES = (RunStatus.stopped, RunStatus.failed, RunStatus.finished)
 ENDED_ARRAY = text_array_literal(status.value for status in ENDED_RUN_STATUSES)
 ROW_AND_CLAIM_CTES = f"""
 WITH stage_row AS ({STAGE_ROW_SQL}),

@@ -22,6 +22,7 @@ from metarl.store.records import OuterStatus, OuterStep, PolicyVersion, Run, Run
 from metarl.store.step_metrics import outer_step_metrics
 from metarl.store.tick_wakeup import request_tick
 from schemas.run_config import RunConfig
+from schemas.states import ENDED_RUN_STATUSES
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def fail_outer_step(database_url: str, claim: OuterClaim, message: str) -> tuple
         run_id, step = failed
         session.execute(
             update(Run)
-            .where(Run.id == run_id, Run.status.in_((RunStatus.running, RunStatus.stopping)))
+            .where(Run.id == run_id, Run.status.not_in(ENDED_RUN_STATUSES))
             .values(status=RunStatus.failed, status_message=f"outer step {step} failed: {message}", finished_at=now)
         )
     return run_id, step

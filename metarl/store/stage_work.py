@@ -26,11 +26,12 @@ from metarl.backends.base import BaseScoreKey, EpisodeContext
 from metarl.store.baselines import cached_baseline
 from metarl.store.claims import Claim, ClaimRefused, claim_stage, heartbeat
 from metarl.store.db import SqlTarget, session_scope, sql_transaction
-from metarl.store.episodes import ENDED_RUN_STATUSES, StageRow, config_and_task, stage_context, stage_row_and_claim, train_row_and_claim
+from metarl.store.episodes import StageRow, config_and_task, stage_context, stage_row_and_claim, train_row_and_claim
 from metarl.store.inner_jobs import CreationBlock, InnerJobLimits, InnerJobRow, create_within_limits
 from metarl.store.records import Episode, Stage, StageClaim
 from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
+from schemas.states import ENDED_RUN_STATUSES
 
 Loaded = TypeVar("Loaded")
 

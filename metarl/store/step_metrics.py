@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from metarl.domain.batching import staleness
 from metarl.store.db import run_sql
 from metarl.store.ledger import run_total_usd
 from metarl.store.status import HELD_OUT_REWARD_SQL, held_out_means
@@ -82,7 +83,7 @@ def outer_step_metrics(session: Session, outer_step_id: int, run_id: str, versio
             efficiency=efficiency,
             speed=speed,
             raw_improvement=raw,
-            staleness=version_before - version,
+            staleness=staleness(version, version_before),
             first_try_passed=bool(first_passed),
             large_model=(model_name in LARGE_MODELS) if model_name is not None else None,
             explicit_share=(explicit / 7.0) if model_name is not None and explicit is not None else None,

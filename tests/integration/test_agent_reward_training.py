@@ -33,7 +33,7 @@ from metarl.backends.base import EpisodeContext
 from metarl.backends.local.train import LocalTrain, compile_local_job, copy_workspace, dataset_text
 from metarl.backends.local.agent import environment_source
 from metarl.learning.families import generate_dataset, get_family
-from metarl.learning.grpo import LocalTrainConfig, RewardWeights, read_metrics, rollout_reward, train
+from metarl.learning.grpo import LocalTrainConfig, RewardComponentWeights, read_metrics, rollout_reward, train
 from metarl.learning.models import ensure_base_model
 from metarl.learning.runtime import threads_per_job
 from metarl.reward_source import EnvironmentRewardSpec, RewardFunctionError, Rollout, SandboxRewardSource
@@ -170,7 +170,7 @@ def test_local_agent_module_trains_exactly_like_the_builtin_graders(model_root: 
     # no length penalty here: the module sees the decoded text, which drops a sampled <unk> token
     # that the built-in penalty counts (rare in a pretrained model, frequent in this tiny one)
     weights = {"correctness": 1.0, "exact": 0.5, "format": -1.0}
-    builtin = config(rewards=RewardWeights(correctness=1.0, exact=0.5, format=0.0))
+    builtin = config(rewards=RewardComponentWeights(correctness=1.0, exact=0.5, format=0.0))
     reference = train(builtin, dataset, family, base, tmp_path / "builtin")
     module = workspace(tmp_path, environment_source(weights, family.name, builtin.max_tokens))
     with SandboxRewardSource(module, EnvironmentRewardSpec()) as source:

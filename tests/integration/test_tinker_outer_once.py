@@ -26,6 +26,7 @@ from metarl.store.db import session_scope
 from metarl.runconfig import load_run
 from metarl.settings import DATABASE_ENV
 from metarl.backends.tinker.client import TinkerPolicyRef
+from metarl.domain.retry import Backoff
 from orchestrator.loop import create_run
 from metarl.store.records import Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, PolicyVersion, ProbeAttempt, Reward, Run, Stage
 from schemas.run_config import RunConfig
@@ -147,7 +148,7 @@ def test_a_step_retried_after_a_failure_past_the_optim_step_is_published_with_on
 
 def test_transient_errors_past_the_recoveries_are_retried_by_the_worker_from_the_saved_state(service: FakeService, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_id, _ = tinker_run(pg_url, tmp_path, max_recoveries=0)
-    monkeypatch.setattr("workers.outer.TRANSIENT_BACKOFF_S", (0.01,))
+    monkeypatch.setattr("workers.outer.WORKER_BACKOFF", Backoff(first_s=0.01, max_s=0.01))
     service.fail_after = {"optim_step": [server_failure("optim_step")], "save_state": [server_failure("save_state")]}
     assert run_outer(batched_step(pg_url, run_id, 1)) == "updated"  # two transient failures, each retried by update_with_retries
     assert run_outer(batched_step(pg_url, run_id, 2)) == "updated"

@@ -135,7 +135,9 @@ def pairs(command: list[str], flag: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("as_root", [True, False])
 def test_bwrap_command_line(as_root: bool) -> None:
     argv = isolation.runner_argv(ROOT, ("--serve",))
-    command = isolation.bwrap_command("/b/bwrap", ROOT, runner="/repo/runner.py", workspace="/w/files", as_root=as_root, tmp_bytes=4096, seccomp_fd=7, argv=argv)
+    command = isolation.bwrap_command(
+        "/b/bwrap", ROOT, runner="/repo/runner.py", graders="/repo/graders.py", workspace="/w/files", as_root=as_root, tmp_bytes=4096, seccomp_fd=7, argv=argv
+    )
     assert command[0] == "/b/bwrap"
     separator = command.index("--")
     options, program = command[:separator], command[separator + 1 :]
@@ -151,8 +153,9 @@ def test_bwrap_command_line(as_root: bool) -> None:
         assert options[options.index("--uid") + 1] == "65534"
     binds = pairs(options, "--ro-bind")
     assert ("/w/files", "/workspace") in binds and ("/repo/runner.py", "/sandbox/sandbox_runner.py") in binds
-    assert all(source == target for source, target in binds if target not in ("/workspace", "/sandbox/sandbox_runner.py"))
-    assert {source for source, _ in binds} == {"/w/files", "/repo/runner.py", ROOT.interpreter, ROOT.stdlib, *ROOT.files}  # nothing else of the host
+    assert ("/repo/graders.py", "/sandbox/metarl_graders.py") in binds  # the task families' graders, read-only
+    assert all(source == target for source, target in binds if target not in ("/workspace", "/sandbox/sandbox_runner.py", "/sandbox/metarl_graders.py"))
+    assert {source for source, _ in binds} == {"/w/files", "/repo/runner.py", "/repo/graders.py", ROOT.interpreter, ROOT.stdlib, *ROOT.files}  # nothing else of the host
     assert options[options.index("--seccomp") + 1] == "7"
     assert ("--chdir", "/workspace") == tuple(options[options.index("--chdir") : options.index("--chdir") + 2])
     assert options[-2:] == ["--seccomp", "7"] and options.index("--remount-ro") < options.index("--chdir")

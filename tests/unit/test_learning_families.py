@@ -17,9 +17,8 @@ from metarl.learning.families import (
     hidden_eval_overlap,
     in_eval_partition,
     is_hidden_eval_item,
-    positional_similarity,
-    right_aligned_similarity,
 )
+from metarl.graders import positional_similarity, right_aligned_similarity
 
 FAMILY_NAMES = sorted(FAMILIES)
 

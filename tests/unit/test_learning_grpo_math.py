@@ -12,7 +12,7 @@ from metarl.learning.families import Example, get_family
 from metarl.learning.grpo import (
     LocalTrainConfig,
     PromptSampler,
-    RewardWeights,
+    RewardComponentWeights,
     clipped_policy_loss,
     group_advantages,
     k3_kl,
@@ -136,7 +136,7 @@ def test_rollout_reward_combines_components() -> None:
     family = get_family("addition")
     example = Example(prompt="add 15+27=", answer="42")
     config = LocalTrainConfig(
-        max_tokens=4, rewards=RewardWeights(correctness=1.0, exact=2.0, format=0.5, length_penalty=1.0)
+        max_tokens=4, rewards=RewardComponentWeights(correctness=1.0, exact=2.0, format=0.5, length_penalty=1.0)
     )
     reward, exact = rollout_reward(family, example, "42", completion_tokens=3, config=config)
     assert exact
@@ -154,7 +154,7 @@ def test_config_bounds_and_reward_validation() -> None:
     with pytest.raises(ValidationError):
         LocalTrainConfig(unknown_field=1)
     with pytest.raises(ValidationError):
-        LocalTrainConfig(rewards=RewardWeights(correctness=0.0, exact=0.0, format=0.0, length_penalty=1.0))
+        LocalTrainConfig(rewards=RewardComponentWeights(correctness=0.0, exact=0.0, format=0.0, length_penalty=1.0))
     for name, field in LocalTrainConfig.model_fields.items():
         assert field.description, name
 

@@ -10,7 +10,6 @@ from workers.heartbeat import heartbeat_interval
 from workers.outer import (
     crash_loop_message,
     crash_looping,
-    transient_delay,
     update_with_retries,
 )
 
@@ -40,11 +39,6 @@ def test_describe_error_is_one_bounded_line() -> None:
     assert describe_error(ValueError("bad\n  value")) == "ValueError: bad value"
     long = describe_error(RuntimeError("x" * 10_000))
     assert len(long) == MAX_ERROR_CHARS and long.endswith("...")
-
-
-def test_transient_delay_backs_off_and_saturates() -> None:
-    assert [transient_delay(n, (1.0, 4.0, 15.0)) for n in (1, 2, 3, 4, 10)] == [1.0, 4.0, 15.0, 15.0, 15.0]
-    assert transient_delay(0, (2.0,)) == 2.0
 
 
 def test_update_with_retries_retries_transient_errors_then_gives_up() -> None:

@@ -1,4 +1,4 @@
-"""Importance-sampling GRPO: advantages, staleness, Tinker-layout datums, the truncated IS loss, the local step."""
+"""Importance-sampling GRPO: staleness, Tinker-layout datums, the truncated IS loss, the local step."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from metarl.backends.base import OuterBatchEpisode
+from metarl.domain.batching import is_stale
 from metarl.outer_update import (
     Datum,
     build_datum,
     collate,
     filter_stale,
-    group_advantages,
     importance_sampling_loss,
     local_outer_step,
     to_tinker_datum,
@@ -23,30 +23,6 @@ from metarl.policy.local_policy import LocalPolicy
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-# -- advantages ----------------------------------------------------------------------------------
-
-
-def test_advantages_are_group_relative():
-    advantages = group_advantages([[1.0, 0.0, 0.0, 1.0], [0.2, 0.5, 0.8]])
-    assert advantages[0] == pytest.approx([0.5, -0.5, -0.5, 0.5])
-    assert advantages[1] == pytest.approx([-0.3, 0.0, 0.3])
-    assert all(abs(sum(group)) < 1e-9 for group in advantages)
-
-
-def test_equal_rewards_and_singletons_give_zeros():
-    assert group_advantages([[0.3, 0.3, 0.3], [0.7], []]) == [[0.0, 0.0, 0.0], [0.0], []]
-    assert group_advantages([[0.3] * 4], normalize_std=True) == [[0.0] * 4]
-
-
-def test_std_normalisation_and_mapping_input():
-    advantages = group_advantages({7: [1.0, 0.0], 9: [2.0, 2.0]}, normalize_std=True)
-    assert set(advantages) == {7, 9}
-    assert advantages[7] == pytest.approx([1.0, -1.0], abs=1e-5)
-    assert advantages[9] == [0.0, 0.0]
-    with pytest.raises(ValueError, match="finite"):
-        group_advantages([[1.0, math.nan]])
 
 
 # -- staleness -----------------------------------------------------------------------------------
@@ -69,6 +45,14 @@ def test_filter_stale_on_a_mapping_with_mixed_versions_and_dicts():
     groups = {1: episodes(1, 4) + episodes(1, 1, n=1), 2: [{"policy_version": 4}, {"policy_version": 4}]}
     kept, dropped = filter_stale(groups, current_version=4, max_steps_off_policy=2)
     assert list(kept) == [2] and list(dropped) == [1]  # a group is as old as its oldest episode
+
+
+def test_filter_stale_follows_the_domain_rule():
+    for current in range(5):
+        for bound in range(3):
+            groups = [episodes(version + 1, version) for version in range(current + 1)]
+            _, dropped = filter_stale(groups, current_version=current, max_steps_off_policy=bound)
+            assert [g[0].policy_version for g in dropped] == [v for v in range(current + 1) if is_stale(v, current, bound)]
 
 
 def test_filter_stale_refuses_bad_arguments():

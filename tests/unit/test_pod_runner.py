@@ -161,6 +161,23 @@ def test_completed_job_uploads_weights_metrics_logs_and_reports(tmp_path: Path) 
     assert not list(results.rglob("*.tmp-*"))
 
 
+def test_the_installed_package_gives_the_agents_module_metarl_graders(tmp_path: Path) -> None:
+    """The local agent's module imports metarl_graders: the package's wheel carries that file, and rl scores with it."""
+    pytest.importorskip("setuptools", minversion="70.1")
+    from metarl import graders
+    from metarl.backends.local.agent import environment_source
+
+    components = {"correctness": 1.0, "format": 0.5}
+    bundle = compile_test_bundle(job_spec(2, components=components), environment=environment_source(components, "addition", 8))
+    job_url = store_bundle(tmp_path / "store" / "jobs" / "job-1", bundle)
+    config = runner_config(tmp_path, job_url, real_install=True)
+    code, output = run_runner(config)
+    assert code == 0, output
+    assert (tmp_path / "site" / bundle.manifest.env_module / "metarl_graders.py").read_bytes() == Path(graders.__file__).read_bytes()
+    # the reference answer "1" of "add 0+1=" through the graders: correctness 1.0 + format 0.5
+    assert "reward of the reference answer 1.5" in (result_dir(config) / "logs" / "rl.log").read_text()
+
+
 def test_rl_sees_no_credentials(tmp_path: Path) -> None:
     job_url, _ = make_bundle(tmp_path, max_steps=2)
     config = runner_config(tmp_path, job_url)

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
+from metarl.domain.advantages import group_advantages
 from metarl.outer_update import (
     build_datum,
     filter_stale,
-    group_advantages,
     local_outer_step,
 )
 from metarl.policy import job_language as jl

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from metarl import graders
 from metarl.backends.local.agent import environment_source
+from metarl.backends.runpod.pod.manifest import sha256_hex
+from metarl.backends.runpod.primerl import compiler
 from metarl.backends.runpod.primerl.compiler import build_bundle, compile_bundle, write_bundle
 from schemas.job import DEFAULT_MAX_TOKENS, JobSpec
 
@@ -60,6 +63,7 @@ def install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: JobSpec, modu
     name = bundle.manifest.env_module
     for loaded in [key for key in sys.modules if key == name or key.startswith(name + ".")]:
         monkeypatch.delitem(sys.modules, loaded)
+    monkeypatch.setitem(sys.modules, graders.GRADERS_MODULE, sys.modules.get(graders.GRADERS_MODULE))  # the package sets it: undone after the test
     return importlib.import_module(name)
 
 
@@ -141,3 +145,24 @@ def test_compile_bundle_reads_the_workspace(tmp_path: Path) -> None:
     assert bundle.files[f"env/{module}/dataset.jsonl"] == (workspace / "data.jsonl").read_bytes()
     pyproject = bundle.files["env/pyproject.toml"].decode()
     assert f'packages = ["{module}"]' in pyproject and "dataset.jsonl" in pyproject and "dependencies = []" in pyproject
+
+
+def test_the_package_ships_metarl_graders_for_the_agents_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_vf: None) -> None:
+    source = "import metarl_graders\n\n\ndef reward(prompt, completion, answer):\n    return metarl_graders.grade('addition', answer, completion)\n"
+    spec = JobSpec.model_validate({"model": {"name": "Qwen/Qwen3-0.6B"}, "dataset": {"size": 2}})
+    bundle = build_bundle(spec, source.encode(), b"".join(json.dumps(row).encode() + b"\n" for row in ITEMS))
+    shipped = f"env/{bundle.manifest.env_module}/metarl_graders.py"
+    assert bundle.files[shipped] == Path(graders.__file__).read_bytes()  # the file itself, not a copy of its functions
+    assert bundle.manifest.files[shipped] == sha256_hex(bundle.files[shipped])
+    package = install(tmp_path, monkeypatch, spec, source, ITEMS)
+    assert Path(sys.modules["metarl_graders"].__file__).parent == Path(package.__file__).parent
+    [score] = package.load_environment().rubric.funcs
+    assert score(prompt=chat("user", "add 20+22="), completion=chat("assistant", "42"), answer="42") == 1.0
+    assert score(prompt=chat("user", "add 20+22="), completion=chat("assistant", "32"), answer="42") == 0.25  # right-aligned partial credit
+
+
+def test_the_package_name_follows_the_graders(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = JobSpec.model_validate({"model": {"name": "Qwen/Qwen3-0.6B"}, "dataset": {"size": 2}})
+    before = build_bundle(spec, b"def reward(p, c, a):\n    return 1.0\n", b"{}\n").manifest.env_module
+    monkeypatch.setattr(compiler, "graders_source", lambda: Path(graders.__file__).read_bytes() + b"\n# changed\n")
+    assert build_bundle(spec, b"def reward(p, c, a):\n    return 1.0\n", b"{}\n").manifest.env_module != before  # a pod never reuses stale graders

@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metarl.domain.reward import RewardInputs, compute_reward, efficiency_credit, job_credit, speed_credit, validation_credit
-from schemas.run_config import RewardWeights
+from schemas.run_config import EpisodeRewardWeights
 
-WEIGHTS = RewardWeights()
+WEIGHTS = EpisodeRewardWeights()
 
 
 def inputs(**overrides):
@@ -58,7 +58,7 @@ def test_components_are_weighted():
 
 def test_speed_weight_above_half_the_job_weight_is_rejected():
     with pytest.raises(ValueError, match="speed weight"):
-        RewardWeights(job=0.1, speed=0.1)
+        EpisodeRewardWeights(job=0.1, speed=0.1)
 
 
 @given(
@@ -71,7 +71,7 @@ def test_speed_weight_above_half_the_job_weight_is_rejected():
     speed_weight=st.floats(0.0, 0.5),
 )
 def test_fast_flat_job_never_beats_slower_real_improvement(base, gain, slow_seconds, fast_seconds, attempt, tokens, speed_weight):
-    weights = RewardWeights(speed=speed_weight)
+    weights = EpisodeRewardWeights(speed=speed_weight)
     trained = min(1.0, base + gain * (1.0 - base))
     if trained <= base:
         return

@@ -7,15 +7,17 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 import tomllib
 
 import pytest
 from pydantic import ValidationError
 
 from metarl.backends.local.train import REWARD_COMPONENTS, compile_local_job, reward_process_cpu_seconds
+from metarl import graders
 from metarl.backends.local.agent import effective_weights, environment_source
 from metarl.learning.families import FAMILIES
-from metarl.learning.grpo import LocalTrainConfig, RewardWeights, rollout_reward
+from metarl.learning.grpo import LocalTrainConfig, RewardComponentWeights, rollout_reward
 from metarl.learning.tokenizer import CHARACTERS
 from metarl.reward_source import (
     EnvironmentRewardSpec,
@@ -164,9 +166,12 @@ def test_compile_local_job_adds_the_reward_section_only_with_a_workspace() -> No
 
 
 def rendered_reward(weights: dict[str, float], family: str, max_tokens: int):  # type: ignore[no-untyped-def]
-    """The local agent's environment module, imported here (trusted: we generated it)."""
+    """The local agent's environment module, imported here (trusted: we generated it), with metarl's graders
+    importable as `metarl_graders`, as the sandbox and the pod's environment package provide them."""
     namespace: dict[str, object] = {}
-    exec(compile(environment_source(weights, family, max_tokens), "environment.py", "exec"), namespace)  # noqa: S102
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, graders.GRADERS_MODULE, graders)
+        exec(compile(environment_source(weights, family, max_tokens), "environment.py", "exec"), namespace)  # noqa: S102
     return namespace
 
 
@@ -188,7 +193,7 @@ def test_local_agent_module_is_the_builtin_training_signal(family_name: str) -> 
         for max_tokens in (6, 16):
             namespace = rendered_reward(weights, family_name, max_tokens)
             assert set(namespace["COMPONENTS"]) == set(REWARD_COMPONENTS)  # type: ignore[arg-type]
-            config = LocalTrainConfig(max_tokens=max_tokens, rewards=RewardWeights(**effective_weights(weights)))
+            config = LocalTrainConfig(max_tokens=max_tokens, rewards=RewardComponentWeights(**effective_weights(weights)))
             for _ in range(200):
                 example = family.generate(rng, rng.random())
                 length = rng.randrange(0, max_tokens + 1)

@@ -14,6 +14,7 @@ import requests
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from metarl.domain.retry import backoff_delay
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
 from metarl.backends.runpod.pod.runner import decode_env_value
 from metarl.backends.runpod.provider import (
@@ -22,7 +23,6 @@ from metarl.backends.runpod.provider import (
     PodState,
     RetryPolicy,
     RunpodProvider,
-    backoff_delay,
     classify_exception,
     classify_message,
     encode_env,
@@ -103,7 +103,7 @@ def test_fallback_order_prefers_types_without_a_recent_capacity_error():
 
 def test_backoff_doubles_and_is_capped():
     policy = RetryPolicy(backoff_s=0.5, max_backoff_s=3.0)
-    assert [backoff_delay(policy, attempt) for attempt in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert [backoff_delay(policy.backoff, attempt) for attempt in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
 
 
 @given(st.text(max_size=200))

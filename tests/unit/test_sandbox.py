@@ -209,6 +209,32 @@ def test_weaker_isolation_is_refused_unless_the_deployment_accepts_it(tmp_path: 
     assert accepted.level == "process" and "bubblewrap" not in accepted.isolation and "rlimits" in accepted.isolation
 
 
+GRADERS_PROBE = (
+    "import metarl_graders\n"
+    "def reward(p, c, a):\n"
+    "    return [metarl_graders.__file__, metarl_graders.grade('addition', a, c), metarl_graders.is_well_formed('date_format', c),\n"
+    "            sorted(metarl_graders.reward_components('addition', 8))]\n"
+)
+
+
+def test_the_environment_module_imports_metarl_graders(tmp_path: Path) -> None:
+    """The task families' graders (metarl/graders.py, the one file) are importable as metarl_graders, bound read-only."""
+    files = workspace_with(tmp_path, "env.py", GRADERS_PROBE)
+    result = run_in_sandbox(files, "env.py", "reward", ["add 20+22=", "32", "42"], SandboxLimits(**BASE_LIMITS))
+    assert result.ok, result.error
+    where = isolation.SANDBOX_GRADERS if result.level == "full" else str(sandbox.GRADERS)
+    assert result.value == [where, 0.25, False, ["correctness", "exact", "format", "length_penalty"]]
+    refused = run_in_sandbox(workspace_with(tmp_path, "env2.py", "import metarl\n"), "env2.py", "reward", [], SandboxLimits(**BASE_LIMITS))
+    assert refused.error.kind == "crash" and "metarl_graders" in refused.error.message  # only the graders: named among the allowed modules
+
+
+def test_metarl_graders_without_bubblewrap(tmp_path: Path, without_bubblewrap: None) -> None:
+    files = workspace_with(tmp_path, "env.py", GRADERS_PROBE)
+    result = run_in_sandbox(files, "env.py", "reward", ["add 20+22=", "32", "42"], SandboxLimits(**BASE_LIMITS, min_isolation="process"))
+    assert result.ok and result.level == "process", result.error
+    assert result.value == [str(sandbox.GRADERS), 0.25, False, ["correctness", "exact", "format", "length_penalty"]]
+
+
 def test_environment_is_empty_but_for_path(tmp_path: Path, secret_env: str) -> None:
     source = (HOSTILE / "env_vars.py").read_text(encoding="utf-8")
     result = run_in_sandbox(workspace_with(tmp_path, "env_vars.py", source), "env_vars.py", "reward", ["p", "c", "a"], SandboxLimits(**BASE_LIMITS))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metarl.domain.batching import GroupView, groups_to_open, is_stale, plan_batch, staleness, tasks_to_open
+from metarl.domain.batching import GroupView, groups_to_open, is_stale, oldest_fresh_version, plan_batch, staleness, tasks_to_open
 from metarl.store.tick_counts import TickCounts
 from metarl.domain.transitions import after_agent, after_eval, after_probe, after_train
 from metarl.store.records import Stage
@@ -41,6 +41,17 @@ def test_staleness():
     assert staleness(3, 5) == 2
     assert not is_stale(3, 5, 2)
     assert is_stale(2, 5, 2)
+
+
+def test_one_staleness_rule_for_the_sql_cutoff_and_the_plan():
+    """The orchestrator drops groups with `policy_version < oldest_fresh_version(...)`; plan_batch uses is_stale: the same rule."""
+    assert oldest_fresh_version(5, 2) == 3 and oldest_fresh_version(5, 0) == 5
+    for current in range(6):
+        for bound in range(4):
+            for version in range(current + 1):
+                stale = is_stale(version, current, bound)
+                assert stale == (staleness(version, current) > bound) == (version < oldest_fresh_version(current, bound))
+                assert (plan_batch([GroupView(1, version)], current, bound, 1).stale == (1,)) == stale
 
 
 def test_plan_waits_for_enough_fresh_groups_and_drops_stale():

@@ -61,44 +61,16 @@ def sample_seed(episode_seed: int, attempt: int) -> int:
 ENVIRONMENT_TEMPLATE = '''"""Reward of the job: the weighted components of [reward.components] (written by the local policy).
 
 Task family %(family)s; completions of at most %(max_tokens)d tokens (one per character, plus the end token).
+The components are the family's own graders (metarl_graders: metarl's graders module, importable here).
 Weights as the local trainer applies them: negative ones of the positive components count as 0,
 the length penalty always penalises, and correctness keeps weight 1 unless the job sets it.
 """
 
-import re
+import metarl_graders
 
+FAMILY = %(family_literal)s
 MAX_TOKENS = %(max_tokens)d
-RIGHT_ALIGNED = %(right_aligned)s
-
-
-def _similarity(answer, text):
-    if RIGHT_ALIGNED:
-        answer, text = answer[::-1], text[::-1]
-    longest = max(len(answer), len(text))
-    if longest == 0:
-        return 1.0
-    return sum(1 for left, right in zip(answer, text) if left == right) / longest
-
-
-def correctness(prompt, completion, answer):
-    text = completion.strip()
-    return 1.0 if text == answer else 0.5 * _similarity(answer, text)
-
-
-def exact(prompt, completion, answer):
-    return 1.0 if completion.strip() == answer else 0.0
-
-
-def well_formed(prompt, completion, answer):
-    text = completion.strip()
-    return 1.0 if %(well_formed)s else 0.0
-
-
-def length_penalty(prompt, completion, answer):
-    return -min(1.0, (len(completion) + 1) / MAX_TOKENS)
-
-
-COMPONENTS = {"correctness": correctness, "exact": exact, "format": well_formed, "length_penalty": length_penalty}
+COMPONENTS = metarl_graders.reward_components(FAMILY, MAX_TOKENS)
 WEIGHTS = %(weights)s
 
 
@@ -106,36 +78,14 @@ def reward(prompt, completion, answer):
     return sum(weight * COMPONENTS[name](prompt, completion, answer) for name, weight in WEIGHTS.items() if name in COMPONENTS)
 '''
 
-RIGHT_ALIGNED_FAMILIES = frozenset({"addition"})
-"""Families whose partial credit compares strings from the right (numbers)."""
-
-
-def well_formed_check(family_name: str) -> str:
-    """The Python expression (over ``text``, the stripped completion) of the family's format check."""
-    from metarl.learning.families import FAMILIES, MONTH_NAMES
-
-    family = FAMILIES.get(family_name)
-    if family is None:
-        return "0 < len(text) <= 100"
-    n = family.max_answer_chars
-    checks = {
-        "addition": f"text.isdigit() and len(text) <= {n}",
-        "reversal": f"text.isalpha() and len(text) <= {n}",
-        "caesar": f"text.isalpha() and len(text) <= {n}",
-        "max_of_list": f"text.isdigit() and len(text) == {n}",
-        "sorting": f"text.isdigit() and len(text) <= {n}",
-        "date_format": "re.fullmatch(" + repr(r"\d{2} (" + "|".join(MONTH_NAMES) + r") \d{4}") + ", text) is not None",
-    }
-    return checks.get(family_name, f"0 < len(text) <= {n}")
-
 
 def effective_weights(weights: dict[str, float]) -> dict[str, float]:
     """The job's weights as the local trainer's built-in graders apply them (see compile_local_job):
     negative weights of the positive components count as 0, the length penalty's by magnitude, and
     a component the job leaves out keeps its built-in default (correctness 1, the others 0)."""
-    from metarl.learning.grpo import RewardWeights
+    from metarl.learning.grpo import RewardComponentWeights
 
-    out = {name: float(field.default) for name, field in RewardWeights.model_fields.items()}
+    out = {name: float(field.default) for name, field in RewardComponentWeights.model_fields.items()}
     for name, weight in weights.items():
         if name == "length_penalty":
             out[name] = abs(float(weight))
@@ -148,16 +98,16 @@ def environment_source(weights: dict[str, float], family: str = "", max_tokens: 
     """The environment module for a job's reward components (the contract of metarl.workspace).
 
     Its ``reward`` gives the same training signal as the local trainer's built-in graders with the
-    job's weights (:func:`metarl.learning.grpo.rollout_reward`): the family's partial credit,
-    exact match and format check, and the completion-length penalty for ``max_tokens`` (counted
-    from the text: one token per character plus the end token, so a sampled ``<unk>``, which
-    decoding drops, is the one case where the penalty differs from the built-in token count).
+    job's weights (:func:`metarl.learning.grpo.rollout_reward`): it imports the graders themselves
+    (:mod:`metarl.graders`, as ``metarl_graders``) for the family's partial credit, exact match and
+    format check, and the completion-length penalty for ``max_tokens`` (counted from the text: one
+    token per character plus the end token, so a sampled ``<unk>``, which decoding drops, is the one
+    case where the penalty differs from the built-in token count).
     """
     return ENVIRONMENT_TEMPLATE % {
         "family": family or "(unknown)",
+        "family_literal": repr(family),
         "max_tokens": max(1, int(max_tokens)),
-        "right_aligned": family in RIGHT_ALIGNED_FAMILIES,
-        "well_formed": well_formed_check(family),
         "weights": json.dumps(effective_weights(weights), sort_keys=True),
     }
 
@@ -259,7 +209,8 @@ class LocalOuter:
     ) -> OuterResult:
         import torch
 
-        from metarl.outer_update import build_datum, group_advantages, local_outer_step
+        from metarl.domain.advantages import group_advantages
+        from metarl.outer_update import build_datum, local_outer_step
         from metarl.policy.local_policy import LocalPolicy
 
         if base_state_uri is None:

@@ -29,6 +29,7 @@ import psutil
 
 from metarl.backends.base import BaseModelIdentity, EpisodeContext, LaunchResult, PollResult, Score
 from metarl.errors import PermanentBackendError
+from metarl.graders import REWARD_COMPONENTS
 from metarl.isolation import IsolationLevel
 from metarl.learning.runtime import THREADS_ENV, threads_per_job
 from schemas.base import FieldProblem
@@ -36,7 +37,6 @@ from schemas.job import JobSpec
 from schemas.run_config import LocalEvalBackend, LocalTrainBackend
 from schemas.task_spec import TaskSpec
 
-REWARD_COMPONENTS = ("correctness", "exact", "format", "length_penalty")
 JOB_FILE, STATUS_FILE, LAUNCH_FILE, DATASET_FILE = "job.json", "status.json", "launch.json", "dataset.jsonl"
 WORKSPACE_COPY = "workspace"
 REWARD_STEP_WALL_SECONDS = 20.0
@@ -57,7 +57,7 @@ def compile_local_job(
     (a ``reward`` section naming the module in the job's copy of the workspace); the built-in
     weights stay in ``train.rewards`` for the record but are not used.
     """
-    from metarl.learning.grpo import LocalTrainConfig, RewardWeights
+    from metarl.learning.grpo import LocalTrainConfig, RewardComponentWeights
 
     resolved = job.resolved()
     unknown = sorted(set(job.reward.components) - set(REWARD_COMPONENTS))
@@ -78,7 +78,7 @@ def compile_local_job(
         max_tokens=resolved.max_tokens,
         kl_coef=resolved.kl_coef,
         lora_rank=job.model.lora_rank,
-        rewards=RewardWeights(**weights),
+        rewards=RewardComponentWeights(**weights),
         seed=job.training.seed,
         time_budget_s=task.budget.max_train_seconds,
     )

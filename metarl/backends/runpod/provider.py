@@ -31,6 +31,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from metarl.domain.retry import Backoff, backoff_delay
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
 from metarl.backends.runpod.pod.runner import ENCODED_PREFIX
 from schemas.run_config import RUNPOD_API_KEY_ENV
@@ -105,6 +106,11 @@ class RetryPolicy(Frozen):
     backoff_s: float = Field(default=1.0, ge=0.0, le=120.0, description="First backoff; doubles per try")
     max_backoff_s: float = Field(default=15.0, ge=0.0, le=600.0, description="Largest backoff")
     call_timeout_s: float = Field(default=20.0, gt=0.0, le=300.0, description="Deadline of one read or idempotent write")
+
+    @property
+    def backoff(self) -> Backoff:
+        """The wait between tries: `backoff_s`, doubling per try, at most `max_backoff_s`."""
+        return Backoff(first_s=self.backoff_s, factor=2.0, max_s=self.max_backoff_s)
 
 
 # --- pure mapping and classification -------------------------------------------------------
@@ -191,11 +197,6 @@ def launch_order(gpu_types: tuple[str, ...] | list[str], failed_at: dict[str, fl
     fresh = [gpu for gpu in unique if now - failed_at.get(gpu, float("-inf")) >= cooldown_s]
     cooling = sorted((gpu for gpu in unique if gpu not in fresh), key=lambda gpu: failed_at[gpu])
     return fresh + cooling
-
-
-def backoff_delay(policy: RetryPolicy, attempt: int) -> float:
-    """Seconds to wait after the `attempt`-th failed try (1-based): exponential, capped."""
-    return min(policy.max_backoff_s, policy.backoff_s * (2 ** max(0, attempt - 1)))
 
 
 def encode_env_value(value: str) -> str:
@@ -301,7 +302,7 @@ class RunpodProvider:
                 last = err
                 log.warning("runpod %s: transient error (try %s/%s): %s", what, attempt, self.retry.attempts, describe(err))
                 if attempt < self.retry.attempts:
-                    self._sleep(backoff_delay(self.retry, attempt))
+                    self._sleep(backoff_delay(self.retry.backoff, attempt))
         raise TransientBackendError(f"runpod {what}: {describe(last)} (after {self.retry.attempts} tries)")
 
     # uniform interface
@@ -400,7 +401,7 @@ class RunpodProvider:
                     log.info("runpod pod %s was created although the reply was lost: re-attached", request.name)
                     return found.pod_id
                 if attempt < self.retry.attempts:
-                    self._sleep(backoff_delay(self.retry, attempt))
+                    self._sleep(backoff_delay(self.retry.backoff, attempt))
         raise TransientBackendError(f"runpod create {request.name}: {describe(last)} (after {self.retry.attempts} tries)")
 
 

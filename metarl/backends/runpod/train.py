@@ -63,7 +63,7 @@ from metarl.backends.runpod.provider import LaunchRequest, PodInfo, PodState, Re
 from metarl.backends.runpod.runs import RunpodRuns
 from schemas.job import JobSpec
 from schemas.run_config import BudgetConfig, PodVllmEvalBackend, RunpodTrainBackend
-from schemas.states import RunStatus
+from schemas.states import ENDED_RUN_STATUSES, RunStatus
 from schemas.task_spec import TaskSpec
 
 log = logging.getLogger("metarl.runpod")
@@ -947,7 +947,7 @@ class RunpodTrain:
             run = self.runs.reap_view(key)
             if run is None:
                 continue  # not a run of this database: another deployment's pods are none of our business
-            run_id, final = run.run_id, run.status in (RunStatus.finished, RunStatus.stopped, RunStatus.failed)
+            run_id, final = run.run_id, run.status in ENDED_RUN_STATUSES
             config, live = run.config, run.live_jobs
             train = config.backends.train
             if not isinstance(train, RunpodTrainBackend):

@@ -95,7 +95,7 @@ def sample_datum(sample: PolicySample, advantage: float) -> Datum | None:
 
 def batch_datums(batch: Sequence[OuterBatchEpisode], normalize_std: bool) -> list[Datum]:
     """Datums of an outer batch: group-relative advantages per group, one datum per sampled attempt with signal."""
-    from metarl.outer_update import group_advantages
+    from metarl.domain.advantages import group_advantages
 
     groups: dict[int, list[OuterBatchEpisode]] = {}
     for episode in batch:

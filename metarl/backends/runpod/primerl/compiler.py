@@ -61,6 +61,7 @@ from metarl.backends.runpod.pod.manifest import (
     BundleManifest,
     sha256_hex,
 )
+from metarl import graders
 from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
 from schemas.job import PRIME_RL_TRAIN_DEFAULTS, JobSpec
 
@@ -247,6 +248,11 @@ def template_source() -> bytes:
     return (Path(__file__).with_name("env_template.py")).read_bytes()
 
 
+def graders_source() -> bytes:
+    """The task families' graders the package ships as its ``metarl_graders`` submodule: the file metarl/graders.py itself."""
+    return Path(graders.__file__).read_bytes()
+
+
 def pyproject_text(env_id: str, module: str) -> str:
     """pyproject.toml of the environment package (setuptools; verifiers and datasets come from the image)."""
     return (
@@ -270,7 +276,7 @@ def pyproject_text(env_id: str, module: str) -> str:
 
 def package_digest(environment_source: bytes, dataset: bytes, weights: dict[str, float]) -> str:
     """Content digest that names the environment package (same workspace, same package)."""
-    parts = [template_source(), environment_source, dataset, json.dumps(weights, sort_keys=True).encode()]
+    parts = [template_source(), graders_source(), environment_source, dataset, json.dumps(weights, sort_keys=True).encode()]
     return sha256_hex(b"\0".join(sha256_hex(part).encode() for part in parts))
 
 
@@ -280,6 +286,7 @@ def package_files(module: str, env_id: str, environment_source: bytes, dataset: 
     return {
         f"{PACKAGE_DIR}/pyproject.toml": pyproject_text(env_id, module).encode(),
         f"{root}/__init__.py": template_source(),
+        f"{root}/{graders.GRADERS_MODULE}.py": graders_source(),
         f"{root}/{AGENT_MODULE}.py": environment_source,
         f"{root}/{DATASET_FILE}": dataset,
         f"{root}/{REWARD_CONFIG_FILE}": (json.dumps({"weights": weights}, indent=2, sort_keys=True) + "\n").encode(),

@@ -8,6 +8,9 @@ bridge calls ``verifiers.load_environment("<this module>")``, which calls
 
 - Dataset: ``dataset.jsonl`` of the workspace (``{"prompt", "answer"}`` per line); each prompt
   is the user message (no system prompt), each answer the rubric's ``answer``.
+- Graders: the package ships metarl's task-family graders (metarl/graders.py) as its submodule
+  ``metarl_graders``; importing the package makes it importable under that top-level name, as in
+  metarl's sandbox, so the agent's module may ``import metarl_graders``.
 - Rubric: when the agent's module defines ``COMPONENTS``, one reward function per component
   named in job.toml ``[reward.components]``, with its weight (``reward`` itself is logged as a
   zero-weight metric); otherwise the module's ``reward`` with weight 1.
@@ -24,14 +27,18 @@ import importlib
 import json
 import math
 import re
+import sys
 from importlib import resources
 from typing import Any
 
 DATASET_FILE = "dataset.jsonl"
 REWARD_CONFIG_FILE = "job_reward.json"
 AGENT_MODULE = "agent_environment"
+GRADERS_MODULE = "metarl_graders"
 SCORE_ERRORS = (ArithmeticError, AttributeError, LookupError, TypeError, ValueError, RecursionError)
 _THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
+
+sys.modules[GRADERS_MODULE] = importlib.import_module(f"{__name__}.{GRADERS_MODULE}")
 
 
 def _field(message: Any, name: str) -> Any:
