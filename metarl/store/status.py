@@ -182,6 +182,16 @@ def run_status(connection: psycopg.Connection, run_id: str, broker_url: str | No
     return status_document(run_row, stages, failures, costs, steps, held_out, rewards, jobs, attempts, recent, queue_depths(broker_url))
 
 
+def read_run_status(database_url: str, run_id: str, broker_url: str | None = None) -> dict[str, Any]:
+    """:func:`run_status` on a new psycopg connection of its own (what `metarl status RUN_ID` opens); LookupError when there is no such run."""
+    import psycopg
+
+    from metarl.store.migration_head import libpq_uri
+
+    with psycopg.connect(libpq_uri(database_url)) as connection:
+        return run_status(connection, run_id, broker_url)
+
+
 class DatabaseUnreachable(Exception):
     """The run database could not be reached; `reason` is what the driver said, in one line."""
 

@@ -1,15 +1,19 @@
-"""Pure rules of the store's orchestrator side: reconciler cutoffs, the run lock's key, how database errors are told."""
+"""Pure rules of the store's orchestrator and bench side: reconciler cutoffs, the run lock's key, how database errors are told, copy statements."""
 
 from __future__ import annotations
 
 import datetime as dt
 
 import psycopg
+import pytest
 from sqlalchemy import exc
 
 from metarl.store.db import DATABASE_UNREACHABLE, unreachable_reason
 from metarl.store.reconcile import redispatch_cutoffs
+from metarl.store.records import OuterStep, ProbeAttempt
+from metarl.store.replicate import COPIES, SHIFTED, copy_statement
 from metarl.store.run_lock import run_lock_key
+from metarl.store.server import quoted_name
 from metarl.store.status import driver_error_line
 
 NOW = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
@@ -49,3 +53,32 @@ def test_a_driver_error_is_told_in_its_first_line_or_by_its_type() -> None:
         "connection failed: Connection refused"
     )
     assert driver_error_line(psycopg.OperationalError("")) == "OperationalError"
+
+
+def test_a_copy_takes_every_column_of_the_record_and_changes_only_the_named_ones() -> None:
+    table = ProbeAttempt.__table__  # type: ignore[attr-defined]
+    statement = copy_statement(table, {"id": "id + :o", "episode_id": "episode_id + :oe"})
+    inserted, selected = statement.removeprefix("INSERT INTO probe_attempts (").split(") SELECT ")
+    columns = [column.name for column in table.c]
+    assert inserted.split(", ") == columns and "isolation" in columns
+    values, source = selected.rsplit(" FROM ", 1)
+    assert source == "t_probe_attempts"
+    assert values.split(", ") == ["id + :o" if c == "id" else "episode_id + :oe" if c == "episode_id" else c for c in columns]
+
+
+def test_a_shifted_column_names_itself_and_an_unknown_column_is_refused() -> None:
+    statement = copy_statement(OuterStep.__table__, {"step": SHIFTED})  # type: ignore[attr-defined]
+    assert ", step + :shift, " in statement
+    with pytest.raises(ValueError, match="outer_steps has no column"):
+        copy_statement(OuterStep.__table__, {"steps": SHIFTED})  # type: ignore[attr-defined]
+
+
+def test_every_copied_table_names_only_its_own_columns_and_gets_new_ids() -> None:
+    for table, changed in COPIES:
+        assert changed["id"] == "id + :o"
+        copy_statement(table, changed)
+
+
+def test_a_database_name_is_quoted_as_an_identifier() -> None:
+    assert quoted_name("metarl_bench_1") == '"metarl_bench_1"'
+    assert quoted_name('odd"name') == '"odd""name"'
