@@ -31,8 +31,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from metarl.store import db
 from metarl.pools import WorkerPools
+from metarl.store import db
+from metarl.store.records import RunStatus
+from metarl.store.run_reads import closed_claims, first_transition_after, in_flight, run_outcome
 from metarl.testing.drill import (
     kill_everything,
     read_run_id,
@@ -42,8 +44,6 @@ from metarl.testing.drill import (
     stop_quietly,
     wait_until,
 )
-from metarl.store.records import RunStatus
-from metarl.store.run_reads import closed_claims, first_transition_after, in_flight, run_outcome
 from metarl.testing.services import PrivatePostgres, PrivateRedis
 
 TARGET_S = 10.0

@@ -79,7 +79,7 @@ def read_metrics(database_url: str, buckets: Sequence[float]) -> MetricsReading:
         finished = (StageClaim.status == ClaimStatus.done) & StageClaim.duration_s.is_not(None)
         columns = [func.count().filter(StageClaim.duration_s <= bound) for bound in buckets]
         latencies = [
-            StageLatencies(stage.value, int(total), float(seconds), tuple(int(value) for value in cumulative))
+            StageLatencies(stage.value, int(total), float(seconds or 0.0), tuple(int(value) for value in cumulative))
             for stage, total, seconds, *cumulative in session.execute(
                 select(StageClaim.stage, func.count(), func.coalesce(func.sum(StageClaim.duration_s), 0.0), *columns).where(finished).group_by(StageClaim.stage)
             ).all()

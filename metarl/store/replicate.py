@@ -13,18 +13,25 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Table, text
+from sqlalchemy import CursorResult, Table, text
 
 from metarl.store.db import get_engine
-from metarl.store.records import CostEntry, Episode, EpisodeGroup, Evaluation, InnerJob, OuterStep, PolicyVersion, ProbeAttempt, Reward, StageClaim
+from metarl.store.records import Base, CostEntry, Episode, EpisodeGroup, Evaluation, InnerJob, OuterStep, PolicyVersion, ProbeAttempt, Reward, StageClaim
+
+
+def table_of(record: type[Base]) -> Table:
+    """The table of a record class."""
+    table = record.__table__
+    assert isinstance(table, Table)
+    return table
+
 
 FINISHED_GROUPS = ("batched", "evaluated", "dropped")
 """Group statuses copied: groups no stage or outer step will change again."""
 
-EPISODE_CHILDREN: tuple[Table, ...] = tuple(
-    model.__table__ for model in (StageClaim, ProbeAttempt, InnerJob, Evaluation, Reward, CostEntry)  # type: ignore[attr-defined]
-)
+EPISODE_CHILDREN: tuple[Table, ...] = tuple(table_of(record) for record in (StageClaim, ProbeAttempt, InnerJob, Evaluation, Reward, CostEntry))
 """Tables whose rows belong to one episode (`episode_id`)."""
 
 SHIFTED = "{column} + :shift"
@@ -32,16 +39,16 @@ NEW_ID = "id + :o"
 OF_EPISODE = "episode_id + :oe"
 
 COPIES: tuple[tuple[Table, Mapping[str, str]], ...] = (
-    (OuterStep.__table__, {"id": NEW_ID, "step": SHIFTED, "policy_version_before": SHIFTED, "policy_version_after": SHIFTED}),  # type: ignore[attr-defined]
-    (PolicyVersion.__table__, {"id": NEW_ID, "version": SHIFTED, "outer_step_id": "outer_step_id + :os"}),  # type: ignore[attr-defined]
-    (EpisodeGroup.__table__, {"id": NEW_ID, "policy_version": SHIFTED, "outer_step_id": "outer_step_id + :os"}),  # type: ignore[attr-defined]
-    (Episode.__table__, {"id": NEW_ID, "group_id": "group_id + :og", "policy_version": SHIFTED}),  # type: ignore[attr-defined]
-    (StageClaim.__table__, {"id": NEW_ID, "episode_id": OF_EPISODE}),  # type: ignore[attr-defined]
-    (ProbeAttempt.__table__, {"id": NEW_ID, "episode_id": OF_EPISODE}),  # type: ignore[attr-defined]
-    (InnerJob.__table__, {"id": NEW_ID, "episode_id": OF_EPISODE, "name": "name || '-x' || :r", "external_id": "external_id || '-x' || :r"}),  # type: ignore[attr-defined]
-    (Evaluation.__table__, {"id": NEW_ID, "episode_id": OF_EPISODE}),  # type: ignore[attr-defined]
-    (Reward.__table__, {"id": NEW_ID, "episode_id": OF_EPISODE}),  # type: ignore[attr-defined]
-    (CostEntry.__table__, {"id": NEW_ID, "episode_id": OF_EPISODE, "idempotency_key": "idempotency_key || '#x' || :r"}),  # type: ignore[attr-defined]
+    (table_of(OuterStep), {"id": NEW_ID, "step": SHIFTED, "policy_version_before": SHIFTED, "policy_version_after": SHIFTED}),
+    (table_of(PolicyVersion), {"id": NEW_ID, "version": SHIFTED, "outer_step_id": "outer_step_id + :os"}),
+    (table_of(EpisodeGroup), {"id": NEW_ID, "policy_version": SHIFTED, "outer_step_id": "outer_step_id + :os"}),
+    (table_of(Episode), {"id": NEW_ID, "group_id": "group_id + :og", "policy_version": SHIFTED}),
+    (table_of(StageClaim), {"id": NEW_ID, "episode_id": OF_EPISODE}),
+    (table_of(ProbeAttempt), {"id": NEW_ID, "episode_id": OF_EPISODE}),
+    (table_of(InnerJob), {"id": NEW_ID, "episode_id": OF_EPISODE, "name": "name || '-x' || :r", "external_id": "external_id || '-x' || :r"}),
+    (table_of(Evaluation), {"id": NEW_ID, "episode_id": OF_EPISODE}),
+    (table_of(Reward), {"id": NEW_ID, "episode_id": OF_EPISODE}),
+    (table_of(CostEntry), {"id": NEW_ID, "episode_id": OF_EPISODE, "idempotency_key": "idempotency_key || '#x' || :r"}),
 )
 """Each copied table (in insert order: a row's references first) and the expressions of the columns a copy changes."""
 
@@ -75,11 +82,11 @@ def replicate_finished_records(database_url: str, run_id: str, target_episodes: 
     """
     with get_engine(database_url).begin() as connection:
 
-        def run(sql: str, **params: object):  # type: ignore[no-untyped-def]
+        def run(sql: str, **params: object) -> CursorResult[Any]:
             return connection.execute(text(sql), params)
 
         steps = run("SELECT count(*), coalesce(max(step), 0) FROM outer_steps WHERE run_id = :run AND status = 'done'", run=run_id).one()
-        done_steps, max_step = int(steps[0]), int(steps[1])
+        done_steps, max_step = (int(value) for value in steps)
         if done_steps == 0 or done_steps != max_step:
             raise RuntimeError(f"replicating needs outer steps 1..n all done; found {done_steps} done, max step {max_step}")
         finished = ", ".join(f"'{status}'" for status in FINISHED_GROUPS)

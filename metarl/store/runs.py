@@ -28,11 +28,11 @@ if TYPE_CHECKING:
     from metarl.report_tables import ReportData
 
 
-def create_run(database_url: str, config: RunConfig, task_specs: Mapping[str, TaskSpec], initial_state: Callable[[str], str]) -> str:
+def create_run(database_url: str, config: RunConfig, task_specs: Mapping[str, TaskSpec], initial_state: Callable[[str], str | None]) -> str:
     """Insert the run row and its policy version 0 in one transaction; return the run id.
 
     `initial_state(run_id)` is called once the run row is written (in the transaction) and returns the
-    URI of version 0's state (the outer backend's); if it raises, nothing is recorded.
+    URI of version 0's state (the outer backend's, None when it keeps none); if it raises, nothing is recorded.
     """
     run_id = str(uuid.uuid4())
     with session_scope(database_url) as session:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
-from schemas.states import InnerJobStatus, Stage
 from metarl.messaging.queues import QUEUES, filesystem_folder
+from schemas.states import InnerJobStatus, Stage
 
 if TYPE_CHECKING:
     import psycopg

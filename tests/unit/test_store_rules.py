@@ -11,12 +11,12 @@ from sqlalchemy import exc
 from metarl.store.db import DATABASE_UNREACHABLE, unreachable_reason
 from metarl.store.reconcile import redispatch_cutoffs
 from metarl.store.records import OuterStep, ProbeAttempt
-from metarl.store.replicate import COPIES, SHIFTED, copy_statement
+from metarl.store.replicate import COPIES, SHIFTED, copy_statement, table_of
 from metarl.store.run_lock import run_lock_key
 from metarl.store.server import quoted_name
 from metarl.store.status import driver_error_line
 
-NOW = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
 
 def test_a_pass_resends_unclaimed_work_dispatched_longer_ago_than_the_redispatch_delay_and_claims_silent_for_a_lease() -> None:
@@ -56,7 +56,7 @@ def test_a_driver_error_is_told_in_its_first_line_or_by_its_type() -> None:
 
 
 def test_a_copy_takes_every_column_of_the_record_and_changes_only_the_named_ones() -> None:
-    table = ProbeAttempt.__table__  # type: ignore[attr-defined]
+    table = table_of(ProbeAttempt)
     statement = copy_statement(table, {"id": "id + :o", "episode_id": "episode_id + :oe"})
     inserted, selected = statement.removeprefix("INSERT INTO probe_attempts (").split(") SELECT ")
     columns = [column.name for column in table.c]
@@ -67,10 +67,10 @@ def test_a_copy_takes_every_column_of_the_record_and_changes_only_the_named_ones
 
 
 def test_a_shifted_column_names_itself_and_an_unknown_column_is_refused() -> None:
-    statement = copy_statement(OuterStep.__table__, {"step": SHIFTED})  # type: ignore[attr-defined]
+    statement = copy_statement(table_of(OuterStep), {"step": SHIFTED})
     assert ", step + :shift, " in statement
     with pytest.raises(ValueError, match="outer_steps has no column"):
-        copy_statement(OuterStep.__table__, {"steps": SHIFTED})  # type: ignore[attr-defined]
+        copy_statement(table_of(OuterStep), {"steps": SHIFTED})
 
 
 def test_every_copied_table_names_only_its_own_columns_and_gets_new_ids() -> None:
