@@ -21,11 +21,11 @@ from metarl.store.failed_runs import ReopenedStep, reopen_failed_run
 from metarl.store.records import PolicyVersion, Run, RunStatus
 from metarl.store.run_ids import resolve_run_id
 from metarl.store.status import episode_report, list_runs, run_status
-from schemas.run_config import RunConfig
-from schemas.task_spec import TaskSpec
 
 if TYPE_CHECKING:
     from metarl.report_tables import ReportData
+    from schemas.run_config import RunConfig
+    from schemas.task_spec import TaskSpec
 
 
 def create_run(database_url: str, config: RunConfig, task_specs: Mapping[str, TaskSpec], initial_state: Callable[[str], str | None]) -> str:
