@@ -74,20 +74,22 @@ def claim_and_move(episode: int, step: str) -> bool:
     return moved is not None
 
 
-def prepare(connection: psycopg.Connection, episodes: int) -> None:
+def prepare(database_url: str, episodes: int) -> None:
     """Create (or empty) the two tables and insert the episodes at their first step (the driver calls this before timing)."""
-    connection.execute(SETUP_SQL)
-    with connection.cursor() as cursor:
-        cursor.executemany("INSERT INTO bench_floor_episodes (id, step) VALUES (%s, %s)", [(episode, STEPS[0]) for episode in range(episodes)])
+    with psycopg.connect(libpq_uri(database_url), autocommit=True) as connection:
+        connection.execute(SETUP_SQL)
+        with connection.cursor() as cursor:
+            cursor.executemany("INSERT INTO bench_floor_episodes (id, step) VALUES (%s, %s)", [(episode, STEPS[0]) for episode in range(episodes)])
 
 
-def finished_floor_episodes(connection: psycopg.Connection) -> int:
+def finished_floor_episodes(database_url: str) -> int:
     """Episodes that went through every step, each step claimed and closed once (the driver checks this after a pass)."""
-    row = connection.execute(
-        "SELECT count(*) FROM bench_floor_episodes e WHERE e.step = 'done'"
-        " AND (SELECT count(*) FROM bench_floor_claims c WHERE c.episode = e.id AND c.status = 'done') = %(steps)s",
-        {"steps": len(STEPS) - 1},
-    ).fetchone()
+    with psycopg.connect(libpq_uri(database_url), autocommit=True) as connection:
+        row = connection.execute(
+            "SELECT count(*) FROM bench_floor_episodes e WHERE e.step = 'done'"
+            " AND (SELECT count(*) FROM bench_floor_claims c WHERE c.episode = e.id AND c.status = 'done') = %(steps)s",
+            {"steps": len(STEPS) - 1},
+        ).fetchone()
     return int(row[0]) if row else 0
 
 

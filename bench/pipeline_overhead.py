@@ -325,23 +325,18 @@ root = "{artifacts}"
 @contextlib.contextmanager
 def scratch_database(admin_url: str) -> Iterator[str]:
     """A fresh, migrated PostgreSQL database, dropped afterwards."""
-    from sqlalchemy import create_engine, text
-
     from metarl.store import db
+    from metarl.store.server import create_database, drop_database
 
     name = f"metarl_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    create_database(admin_url, name)
     url = admin_url.rsplit("/", 1)[0] + f"/{name}"
     try:
         db.upgrade(url)
         yield url
     finally:
         db.dispose_engines()
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        drop_database(admin_url, name)
 
 
 @contextlib.contextmanager
@@ -464,25 +459,18 @@ def pids_cpu(pids: list[int]) -> dict[int, float]:
 
 def postgres_backends(database_url: str) -> list[int]:
     """Server pids connected to the scratch database."""
-    from sqlalchemy import text
+    from metarl.store.server import backend_pids
 
-    from metarl.store.db import get_engine
-
-    with get_engine(database_url).connect() as connection:
-        return list(connection.execute(text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")).scalars())
+    return backend_pids(database_url)
 
 
 def committed_transactions(database_url: str, settle_s: float = 1.5) -> int:
     """Transactions committed in the scratch database so far (after letting backends flush their statistics)."""
-    from sqlalchemy import text
+    from metarl.store import server
 
-    from metarl.store.db import get_engine
-
-    get_engine(database_url).dispose()  # closed connections flush their backends' statistics
+    server.close_pooled_connections(database_url)  # closed connections flush their backends' statistics
     time.sleep(settle_s)
-    with get_engine(database_url).connect() as connection:
-        connection.execute(text("SELECT pg_stat_clear_snapshot()"))
-        return int(connection.execute(text("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")).scalar_one())
+    return server.committed_transactions(database_url)
 
 
 def read_logs(log_dir: Path) -> dict[str, TaskStat]:
@@ -495,13 +483,12 @@ def read_logs(log_dir: Path) -> dict[str, TaskStat]:
 
 def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: Path) -> PhaseResult:
     """N episodes through the real orchestrator and real worker pools on the zero-duration sim backends."""
-    from sqlalchemy import event, func, select
-
-    from metarl.store.db import get_engine, observing_statements, session_scope
     from metarl.pools import WorkerPools
     from metarl.runconfig import load_run
+    from metarl.store.records import OuterStatus, RunStatus, Stage
+    from metarl.store.run_reads import count_episodes, count_outer_steps
+    from metarl.store.statement_counts import counting_database_work
     from orchestrator.loop import Orchestrator, TickReport, create_run
-    from metarl.store.records import Episode, OuterStatus, OuterStep, RunStatus, Stage
     from workers.app import QUEUES, make_app
 
     config_path = work / "run.toml"
@@ -513,13 +500,6 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
     try:
         wait_for_workers(broker_url, set(QUEUES))
         run_id = create_run(database_url, config, specs)
-        statements = [0]
-
-        def count(statement: object = None, *_: object) -> None:
-            statements[0] += statement != "COMMIT"
-
-        engine = get_engine(database_url)
-        event.listen(engine, "before_cursor_execute", count)
         tick_times: list[float] = []
         orchestrator = Orchestrator(database_url, make_app(broker_url), run_id)
         original_tick = orchestrator.tick
@@ -533,26 +513,21 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
         orchestrator.tick = timed_tick  # type: ignore[method-assign]
         pg_before = pids_cpu(postgres_backends(database_url))
         commits_before = committed_transactions(database_url)
-        statements[0] = 0
         pgids = {process.pid for process in pools.processes.values()}
         cpu_before, driver_before, machine_before = group_cpu_s(pgids), time.process_time(), machine_cpu()
         started = time.perf_counter()
-        with observing_statements(count):
+        with counting_database_work(database_url) as database_work:
             status = orchestrator.loop(threading.Event())
         wall = time.perf_counter() - started
         driver_cpu, machine = time.process_time() - driver_before, machine_cpu().since(machine_before)
-        sql = statements[0]
-        event.remove(engine, "before_cursor_execute", count)
+        sql = database_work.statements
         worker_cpu = group_cpu_s(pgids).fields_since(cpu_before)
         pg_after = pids_cpu(postgres_backends(database_url))
         pg_cpu = sum(cpu - pg_before.get(pid, 0.0) for pid, cpu in pg_after.items())
         if status != RunStatus.finished:
             raise SystemExit(f"error: our run ended {status.value}, not finished")
-        with session_scope(database_url) as session:
-            done = session.execute(select(func.count()).select_from(Episode).where(Episode.run_id == run_id, Episode.stage == Stage.done)).scalar_one()
-            steps = session.execute(
-                select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run_id, OuterStep.status == OuterStatus.done)
-            ).scalar_one()
+        done = count_episodes(database_url, run_id, (Stage.done,))
+        steps = count_outer_steps(database_url, run_id, OuterStatus.done)
     finally:
         pools.stop()
     # workers' backends flush their statistics when they exit; count the commits after the stop
@@ -580,20 +555,17 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
     """N Celery chains of the plain, floor or reuse tasks on the same broker, same queues, same worker processes."""
     import importlib
 
-    import psycopg
     import redis
     from celery import chain as celery_chain
 
     from bench._sim_floor_chain import finished_floor_episodes, prepare
     from bench._sim_plain_chain import DONE_KEY, OUTER_KEY, chain_app
-    from metarl.store.migration_head import libpq_uri
     from workers.app import QUEUES
 
     prefix = importlib.import_module(CHAIN_MODULES[chain]).TASK_PREFIX
     log_dir = work / f"logs-{chain}"
     if chain == "floor":
-        with psycopg.connect(libpq_uri(database_url), autocommit=True) as connection:
-            prepare(connection, settings.episodes)
+        prepare(database_url, settings.episodes)
     pools = start_chain_pools(database_url, broker_url, log_dir, chain, settings.train_processes)
     client = redis.Redis.from_url(broker_url)
     try:
@@ -626,8 +598,7 @@ def run_chain(settings: BenchSettings, database_url: str, broker_url: str, work:
         client.close()
         pools.stop()
     if chain == "floor":
-        with psycopg.connect(libpq_uri(database_url), autocommit=True) as connection:
-            moved = finished_floor_episodes(connection)
+        moved = finished_floor_episodes(database_url)
         if moved != settings.episodes:
             raise SystemExit(f"error: the floor chain moved {moved} of {settings.episodes} episodes through every step; see {log_dir}")
     stats = read_logs(log_dir)
@@ -652,12 +623,12 @@ def profile_stages(settings: BenchSettings, database_url: str, broker_url: str, 
     celery's Retry without sending), and the messages they send stay in the reserved Redis database.
     """
     from celery.exceptions import Retry
-    from sqlalchemy import event, select
 
-    from metarl.store.db import get_engine, observing_statements, session_scope
     from metarl.runconfig import load_run
+    from metarl.store.records import Stage
+    from metarl.store.run_reads import episode_ids, outer_step_ids, stage_claim_tokens
+    from metarl.store.statement_counts import counting_database_work
     from orchestrator.loop import Orchestrator, create_run
-    from metarl.store.records import Episode, OuterStep, Stage, StageClaim
     from workers import outer as outer_tasks
     from workers import stages
     from workers.app import make_app
@@ -671,28 +642,12 @@ def profile_stages(settings: BenchSettings, database_url: str, broker_url: str, 
     run_id = create_run(database_url, config, specs)
     orchestrator = Orchestrator(database_url, make_app(broker_url), run_id)
     orchestrator.setup()
-    counts = {"statements": 0, "transactions": 0, "checkouts": 0}
-    engine = get_engine(database_url)
-
-    def on_statement(statement: object = None, *_: object) -> None:
-        counts["transactions" if statement == "COMMIT" else "statements"] += 1
-
-    def on_commit(*_: object) -> None:
-        counts["transactions"] += 1
-
-    def on_checkout(*_: object) -> None:
-        counts["checkouts"] += 1
-
-    event.listen(engine, "before_cursor_execute", on_statement)
-    observing = contextlib.ExitStack()
-    observing.enter_context(observing_statements(on_statement))
-    event.listen(engine, "commit", on_commit)
-    event.listen(engine.pool, "checkout", on_checkout)
+    counting = contextlib.ExitStack()
+    database_work = counting.enter_context(counting_database_work(database_url))
     profiles: dict[str, StageProfile] = {}
 
     def replay(name: str, calls: list[tuple[Any, tuple[int, ...], dict[str, str]]]) -> None:
-        for key in counts:
-            counts[key] = 0
+        database_work.reset()
         wall, cpu = time.perf_counter(), time.process_time()
         for function, args, kwargs in calls:
             try:
@@ -703,36 +658,30 @@ def profile_stages(settings: BenchSettings, database_url: str, broker_url: str, 
         n = len(calls)
         profiles[name] = StageProfile(
             calls=n,
-            statements=counts["statements"] / n,
-            transactions=counts["transactions"] / n,
-            checkouts=counts["checkouts"] / n,
+            statements=database_work.statements / n,
+            transactions=database_work.transactions / n,
+            checkouts=database_work.checkouts / n,
             wall_ms=1000 * wall / n,
             cpu_ms=1000 * cpu / n,
         )
 
     try:
         orchestrator.tick()
-        with session_scope(database_url) as session:
-            ids = list(session.execute(select(Episode.id).where(Episode.run_id == run_id).order_by(Episode.id)).scalars())
+        ids = episode_ids(database_url, run_id)
         replay("agent", [(stages.agent_stage, (i, 1), {}) for i in ids])
         replay("probe", [(stages.probe_stage, (i, 1), {}) for i in ids])
         replay("train submit", [(stages.train_stage, (i, 1), {}) for i in ids])
-        with session_scope(database_url) as session:
-            # a poll message carries the submit's claim token (self.retry passes it); direct calls do not
-            tokens = dict(session.execute(select(StageClaim.episode_id, StageClaim.token).where(StageClaim.run_id == run_id, StageClaim.stage == Stage.train)).all())
+        # a poll message carries the submit's claim token (self.retry passes it); direct calls do not
+        tokens = stage_claim_tokens(database_url, run_id, Stage.train)
         replay("train poll", [(stages.train_stage, (i, 1), {"token": tokens[i]}) for i in ids])
         replay("eval", [(stages.eval_stage, (i, 1), {}) for i in ids])
         replay("tick", [(orchestrator.tick, (), {}) for _ in range(3)])
-        with session_scope(database_url) as session:
-            step_ids = list(session.execute(select(OuterStep.id).where(OuterStep.run_id == run_id)).scalars())
+        step_ids = outer_step_ids(database_url, run_id)
         if step_ids:
             replay("outer", [(outer_tasks.outer_update, (step_id,), {}) for step_id in step_ids[:1]])
     finally:
         orchestrator.stop()
-        event.remove(engine, "before_cursor_execute", on_statement)
-        observing.close()
-        event.remove(engine, "commit", on_commit)
-        event.remove(engine.pool, "checkout", on_checkout)
+        counting.close()
     return profiles
 
 

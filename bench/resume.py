@@ -31,13 +31,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import func, select
-
-from metarl.store import db
-from metarl.store.db import session_scope
 from metarl.pools import WorkerPools
+from metarl.store import db
+from metarl.store.records import RunStatus
+from metarl.store.run_reads import closed_claims, first_transition_after, in_flight, run_outcome
 from metarl.testing.drill import (
-    first_transition_after,
     kill_everything,
     read_run_id,
     service_env,
@@ -46,9 +44,7 @@ from metarl.testing.drill import (
     stop_quietly,
     wait_until,
 )
-from metarl.store.exactly_once import exactly_once_violations
 from metarl.testing.services import PrivatePostgres, PrivateRedis
-from metarl.store.records import ClaimStatus, Episode, Run, RunStatus, Stage, StageClaim
 
 TARGET_S = 10.0
 
@@ -68,28 +64,6 @@ class Repeat:
     takeovers: int
     violations: list[str]
     wall_s: float
-
-
-def closed_claims(url: str, run_id: str) -> int:
-    """Stage claims of the run that closed (done or failed): the stage transitions so far."""
-    with session_scope(url) as session:
-        return int(
-            session.execute(
-                select(func.count()).select_from(StageClaim).where(StageClaim.run_id == run_id, StageClaim.status.in_((ClaimStatus.done, ClaimStatus.failed)))
-            ).scalar_one()
-        )
-
-
-def snapshot(url: str, run_id: str) -> tuple[dict[str, int], int]:
-    """Active episodes per stage, and stage claims held (running), right after the kill."""
-    with session_scope(url) as session:
-        stages = dict(
-            session.execute(select(Episode.stage, func.count()).where(Episode.run_id == run_id, Episode.stage.in_((Stage.agent, Stage.probe, Stage.train, Stage.eval))).group_by(Episode.stage)).all()
-        )
-        held = session.execute(
-            select(func.count()).select_from(StageClaim).where(StageClaim.run_id == run_id, StageClaim.status == ClaimStatus.running)
-        ).scalar_one()
-    return {stage.value: int(n) for stage, n in stages.items()}, int(held)
 
 
 def pools_ready_at(log_dir: Path, offsets: dict[str, int]) -> dt.datetime | None:
@@ -149,7 +123,7 @@ def one_repeat(index: int, rng: random.Random, url: str, redis: PrivateRedis, wo
         wait_until(lambda: closed_claims(url, run_id) >= kill_after or orchestrator.poll() is not None, 300, f"{kill_after} stage transitions", 0.05)
         time.sleep(rng.uniform(0.0, 0.5))
         kill_everything(pools, [orchestrator])
-        in_flight, held = snapshot(url, run_id)
+        at_kill = in_flight(url, run_id)
         time.sleep(args.down_s)
         log_dir = work / f"repeat-{index}" / "logs"
         offsets = {pool: (log_dir / f"worker-{pool}.log").stat().st_size for pool in pools.pools}
@@ -166,27 +140,23 @@ def one_repeat(index: int, rng: random.Random, url: str, redis: PrivateRedis, wo
                 time.sleep(0.05)
         resumed.wait(timeout=600)
         ready = pools_ready_at(log_dir, offsets)
-        with session_scope(url) as session:
-            run = session.get(Run, run_id)
-            status = run.status.value
-            episodes = session.execute(select(func.count()).select_from(Episode).where(Episode.run_id == run_id)).scalar_one()
-            takeovers = session.execute(select(func.coalesce(func.sum(StageClaim.takeovers), 0)).where(StageClaim.run_id == run_id)).scalar_one()
-            violations = exactly_once_violations(session, run_id, artifacts)
-        if status != RunStatus.finished.value:
-            violations.insert(0, f"the run ended {status}, not finished")
+        outcome = run_outcome(url, run_id, artifacts)
+        violations = outcome.violations
+        if outcome.status != RunStatus.finished.value:
+            violations.insert(0, f"the run ended {outcome.status}, not finished")
     finally:
         pools.stop()
         stop_quietly(processes)
     return Repeat(
         index=index,
         kill_after_transitions=kill_after,
-        in_flight_at_kill=in_flight,
-        held_claims_at_kill=held,
+        in_flight_at_kill=at_kill.episodes_by_stage,
+        held_claims_at_kill=at_kill.held_claims,
         restart_to_transition_s=None if transition is None else (transition - restart).total_seconds(),
         restart_to_pools_ready_s=None if ready is None else (ready - restart_local).total_seconds(),
-        run_status=status,
-        episodes=int(episodes),
-        takeovers=int(takeovers),
+        run_status=outcome.status,
+        episodes=outcome.episodes,
+        takeovers=outcome.takeovers,
         violations=violations,
         wall_s=time.monotonic() - started,
     )

@@ -14,8 +14,8 @@ What is measured, precisely:
 2. Fill. The full size does not go through the pipeline on 2 cores within 15 minutes (the
    pipeline's rate is printed), so the run is grown to `--episodes` by copying the records that
    part 1 wrote: every finished group with its episodes, stage claims, submissions, inner jobs,
-   evaluations, rewards, cost-ledger lines, outer steps and policy versions, in SQL
-   (INSERT ... SELECT), with new ids, step and version numbers shifted past the existing ones, and
+   evaluations, rewards, cost-ledger lines, outer steps and policy versions, in the database
+   (`metarl.store.replicate`), with new ids, step and version numbers shifted past the existing ones, and
    the unique keys (inner-job names, idempotency keys) suffixed. The copies are row-for-row what the
    pipeline writes, but carry no dead tuples from the pipeline's updates.
 3. Pipeline, part 2. `metarl resume` continues the same run on the grown database for the other
@@ -46,14 +46,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import func, select, text
-
-from metarl.store import db
-from metarl.store.db import get_engine, session_scope
 from metarl.pools import WorkerPools
+from metarl.store import db
+from metarl.store.records import Stage
+from metarl.store.replicate import replicate_finished_records
+from metarl.store.run_reads import count_episodes, run_record
+from metarl.store.server import table_sizes, vacuum_analyze
 from metarl.testing.drill import REPO, read_run_id, service_env, sim_run_config, start_orchestrator, stop_quietly
 from metarl.testing.services import PrivatePostgres, PrivateRedis
-from metarl.store.records import Episode, Run, Stage
 
 EPISODES_PER_STEP = 128
 TABLES = (
@@ -127,14 +127,12 @@ class Sampler:
 
 def ended_episodes(url: str, run_id: str) -> int:
     """Episodes of the run that reached done or failed."""
-    with session_scope(url) as session:
-        return int(session.execute(select(func.count()).select_from(Episode).where(Episode.run_id == run_id, Episode.stage.in_((Stage.done, Stage.failed)))).scalar_one())
+    return count_episodes(url, run_id, (Stage.done, Stage.failed))
 
 
 def all_episodes(url: str, run_id: str) -> int:
     """Episodes of the run."""
-    with session_scope(url) as session:
-        return int(session.execute(select(func.count()).select_from(Episode).where(Episode.run_id == run_id)).scalar_one())
+    return count_episodes(url, run_id)
 
 
 @dataclass
@@ -183,107 +181,12 @@ def drive_pipeline(
 
 
 def fill(url: str, run_id: str, target: int) -> tuple[int, int, float]:
-    """Grow the run to at least `target` episodes by copying its finished groups and their records; (copies, episodes added, seconds).
-
-    The template rows are read once into temporary tables; each copy is one INSERT ... SELECT per
-    table from them, with ids offset past the existing ones, outer-step and policy-version numbers
-    shifted by the template's steps, and unique keys suffixed.
-    """
+    """Grow the run to at least `target` episodes by copying its finished groups and their records
+    (`metarl.store.replicate`), then VACUUM ANALYZE; (copies, episodes added, seconds)."""
     started = time.monotonic()
-    engine = get_engine(url)
-    with engine.begin() as connection:
-        q = lambda sql, **params: connection.execute(text(sql), params)  # noqa: E731
-        steps = q("SELECT count(*), coalesce(max(step), 0) FROM outer_steps WHERE run_id = :run AND status = 'done'", run=run_id).one()
-        done_steps, max_step = int(steps[0]), int(steps[1])
-        if done_steps == 0 or done_steps != max_step:
-            raise RuntimeError(f"fill needs outer steps 1..n all done; found {done_steps} done, max step {max_step}")
-        q("CREATE TEMP TABLE t_episode_groups ON COMMIT DROP AS SELECT * FROM episode_groups WHERE run_id = :run AND status IN ('batched', 'evaluated', 'dropped')", run=run_id)
-        q("CREATE TEMP TABLE t_episodes ON COMMIT DROP AS SELECT * FROM episodes WHERE group_id IN (SELECT id FROM t_episode_groups)")
-        for table in ("stage_claims", "probe_attempts", "inner_jobs", "evaluations", "rewards", "cost_ledger"):
-            q(f"CREATE TEMP TABLE t_{table} ON COMMIT DROP AS SELECT * FROM {table} WHERE episode_id IN (SELECT id FROM t_episodes)")
-        q("CREATE TEMP TABLE t_outer_steps ON COMMIT DROP AS SELECT * FROM outer_steps WHERE run_id = :run AND step <= :steps", run=run_id, steps=done_steps)
-        q("CREATE TEMP TABLE t_policy_versions ON COMMIT DROP AS SELECT * FROM policy_versions WHERE run_id = :run AND version BETWEEN 1 AND :steps", run=run_id, steps=done_steps)
-        per_copy = int(q("SELECT count(*) FROM t_episodes").scalar_one())
-        have = int(q("SELECT count(*) FROM episodes WHERE run_id = :run", run=run_id).scalar_one())
-        copies = max(0, math.ceil((target - have) / per_copy)) if per_copy else 0
-        tables = ("episode_groups", "episodes", "stage_claims", "probe_attempts", "inner_jobs", "evaluations", "rewards", "cost_ledger", "outer_steps", "policy_versions")
-        offsets = {table: int(q(f"SELECT coalesce(max(id), 0) FROM {table}").scalar_one()) for table in tables}
-        for r in range(1, copies + 1):
-            o = {table: offset * r for table, offset in offsets.items()}
-            shift = done_steps * r
-            q(
-                """INSERT INTO outer_steps (id, run_id, step, status, policy_version_before, policy_version_after, n_groups, n_episodes,
-                       dropped_stale_groups, worker, token, takeovers, heartbeat_at, dispatched_at, error, metrics, created_at, finished_at)
-                   SELECT id + :o, run_id, step + :shift, status, policy_version_before + :shift, policy_version_after + :shift, n_groups, n_episodes,
-                       dropped_stale_groups, worker, token, takeovers, heartbeat_at, dispatched_at, error, metrics, created_at, finished_at
-                   FROM t_outer_steps""",
-                o=o["outer_steps"], shift=shift,
-            )
-            q(
-                """INSERT INTO policy_versions (id, run_id, version, backend, state_uri, outer_step_id, created_at)
-                   SELECT id + :o, run_id, version + :shift, backend, state_uri, outer_step_id + :os, created_at FROM t_policy_versions""",
-                o=o["policy_versions"], os=o["outer_steps"], shift=shift,
-            )
-            q(
-                """INSERT INTO episode_groups (id, run_id, task_id, policy_version, size, held_out, status, ended_episodes, outer_step_id, created_at)
-                   SELECT id + :o, run_id, task_id, policy_version + :shift, size, held_out, status, ended_episodes, outer_step_id + :os, created_at FROM t_episode_groups""",
-                o=o["episode_groups"], os=o["outer_steps"], shift=shift,
-            )
-            q(
-                """INSERT INTO episodes (id, run_id, group_id, index_in_group, task_id, policy_version, held_out, stage, probe_attempt, dispatched_at,
-                       dispatch_count, error, created_at, updated_at, finished_at)
-                   SELECT id + :o, run_id, group_id + :og, index_in_group, task_id, policy_version + :shift, held_out, stage, probe_attempt, dispatched_at,
-                       dispatch_count, error, created_at, updated_at, finished_at FROM t_episodes""",
-                o=o["episodes"], og=o["episode_groups"], shift=shift,
-            )
-            q(
-                """INSERT INTO stage_claims (id, run_id, episode_id, stage, probe_attempt, token, takeovers, transient_failures, status, worker,
-                       claimed_at, heartbeat_at, finished_at, duration_s, error)
-                   SELECT id + :o, run_id, episode_id + :oe, stage, probe_attempt, token, takeovers, transient_failures, status, worker,
-                       claimed_at, heartbeat_at, finished_at, duration_s, error FROM t_stage_claims""",
-                o=o["stage_claims"], oe=o["episodes"],
-            )
-            q(
-                """INSERT INTO probe_attempts (id, episode_id, run_id, attempt, job_toml, workspace_uri, agent_tokens, explicit_hyperparameters, model_name,
-                       agent_backend, policy_tokens, behaviour_logprobs, prompt_length, passed, errors, probe_seconds, submitted_at, probed_at)
-                   SELECT id + :o, episode_id + :oe, run_id, attempt, job_toml, workspace_uri, agent_tokens, explicit_hyperparameters, model_name,
-                       agent_backend, policy_tokens, behaviour_logprobs, prompt_length, passed, errors, probe_seconds, submitted_at, probed_at
-                   FROM t_probe_attempts""",
-                o=o["probe_attempts"], oe=o["episodes"],
-            )
-            q(
-                """INSERT INTO inner_jobs (id, run_id, episode_id, name, backend, simulated, external_id, status, launch_count, backend_state, model_name,
-                       checkpoint_uri, metrics_uri, error, created_at, launched_at, finished_at, train_seconds)
-                   SELECT id + :o, run_id, episode_id + :oe, name || '-x' || :r, backend, simulated, external_id || '-x' || :r, status, launch_count,
-                       backend_state, model_name, checkpoint_uri, metrics_uri, error, created_at, launched_at, finished_at, train_seconds
-                   FROM t_inner_jobs""",
-                o=o["inner_jobs"], oe=o["episodes"], r=r,
-            )
-            for table, columns in (
-                ("evaluations", "backend, simulated, base_score, trained_score, ci_low, ci_high, n_items, eval_seconds, created_at"),
-                ("rewards", "run_id, total, job, validation, efficiency, speed, raw_improvement, weights, created_at"),
-            ):
-                q(f"INSERT INTO {table} (id, episode_id, {columns}) SELECT id + :o, episode_id + :oe, {columns} FROM t_{table}", o=o[table], oe=o["episodes"])
-            q(
-                """INSERT INTO cost_ledger (id, run_id, episode_id, source, description, quantity, unit, unit_price_usd, amount_usd, simulated,
-                       idempotency_key, created_at)
-                   SELECT id + :o, run_id, episode_id + :oe, source, description, quantity, unit, unit_price_usd, amount_usd, simulated,
-                       idempotency_key || '#x' || :r, created_at FROM t_cost_ledger""",
-                o=o["cost_ledger"], oe=o["episodes"], r=r,
-            )
-        for table, offset in offsets.items():
-            q(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), :v)", v=max(1, offset * (copies + 1)))
-        if copies:
-            q("UPDATE runs SET policy_version = policy_version + :shift WHERE id = :run", shift=done_steps * copies, run=run_id)
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-        connection.execute(text("VACUUM ANALYZE"))
-    return copies, copies * per_copy, time.monotonic() - started
-
-
-def table_sizes(url: str) -> dict[str, int]:
-    """pg_total_relation_size (heap + indexes + TOAST) of each table, in bytes."""
-    with get_engine(url).connect() as connection:
-        return {table: int(connection.execute(text("SELECT pg_total_relation_size(:t)"), {"t": table}).scalar_one()) for table in TABLES}
+    added = replicate_finished_records(url, run_id, target)
+    vacuum_analyze(url)
+    return added.copies, added.episodes_added, time.monotonic() - started
 
 
 def time_status(env: dict[str, str], run_id: str, repeats: int, as_json: bool) -> tuple[list[float], list[float]]:
@@ -308,16 +211,12 @@ def time_status(env: dict[str, str], run_id: str, repeats: int, as_json: bool) -
 
 def time_status_queries(url: str, broker: str, run_id: str, repeats: int) -> list[float]:
     """Seconds of the status queries alone (metarl.store.status.run_status on a new psycopg connection each time, as the command opens), in this process."""
-    import psycopg
-
-    from metarl.store.migration_head import libpq_uri
-    from metarl.store.status import run_status
+    from metarl.store.status import read_run_status
 
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        with psycopg.connect(libpq_uri(url)) as connection:
-            run_status(connection, run_id, broker)
+        read_run_status(url, run_id, broker)
         times.append(time.perf_counter() - started)
     return times
 
@@ -405,11 +304,11 @@ def main(argv: list[str] | None = None) -> int:
             run_id, part1 = drive_pipeline("part 1 (empty database)", ["run", str(config)], env, url, None, half, work / "logs" / "orchestrator-1.log", args.min_part_s)
             print(f"  part 1: {part1.episodes} episodes in {part1.seconds:.0f} s ({part1.rate:.1f}/s)", flush=True)
             pipeline_rows = all_episodes(url, run_id)
-            sizes_pipeline = table_sizes(url)
+            sizes_pipeline = table_sizes(url, TABLES)
             copies, added, fill_s = fill(url, run_id, args.episodes)
             total = all_episodes(url, run_id)
             print(f"  fill: {copies} copies of the finished records, +{added} episodes in {fill_s:.0f} s; run has {total} episodes", flush=True)
-            sizes = table_sizes(url)
+            sizes = table_sizes(url, TABLES)
             _, part2 = drive_pipeline(
                 f"part 2 ({total} episodes in the run)", ["resume", run_id], env, url, run_id, args.pipeline_episodes - half, work / "logs" / "orchestrator-2.log", args.min_part_s
             )
@@ -420,9 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         status_tables = time_status(env, run_id, args.status_repeats, as_json=False)
         status_json = time_status(env, run_id, args.status_repeats, as_json=True)
         queries = time_status_queries(url, broker, run_id, args.status_repeats)
-        with session_scope(url) as session:
-            run = session.get(Run, run_id)
-            policy_version = run.policy_version
+        policy_version = run_record(url, run_id).policy_version
         db.dispose_engines()
 
     print()

@@ -8,11 +8,9 @@ import time
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from sqlalchemy import func, select
 
-from metarl.store.db import session_scope
+from metarl.store.metrics_reads import read_metrics
 from metarl.store.status import queue_depths
-from metarl.store.records import ClaimStatus, CostEntry, Episode, Run, StageClaim
 
 LATENCY_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600)
 
@@ -30,38 +28,26 @@ class MetarlCollector:
             if value is not None:
                 depth.add_metric([queue], value)
         yield depth
-        with session_scope(self.database_url) as session:
-            stages = GaugeMetricFamily("metarl_episodes", "Episodes per run and stage", labels=["run", "run_id", "stage"])
-            for run_name, run_id, stage, count in session.execute(
-                select(Run.name, Run.id, Episode.stage, func.count()).join(Run, Run.id == Episode.run_id).group_by(Run.name, Run.id, Episode.stage)
-            ).all():
-                stages.add_metric([run_name, run_id, stage.value], count)
-            yield stages
-            version = GaugeMetricFamily(
-                "metarl_policy_version", "Policy version of each run: the current one while it runs, the last one once it ended", labels=["run", "run_id"]
-            )
-            for run_name, run_id, policy_version in session.execute(select(Run.name, Run.id, Run.policy_version)).all():
-                version.add_metric([run_name, run_id], policy_version)
-            yield version
-            cost = CounterMetricFamily("metarl_cost_usd", "Dollars recorded in the cost ledger", labels=["source", "simulated"])
-            for source, simulated, total in session.execute(
-                select(CostEntry.source, CostEntry.simulated, func.sum(CostEntry.amount_usd)).group_by(CostEntry.source, CostEntry.simulated)
-            ).all():
-                cost.add_metric([source, str(bool(simulated)).lower()], float(total or 0))
-            yield cost
-            yield from self._latencies(session)
-
-    def _latencies(self, session):  # type: ignore[no-untyped-def]
+        reading = read_metrics(self.database_url, LATENCY_BUCKETS)
+        stages = GaugeMetricFamily("metarl_episodes", "Episodes per run and stage", labels=["run", "run_id", "stage"])
+        for line in reading.stage_episodes:
+            stages.add_metric([line.run_name, line.run_id, line.stage], line.episodes)
+        yield stages
+        version = GaugeMetricFamily(
+            "metarl_policy_version", "Policy version of each run: the current one while it runs, the last one once it ended", labels=["run", "run_id"]
+        )
+        for run in reading.policy_versions:
+            version.add_metric([run.run_name, run.run_id], run.policy_version)
+        yield version
+        cost = CounterMetricFamily("metarl_cost_usd", "Dollars recorded in the cost ledger", labels=["source", "simulated"])
+        for total in reading.costs:
+            cost.add_metric([total.source, str(total.simulated).lower()], total.usd)
+        yield cost
         histogram = HistogramMetricFamily("metarl_stage_seconds", "Duration of finished stage claims", labels=["stage"])
-        finished = (StageClaim.status == ClaimStatus.done) & StageClaim.duration_s.is_not(None)
-        columns = [func.count().filter(StageClaim.duration_s <= bound) for bound in LATENCY_BUCKETS]
-        rows = session.execute(
-            select(StageClaim.stage, func.count(), func.coalesce(func.sum(StageClaim.duration_s), 0.0), *columns).where(finished).group_by(StageClaim.stage)
-        ).all()
-        for stage, total, seconds, *cumulative in rows:
-            buckets = [(str(bound), int(value)) for bound, value in zip(LATENCY_BUCKETS, cumulative)]
-            buckets.append(("+Inf", int(total)))
-            histogram.add_metric([stage.value], buckets, float(seconds))
+        for stage in reading.latencies:
+            buckets = [(str(bound), count) for bound, count in zip(LATENCY_BUCKETS, stage.at_most)]
+            buckets.append(("+Inf", stage.claims))
+            histogram.add_metric([stage.stage], buckets, stage.seconds)
         yield histogram
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import psycopg
+    from metarl.store.run_ids import RunIdError
+    from metarl.store.runs import RunsTransaction
 
 EXIT_CONFIG_ERROR = 2
 EXIT_NOT_FOUND = 3
@@ -189,15 +190,15 @@ def dry_run(args: argparse.Namespace, config: Any, specs: dict[str, Any]) -> int
 def cmd_resume(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         services = stack.enter_context(Services(None, None, spawn_workers=not args.no_workers))
-        from metarl.store.records import Run, RunStatus
-        from metarl.store.db import psycopg_connection, session_scope
-        from metarl.store.failed_runs import NotRetryable, reopen_failed_run
+        from metarl.store.failed_runs import NotRetryable
+        from metarl.store.records import RunStatus
+        from metarl.store.runs import runs_transaction
 
-        with session_scope(services.database_url) as session:
-            run_id = resolved_run_id(psycopg_connection(session), args.run_id)
+        with runs_transaction(services.database_url) as runs:
+            run_id = resolved_run_id(runs, args.run_id)
             if isinstance(run_id, int):
                 return run_id
-            run = session.get(Run, run_id)
+            run = runs.summary(run_id)
             if run is None:
                 return no_such_run(run_id)
             if run.status == RunStatus.failed and not args.retry_failed:
@@ -210,7 +211,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
                 return EXIT_FAILED_RUN
             if args.retry_failed:
                 try:
-                    reopened = reopen_failed_run(session, run_id)
+                    reopened = runs.reopen_failed_run(run_id)
                 except NotRetryable as err:
                     print(f"error: {err}", file=sys.stderr)
                     return EXIT_FAILED_RUN
@@ -247,17 +248,14 @@ def drive(services: "Services", run_id: str, quiet: bool) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from sqlalchemy import update
+    from metarl.store.runs import runs_transaction
 
-    from metarl.store.db import psycopg_connection, session_scope
-    from metarl.store.records import Run
-
-    with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
-        run_id = resolved_run_id(psycopg_connection(session), args.run_id)
+    with Services(None, None, spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
+        run_id = resolved_run_id(runs, args.run_id)
         if isinstance(run_id, int):
             return run_id
-        updated = session.execute(update(Run).where(Run.id == run_id).values(stop_requested=True).returning(Run.id)).scalar_one_or_none()
-    if updated is None:
+        requested = runs.request_stop(run_id)
+    if not requested:
         return no_such_run(run_id)
     print(f"stop requested for run {run_id}: in-flight episodes finish, then it stops")
     return 0
@@ -268,21 +266,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     database_url = settings.database_url(None)
     if database_url and args.run_id is not None and args.episode is None:
-        shown = run_status_over_psycopg(args, database_url, settings.broker_url(None))
+        shown = run_status_at_head(args, database_url, settings.broker_url(None))
         if shown is not None:
             return shown
-    from metarl.store.db import psycopg_connection, session_scope
-    from metarl.store.status import list_runs, run_status
+    from metarl.store.runs import runs_transaction
 
-    with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
-        run_id = None if args.run_id is None else resolved_run_id(psycopg_connection(session), args.run_id)
+    with Services(None, None, spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
+        run_id = None if args.run_id is None else resolved_run_id(runs, args.run_id)
         if isinstance(run_id, int):
             return run_id
         if args.episode is not None:
-            from metarl.store.status import episode_report
-
             try:
-                report = episode_report(session, args.episode)
+                report = runs.episode_report(args.episode)
             except LookupError:
                 report = None
             if report is None or run_id not in (None, report["episode"]["run"]):
@@ -291,64 +286,62 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(json.dumps(report, indent=2, default=str))
             return 0
         if run_id is None:
-            runs = list_runs(session)
+            listed = runs.list_runs()
             if args.json:
-                print(json.dumps(runs, indent=2))
+                print(json.dumps(listed, indent=2))
             else:
                 from rich.console import Console
 
                 from metarl.render import runs_table
 
-                Console().print(runs_table(runs))
+                Console().print(runs_table(listed))
             return 0
         try:
-            status = run_status(psycopg_connection(session), run_id, services.broker_url)
+            status = runs.run_status(run_id, services.broker_url)
         except LookupError:
             return no_such_run(run_id)
     show_run_status(status, as_json=args.json)
     return 0
 
 
-def run_status_over_psycopg(args: argparse.Namespace, database_url: str, broker_url: str | None) -> int | None:
+def run_status_at_head(args: argparse.Namespace, database_url: str, broker_url: str | None) -> int | None:
     """`metarl status RUN_ID` on a configured database at the migrations' head, over one psycopg connection (no SQLAlchemy import).
 
     None when the database is behind the migrations: the caller then takes the usual path, which
     migrates it first. A database that cannot be reached is an error that names it (no traceback).
     """
-    import psycopg
-
-    from metarl.store.migration_head import head_revision, libpq_uri, revision_of
-    from metarl.store.status import run_status, without_password
+    from metarl.store.run_ids import RunIdError
+    from metarl.store.status import DatabaseUnreachable, read_run_status_at_head, without_password
 
     try:
-        with psycopg.connect(libpq_uri(database_url), connect_timeout=10) as connection:
-            head = head_revision()
-            if head is None or revision_of(connection) != head:
-                return None
-            run_id = resolved_run_id(connection, args.run_id)
-            if isinstance(run_id, int):
-                return run_id
-            try:
-                status = run_status(connection, run_id, broker_url)
-            except LookupError:
-                return no_such_run(run_id)
-    except psycopg.OperationalError as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"error: cannot read the run database {without_password(database_url)}: {reason}. Fix: check METARL_DATABASE_URL and that PostgreSQL runs there", file=sys.stderr)
+        read = read_run_status_at_head(database_url, args.run_id, broker_url)
+    except RunIdError as err:
+        return run_id_refused(err)
+    except DatabaseUnreachable as err:
+        print(f"error: cannot read the run database {without_password(database_url)}: {err.reason}. Fix: check METARL_DATABASE_URL and that PostgreSQL runs there", file=sys.stderr)
         return EXIT_FAILED_RUN
-    show_run_status(status, as_json=args.json)
+    if read is None:
+        return None
+    if read.status is None:
+        return no_such_run(read.run_id)
+    show_run_status(read.status, as_json=args.json)
     return 0
 
 
-def resolved_run_id(connection: psycopg.Connection, text: str) -> str | int:
+def resolved_run_id(runs: RunsTransaction, text: str) -> str | int:
     """The full id of the run ``text`` names (its id or a unique prefix, `metarl.store.run_ids.resolve_run_id`), or the exit code after saying why not."""
-    from metarl.store.run_ids import RunIdError, resolve_run_id
+    from metarl.store.run_ids import RunIdError
 
     try:
-        return resolve_run_id(connection, text)
+        return runs.resolve_run_id(text)
     except RunIdError as err:
-        print(f"error: {err.message()}", file=sys.stderr)
-        return EXIT_NOT_FOUND if err.kind == "unknown" else EXIT_CONFIG_ERROR
+        return run_id_refused(err)
+
+
+def run_id_refused(err: RunIdError) -> int:
+    """Say why a typed run id names no single run; the exit code (not found, or a usage error for an ambiguous prefix)."""
+    print(f"error: {err.message()}", file=sys.stderr)
+    return EXIT_NOT_FOUND if err.kind == "unknown" else EXIT_CONFIG_ERROR
 
 
 def no_such_run(run_id: str) -> int:
@@ -371,16 +364,15 @@ def show_run_status(status: dict[str, Any], *, as_json: bool) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write the report of one run (HTML, PNG, CSV) and print the path of its index.html."""
-    from metarl.store.db import psycopg_connection, session_scope
-    from metarl.store.report_data import load_report_data
     from metarl.report_tables import default_report_dir, printable
+    from metarl.store.runs import runs_transaction
 
-    with Services(None, None, spawn_workers=False) as services, session_scope(services.database_url) as session:
-        run_id = resolved_run_id(psycopg_connection(session), args.run_id)
+    with Services(None, None, spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
+        run_id = resolved_run_id(runs, args.run_id)
         if isinstance(run_id, int):
             return run_id
         try:
-            data = load_report_data(session, run_id)
+            data = runs.report_data(run_id)
         except LookupError:
             return no_such_run(run_id)
         home = services.home

@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import asdict
 from types import TracebackType
 from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
-from metarl.store.db import session_scope
-from metarl.store.ledger import run_total_usd
+from metarl.store.progress import read_progress
 from orchestrator.loop import TickReport
-from metarl.store.step_metrics import held_out_reward_by_version
-from metarl.domain.transitions import TERMINAL_STAGES
-from metarl.store.records import Episode, OuterStep, OuterStatus, Run
 
 LIVE_REFRESH_S = 0.5
 """Seconds between refreshes of the table on a terminal."""
@@ -33,12 +28,6 @@ def display_due(now: float, last_shown: float | None, live: bool, finished: bool
     if live:
         return now - last_shown >= LIVE_REFRESH_S
     return finished or now - last_shown >= LINE_EVERY_S
-
-
-def latest_held_out_reward(session: Session, run_id: str) -> float | None:
-    """Mean reward of the newest policy version whose held-out groups were evaluated (from the records, as `metarl status` reads it)."""
-    by_version = held_out_reward_by_version(session, run_id)
-    return by_version[max(by_version)] if by_version else None
 
 
 class ProgressDisplay:
@@ -56,24 +45,8 @@ class ProgressDisplay:
         self._last_shown: float | None = None
 
     def snapshot(self) -> dict[str, Any]:
-        with session_scope(self.database_url) as session:
-            run = session.get(Run, self.run_id)
-            total, done = session.execute(
-                select(func.count(), func.count().filter(Episode.stage.in_(TERMINAL_STAGES))).where(Episode.run_id == self.run_id)
-            ).one()
-            last = session.execute(
-                select(OuterStep).where(OuterStep.run_id == self.run_id, OuterStep.status == OuterStatus.done).order_by(OuterStep.step.desc()).limit(1)
-            ).scalar_one_or_none()
-            return {
-                "status": run.status.value if run else "?",
-                "episodes_done": done,
-                "episodes_total": total,
-                "outer_step": last.step if last else 0,
-                "max_outer_steps": run.config["run"]["max_outer_steps"] if run else 0,
-                "reward": last.metrics.get("reward_mean") if last else None,
-                "held_out": latest_held_out_reward(session, self.run_id),
-                "cost_usd": run_total_usd(session, self.run_id),
-            }
+        """The run as shown (`metarl.store.progress.read_progress`), as a dict."""
+        return asdict(read_progress(self.database_url, self.run_id))
 
     def render(self, snap: dict[str, Any]) -> Table:
         table = Table(title=f"metarl run {self.run_id}", title_justify="left")

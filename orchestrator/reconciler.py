@@ -1,73 +1,45 @@
-"""Find stage work that is not done and not in safe hands, and send it again (idempotently)."""
+"""When the reconciler runs: stage work and outer steps not done and not in safe hands are sent again (idempotently).
+
+What it finds and marks is read in the tick's transaction (`metarl.store.reconcile`); this module
+decides when a tick runs a pass: on the first tick of an orchestrator (resume) and then every
+:func:`reconcile_interval_s`.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+import time
 
-from sqlalchemy import and_, or_, select, update
-from sqlalchemy.orm import Session, aliased
-
-from metarl.domain.transitions import ACTIVE_STAGES
-from metarl.store.records import ClaimStatus, Episode, OuterStatus, OuterStep, Stage, StageClaim
+from metarl.store.reconcile import StageDispatch
+from metarl.store.run_tick import RunTick
+from schemas.run_config import RunConfig
 
 
-@dataclass(frozen=True)
-class StageDispatch:
-    """One stage message to send after the transaction commits."""
+def reconcile_interval_s(config: RunConfig) -> float:
+    """Seconds between reconciler passes: a quarter of the shorter of the lease and the re-dispatch delay
+    (so a lost stage is re-sent at most 25% later than those allow), never more often than the tick.
 
-    stage: Stage
-    episode_id: int
-    probe_attempt: int
-
-
-def orphaned_episodes(session: Session, run_id: str, now: dt.datetime, redispatch_after_s: float, lease_s: float, startup: bool) -> list[StageDispatch]:
-    """Active episodes whose current stage has no live claim and was not dispatched recently.
-
-    At startup (resume) every unclaimed stage is re-sent at once; a duplicate finds its claim and stops.
+    Ticks also come on demand (metarl.store.tick_wakeup); the reconciler scans the run's active episodes,
+    so it does not run on every one of them.
     """
-    claim = aliased(StageClaim)
-    unclaimed_cutoff = now if startup else now - dt.timedelta(seconds=redispatch_after_s)
-    stale_cutoff = now - dt.timedelta(seconds=lease_s)
-    rows = session.execute(
-        select(Episode.id, Episode.stage, Episode.probe_attempt)
-        .outerjoin(
-            claim,
-            and_(claim.episode_id == Episode.id, claim.stage == Episode.stage, claim.probe_attempt == Episode.probe_attempt),
-        )
-        .where(Episode.run_id == run_id, Episode.stage.in_(ACTIVE_STAGES))
-        .where(
-            or_(
-                and_(claim.id.is_(None), or_(Episode.dispatched_at.is_(None), Episode.dispatched_at <= unclaimed_cutoff)),
-                and_(claim.status == ClaimStatus.running, claim.heartbeat_at < stale_cutoff, Episode.dispatched_at < stale_cutoff),
-            )
-        )
-        .order_by(Episode.id)
-        .limit(10_000)
-    ).all()
-    dispatches = [StageDispatch(stage, episode_id, attempt) for episode_id, stage, attempt in rows]
-    if dispatches:
-        session.execute(
-            update(Episode)
-            .where(Episode.id.in_([d.episode_id for d in dispatches]))
-            .values(dispatched_at=now, dispatch_count=Episode.dispatch_count + 1)
-        )
-    return dispatches
+    return max(config.window.tick_s, min(config.retries.lease_s, config.retries.redispatch_after_s) / 4)
 
 
-def orphaned_outer_steps(session: Session, run_id: str, now: dt.datetime, redispatch_after_s: float, lease_s: float, startup: bool) -> list[int]:
-    """Outer steps pending and not sent recently, or running with a dead heartbeat."""
-    unclaimed_cutoff = now if startup else now - dt.timedelta(seconds=redispatch_after_s)
-    stale_cutoff = now - dt.timedelta(seconds=lease_s)
-    step_ids = session.execute(
-        select(OuterStep.id).where(
-            OuterStep.run_id == run_id,
-            or_(
-                and_(OuterStep.status == OuterStatus.pending, or_(OuterStep.dispatched_at.is_(None), OuterStep.dispatched_at <= unclaimed_cutoff)),
-                and_(OuterStep.status == OuterStatus.running, OuterStep.heartbeat_at < stale_cutoff, OuterStep.dispatched_at < stale_cutoff),
-            ),
-        )
-    ).scalars().all()
-    if step_ids:
-        session.execute(update(OuterStep).where(OuterStep.id.in_(step_ids)).values(dispatched_at=now))
-    return list(step_ids)
+class Reconciler:
+    """Runs a pass on the first tick and then at most every `reconcile_interval_s` (monotonic clock)."""
+
+    def __init__(self) -> None:
+        self._next_pass = 0.0
+
+    def pass_if_due(self, tick: RunTick, config: RunConfig, now: dt.datetime, *, startup: bool) -> tuple[list[StageDispatch], list[int]]:
+        """The stage messages and outer steps to send again (marked dispatched `now` in the tick's transaction), or nothing when no pass is due.
+
+        At startup every unclaimed item is re-sent at once.
+        """
+        if not startup and time.monotonic() < self._next_pass:
+            return [], []
+        retries = config.retries
+        dispatches = tick.orphaned_episodes(now, retries.redispatch_after_s, retries.lease_s, startup)
+        outer_ids = tick.orphaned_outer_steps(now, retries.redispatch_after_s, retries.lease_s, startup)
+        self._next_pass = time.monotonic() + reconcile_interval_s(config)
+        return dispatches, outer_ids

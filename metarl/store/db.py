@@ -17,6 +17,15 @@ if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
 
 
+DATABASE_UNREACHABLE: tuple[type[exc.DBAPIError], ...] = (exc.OperationalError, exc.InterfaceError)
+"""What a database that went away (restart, network) raises through a session or :func:`run_sql`: callers that wait for it catch these."""
+
+
+def unreachable_reason(err: exc.DBAPIError) -> str:
+    """`DriverError: message` of a DATABASE_UNREACHABLE error, its message cut to 200 characters (pure)."""
+    cause = err.orig or err
+    return f"{type(cause).__name__}: {str(cause).strip()[:200]}"
+
 
 _ENGINES: dict[str, Engine] = {}
 _SESSION_FACTORIES: dict[str, sessionmaker[Session]] = {}

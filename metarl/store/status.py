@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import socket
-from pathlib import Path
 from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
-from schemas.states import InnerJobStatus, Stage
 from metarl.messaging.queues import QUEUES, filesystem_folder
+from schemas.states import InnerJobStatus, Stage
 
 if TYPE_CHECKING:
     import psycopg
@@ -179,6 +180,63 @@ def run_status(connection: psycopg.Connection, run_id: str, broker_url: str | No
     attempts, = rows(PROBE_ATTEMPTS_SQL)
     recent = rows(RECENT_EPISODES_SQL)
     return status_document(run_row, stages, failures, costs, steps, held_out, rewards, jobs, attempts, recent, queue_depths(broker_url))
+
+
+def read_run_status(database_url: str, run_id: str, broker_url: str | None = None) -> dict[str, Any]:
+    """:func:`run_status` on a new psycopg connection of its own (what `metarl status RUN_ID` opens); LookupError when there is no such run."""
+    import psycopg
+
+    from metarl.store.migration_head import libpq_uri
+
+    with psycopg.connect(libpq_uri(database_url)) as connection:
+        return run_status(connection, run_id, broker_url)
+
+
+class DatabaseUnreachable(Exception):
+    """The run database could not be reached; `reason` is what the driver said, in one line."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(reason)
+
+
+def driver_error_line(err: BaseException) -> str:
+    """The first line of a driver error's text, or its type's name when it has none (pure)."""
+    said = str(err).strip()
+    return said.splitlines()[0] if said else type(err).__name__
+
+
+@dataclass(frozen=True)
+class RunStatusRead:
+    """The run a typed id resolved to, and its status (None: the run was gone by the time it was read)."""
+
+    run_id: str
+    status: dict[str, Any] | None
+
+
+def read_run_status_at_head(database_url: str, run_id_text: str, broker_url: str | None) -> RunStatusRead | None:
+    """`metarl status RUN_ID` over one psycopg connection, with no SQLAlchemy import; None when the database is behind the migrations.
+
+    Resolves the id as typed (`metarl.store.run_ids.resolve_run_id`, whose RunIdError it raises) and
+    reads :func:`run_status` on the same connection. Raises DatabaseUnreachable when it cannot connect.
+    """
+    import psycopg
+
+    from metarl.store.migration_head import head_revision, libpq_uri, revision_of
+    from metarl.store.run_ids import resolve_run_id
+
+    try:
+        with psycopg.connect(libpq_uri(database_url), connect_timeout=10) as connection:
+            head = head_revision()
+            if head is None or revision_of(connection) != head:
+                return None
+            run_id = resolve_run_id(connection, run_id_text)
+            try:
+                return RunStatusRead(run_id, run_status(connection, run_id, broker_url))
+            except LookupError:
+                return RunStatusRead(run_id, None)
+    except psycopg.OperationalError as err:
+        raise DatabaseUnreachable(driver_error_line(err)) from err
 
 
 def status_document(

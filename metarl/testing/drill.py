@@ -2,12 +2,12 @@
 
 Used by the fault campaign (tests/integration/test_faults.py) and the benchmarks (bench.resume,
 bench.scale). Every process is started in its own process group so it can be killed with -9
-together with its children (Celery pool processes), as a crash would.
+together with its children (Celery pool processes), as a crash would. What the drills read of the
+run's records is in `metarl.store.run_reads`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import subprocess
 import sys
@@ -15,12 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import func, select
-
-from metarl.store.db import session_scope
 from metarl.pools import WorkerPools, signal_group, stop_process_group
 from metarl.settings import BROKER_ENV, DATABASE_ENV
-from metarl.store.records import ClaimStatus, Episode, Run, Stage, StageClaim
 
 REPO = Path(__file__).resolve().parents[2]
 TASK_SPECS = REPO / "tasks_specs"
@@ -179,39 +175,3 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, inter
             return time.monotonic() - started
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-def count_episodes(database_url: str, run_id: str, stages: tuple[Stage, ...] | None = None) -> int:
-    """Episodes of the run, optionally only those at `stages`."""
-    statement = select(func.count()).select_from(Episode).where(Episode.run_id == run_id)
-    if stages is not None:
-        statement = statement.where(Episode.stage.in_(stages))
-    with session_scope(database_url) as session:
-        return int(session.execute(statement).scalar_one())
-
-
-def running_claims(database_url: str, run_id: str, stage: Stage | None = None) -> int:
-    """Stage claims of the run that are held right now (status running)."""
-    statement = select(func.count()).select_from(StageClaim).where(StageClaim.run_id == run_id, StageClaim.status == ClaimStatus.running)
-    if stage is not None:
-        statement = statement.where(StageClaim.stage == stage)
-    with session_scope(database_url) as session:
-        return int(session.execute(statement).scalar_one())
-
-
-def first_transition_after(database_url: str, run_id: str, since: dt.datetime) -> dt.datetime | None:
-    """When the first stage finished (its claim closed and the episode moved, one transaction) after `since`."""
-    with session_scope(database_url) as session:
-        return session.execute(
-            select(func.min(StageClaim.finished_at)).where(
-                StageClaim.run_id == run_id, StageClaim.finished_at > since, StageClaim.status.in_((ClaimStatus.done, ClaimStatus.failed))
-            )
-        ).scalar_one()
-
-
-def run_row(database_url: str, run_id: str) -> Run:
-    """The run's row (detached)."""
-    with session_scope(database_url) as session:
-        run = session.get(Run, run_id)
-        assert run is not None, f"no run {run_id}"
-        return run

@@ -172,14 +172,9 @@ class PrivatePostgres:
 
     def create_database(self, name: str) -> str:
         """Create database `name` and return its URL."""
-        from sqlalchemy import create_engine, text
+        from metarl.store.server import create_database
 
-        admin = create_engine(self.url(), isolation_level="AUTOCOMMIT")
-        try:
-            with admin.connect() as connection:
-                connection.execute(text(f'CREATE DATABASE "{name}"'))
-        finally:
-            admin.dispose()
+        create_database(self.url(), name)
         return self.url(name)
 
     def destroy(self) -> None:

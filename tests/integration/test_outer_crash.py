@@ -29,7 +29,7 @@ from metarl.store.episodes import run_config_of
 from metarl.pools import WorkerPools, signal_group
 from metarl.runconfig import load_run
 from orchestrator.loop import create_run
-from orchestrator.reconciler import orphaned_outer_steps
+from metarl.store.reconcile import orphaned_outer_steps
 from metarl.store.records import (
     Episode,
     EpisodeGroup,

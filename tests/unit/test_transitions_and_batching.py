@@ -76,7 +76,7 @@ def test_window_opens_whole_groups():
 
 def test_reconciler_runs_a_quarter_lease_apart_but_never_more_often_than_ticks() -> None:
     from metarl.runconfig import load_run
-    from orchestrator.loop import reconcile_interval_s
+    from orchestrator.reconciler import reconcile_interval_s
     from tests.conftest import REPO
 
     base, _ = load_run(REPO / "examples" / "sim.toml")

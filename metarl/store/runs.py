@@ -1,0 +1,132 @@
+"""Runs: created, taken up by an orchestrator, and read or changed by the `metarl` commands.
+
+A command (`resume`, `stop`, `status`, `report`) works in one transaction, :func:`runs_transaction`:
+it resolves the run id the user typed and reads or changes the run in that same transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from metarl.errors import RunNotFound
+from metarl.store.db import psycopg_connection, session_scope
+from metarl.store.failed_runs import ReopenedStep, reopen_failed_run
+from metarl.store.records import PolicyVersion, Run, RunStatus
+from metarl.store.run_ids import resolve_run_id
+from metarl.store.status import episode_report, list_runs, run_status
+
+if TYPE_CHECKING:
+    from metarl.report_tables import ReportData
+    from schemas.run_config import RunConfig
+    from schemas.task_spec import TaskSpec
+
+
+def create_run(database_url: str, config: RunConfig, task_specs: Mapping[str, TaskSpec], initial_state: Callable[[str], str | None]) -> str:
+    """Insert the run row and its policy version 0 in one transaction; return the run id.
+
+    `initial_state(run_id)` is called once the run row is written (in the transaction) and returns the
+    URI of version 0's state (the outer backend's, None when it keeps none); if it raises, nothing is recorded.
+    """
+    run_id = str(uuid.uuid4())
+    with session_scope(database_url) as session:
+        session.add(
+            Run(
+                id=run_id,
+                name=config.run.name,
+                status=RunStatus.running,
+                config=config.model_dump(mode="json"),
+                task_specs={task_id: spec.model_dump(mode="json") for task_id, spec in task_specs.items()},
+                policy_version=0,
+            )
+        )
+        session.flush()
+        state_uri = initial_state(run_id)
+        session.add(PolicyVersion(run_id=run_id, version=0, backend=config.backends.outer.type, state_uri=state_uri))
+    return run_id
+
+
+def take_up_run(database_url: str, run_id: str) -> RunConfig:
+    """An orchestrator starts driving the run: a stopped run (or one stopping with no stop request) runs again; its config.
+
+    Raises RunNotFound when there is no such run.
+    """
+    from metarl.store.episodes import run_config_of  # the stage side's parsed-config cache; the commands do not load it
+
+    with session_scope(database_url) as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            raise RunNotFound(f"no run with id {run_id}")
+        if run.status == RunStatus.stopped or (run.status == RunStatus.stopping and not run.stop_requested):
+            run.status = RunStatus.running
+            run.stop_requested = False
+            run.status_message = "resumed"
+        return run_config_of(run)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What `metarl resume` checks of a run before it drives it."""
+
+    run_id: str
+    status: RunStatus
+    status_message: str | None
+    policy_version: int
+
+
+class RunsTransaction:
+    """The reads and changes of one `metarl` command, in one transaction (made by :func:`runs_transaction`)."""
+
+    def __init__(self, session: Session):
+        self._session = session
+
+    def resolve_run_id(self, text: str) -> str:
+        """The full id of the run `text` names (its id or a unique prefix); raises `metarl.store.run_ids.RunIdError`."""
+        return resolve_run_id(psycopg_connection(self._session), text)
+
+    def summary(self, run_id: str) -> RunSummary | None:
+        """The run's status, message and policy version; None when there is no such run."""
+        run = self._session.get(Run, run_id)
+        if run is None:
+            return None
+        return RunSummary(run.id, run.status, run.status_message, run.policy_version)
+
+    def reopen_failed_run(self, run_id: str) -> ReopenedStep:
+        """Put the failed run's failed outer step back to pending and the run back to running (`metarl.store.failed_runs`)."""
+        return reopen_failed_run(self._session, run_id)
+
+    def request_stop(self, run_id: str) -> bool:
+        """Ask the run to stop gracefully; False when there is no such run."""
+        stopped = self._session.execute(update(Run).where(Run.id == run_id).values(stop_requested=True).returning(Run.id)).scalar_one_or_none()
+        return stopped is not None
+
+    def list_runs(self) -> list[dict[str, Any]]:
+        """The newest runs as `metarl status` lists them (`metarl.store.status.list_runs`)."""
+        return list_runs(self._session)
+
+    def run_status(self, run_id: str, broker_url: str | None) -> dict[str, Any]:
+        """Everything `metarl status RUN_ID` shows (`metarl.store.status.run_status`); LookupError when there is no such run."""
+        return run_status(psycopg_connection(self._session), run_id, broker_url)
+
+    def episode_report(self, episode_id: int) -> dict[str, Any]:
+        """What happened to one episode (`metarl.store.status.episode_report`); LookupError when there is no such episode."""
+        return episode_report(self._session, episode_id)
+
+    def report_data(self, run_id: str) -> ReportData:
+        """What the run report shows (`metarl.store.report_data`); LookupError when there is no such run."""
+        from metarl.store.report_data import load_report_data
+
+        return load_report_data(self._session, run_id)
+
+
+@contextmanager
+def runs_transaction(database_url: str) -> Iterator[RunsTransaction]:
+    """One transaction for a command: committed at the end of the block, rolled back on an error."""
+    with session_scope(database_url) as session:
+        yield RunsTransaction(session)
