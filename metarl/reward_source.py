@@ -21,7 +21,7 @@ This module holds
   starting a sandbox and importing the module costs ~90-120 ms (70-240 ms per step inside a
   training run), a persistent request for 64 rollouts ~2 ms in a tight loop (256: ~10 ms; 1-15 ms
   per step inside a training run). A small job's step takes ~30-150 ms on an idle 2-core box
-  (DESIGN.md section 9), so a start-up per step would cost far more than 20% of it; the persistent
+  (BENCHMARKS.md, "Inner jobs (local backends)"), so a start-up per step would cost far more than 20% of it; the persistent
   process costs a few percent.
 
 Any failure of the module (it raises, returns NaN, infinity or a non-number, hangs past the step

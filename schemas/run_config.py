@@ -483,7 +483,7 @@ class StageDeadlines(StrictModel):
 
 
 class EpisodeRewardWeights(StrictModel):
-    """Weights of the episode reward (DESIGN section 5), the outer reward of one trainer-agent episode.
+    """Weights of the episode reward (docs/architecture.md, "The reward"), the outer reward of one trainer-agent episode.
 
     Not the inner job's rollout reward: its component weights are `metarl.learning.grpo.RewardComponentWeights`."""
 

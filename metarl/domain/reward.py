@@ -1,4 +1,4 @@
-"""The episode reward of DESIGN section 5, as small pure functions."""
+"""The episode reward (docs/architecture.md, "The reward"), as small pure functions."""
 
 from __future__ import annotations
 

@@ -175,7 +175,7 @@ def test_a_one_gpu_runpod_pod_is_rejected_at_load() -> None:
 
 def test_shipped_task_specs_keep_one_family_held_out() -> None:
     specs = [load_toml_model(TaskSpec, path) for path in SPECS_DIR.glob("*.toml")]
-    assert any(spec.held_out for spec in specs), "DESIGN: one family is held out"
+    assert any(spec.held_out for spec in specs), "one family is held out"
     assert any(not spec.held_out for spec in specs)
 
 

@@ -1,4 +1,4 @@
-"""The episode reward (DESIGN section 5) as pure functions."""
+"""The episode reward (metarl/domain/reward.py) as pure functions."""
 
 from __future__ import annotations
 

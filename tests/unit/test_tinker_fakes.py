@@ -86,7 +86,7 @@ CISPO_DEFAULT_CONFIG = {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}
 def server_gradients(loss_fn: str, config: dict[str, float] | None, new: list[float], behaviour: list[float], advantages: list[float]) -> tuple[float, list[float]]:
     """(loss, d loss / d new logprob per target) of a built-in RL loss, as the Tinker service computes it.
 
-    importance_sampling: -sum(r * A), r = exp(lp - sampling_lp) (DESIGN section 7). cispo: the clipped
+    importance_sampling: -sum(r * A), r = exp(lp - sampling_lp) (the SDK's built-in loss). cispo: the clipped
     ratio is a detached coefficient on the logprob, -sum(sg(clip(r, low, high)) * A * lp)
     (tinker-cookbook tutorials/202_loss_functions.py, "Custom clipping thresholds").
     """

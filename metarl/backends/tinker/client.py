@@ -1,4 +1,4 @@
-"""Every call to the Tinker service, in one module (DESIGN sections 6 and 7).
+"""Every call to the Tinker service, in one module (docs/backends.md, "Tinker: the trainer agent as an LLM").
 
 The backends (`metarl.backends.tinker.agent`, `metarl.backends.tinker.outer`) talk to Tinker only
 through :class:`TinkerGateway`, which wraps a `tinker.ServiceClient` (or, in tests, a fake with the
