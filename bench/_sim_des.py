@@ -32,11 +32,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from metarl.backends.sim.simulator import INVALID_KINDS, _invalid_job_text, _valid_job, sample_duration, seeded_rng, simulated_skill
-from metarl.outer_update import filter_stale
 from metarl.domain.batching import GroupView, group_complete, groups_to_open, plan_batch
 from metarl.domain.transitions import Transition, after_agent, after_eval, after_probe, after_train
-from schemas.base import dump_toml_model
+from metarl.outer_update import filter_stale
 from metarl.store.records import Stage
+from schemas.base import dump_toml_model
 from schemas.run_config import SimDuration, SimTrainBackend
 from schemas.task_spec import TaskSpec
 
@@ -60,16 +60,18 @@ class CloudSettings(BaseModel):
     invalid_rate: float = Field(default=0.2, ge=0.0, le=1.0, description="Chance that one submitted job is invalid")
     max_probe_attempts: int = Field(default=3, ge=1, le=100, description="Submissions per episode before it ends unvalidated")
     gpu_failure_rate: float = Field(
-        default=SimTrainBackend.model_fields["failure_rate"].default, ge=0.0, le=1.0, description="Chance that a valid job fails on its pod (at the end, as the sim backend does)"
+        default=SimTrainBackend.model_fields["failure_rate"].default,
+        ge=0.0,
+        le=1.0,
+        description="Chance that a valid job fails on its pod (at the end, as the sim backend does)",
     )
-    usd_per_pod_hour: float = Field(
-        default=SimTrainBackend.model_fields["usd_per_hour"].default, ge=0.0, le=1000.0, description="Price of one 2x A40 pod-hour"
-    )
+    usd_per_pod_hour: float = Field(default=SimTrainBackend.model_fields["usd_per_hour"].default, ge=0.0, le=1000.0, description="Price of one 2x A40 pod-hour")
     agent: SimDuration = Field(default=SimDuration(median_s=180.0, sigma=0.5, max_s=1800.0), description="One agent attempt (LLM API, unlimited concurrency)")
     probe: SimDuration = Field(default=SimDuration(median_s=30.0, sigma=0.3, max_s=300.0), description="One probe (CPU pool)")
     train: SimDuration = Field(default=SimDuration(median_s=720.0, sigma=0.7, max_s=4 * 3600.0), description="One valid inner job on a pod (heavy-tailed)")
     invalid_on_gpu: SimDuration = Field(
-        default=SimDuration(median_s=300.0, sigma=0.5, max_s=1800.0), description="Pod time an invalid job burns before it fails (boot, model load, config error)"
+        default=SimDuration(median_s=300.0, sigma=0.5, max_s=1800.0),
+        description="Pod time an invalid job burns before it fails (boot, model load, config error)",
     )
     eval: SimDuration = Field(default=SimDuration(median_s=120.0, sigma=0.3, max_s=900.0), description="One hidden eval (separate GPU eval workers)")
     outer: SimDuration = Field(default=SimDuration(median_s=120.0, sigma=0.3, max_s=900.0), description="One outer update")

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     scale_note = "reference scale" if steps == REFERENCE_STEPS else f"SCALED DOWN by --scale {args.scale}: {steps} of {REFERENCE_STEPS} outer steps"
     lines = [
         "Async against sync on a SIMULATED cloud (discrete-event simulation in simulated time; nothing is trained)",
-        f"date {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}  host {platform.node()}  cores {os.cpu_count()}  seed {args.seed}",
+        f"date {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}  host {platform.node()}  cores {os.cpu_count()}  seed {args.seed}",
         f"{scale_note}; {cloud.pods} pods; {cloud.groups_per_batch} groups x {cloud.group_size} episodes per outer step; tasks {', '.join(trainable)}",
         f"inner job: lognormal {fmt_duration(cloud.train)}; GPU failure rate {cloud.gpu_failure_rate:.0%} (fails at its end, as the sim backend does)",
         f"agent attempt {fmt_duration(cloud.agent)} (unlimited); probe {fmt_duration(cloud.probe)} ({cloud.probe_workers} workers); "

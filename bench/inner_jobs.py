@@ -91,10 +91,7 @@ def format_row(row: BenchRow) -> str:
     )
 
 
-TABLE_HEADER = (
-    f"{'model':8s} {'family':12s} {'base':>6s} {'sensible':>8s} {'gain':>7s} {'bad':>6s} {'bad-gain':>7s} "
-    f"{'steps':>6s} {'wall_s':>8s} {'bad_s':>7s}"
-)
+TABLE_HEADER = f"{'model':8s} {'family':12s} {'base':>6s} {'sensible':>8s} {'gain':>7s} {'bad':>6s} {'bad-gain':>7s} {'steps':>6s} {'wall_s':>8s} {'bad_s':>7s}"
 
 
 def summarize(rows: list[BenchRow]) -> list[str]:
@@ -145,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         base_dir = ensure_base_model(model, args.cache_dir)
         info = build_info(base_dir)
         print(
-            f"# {model}: {info['parameters']:,} parameters, built in {info['build_seconds']} s "
-            f"(ready after {time.monotonic() - started:.1f} s), {base_dir}",
+            f"# {model}: {info['parameters']:,} parameters, built in {info['build_seconds']} s (ready after {time.monotonic() - started:.1f} s), {base_dir}",
             flush=True,
         )
     print(TABLE_HEADER, flush=True)

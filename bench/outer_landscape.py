@@ -116,7 +116,9 @@ SETTINGS = (
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--episodes", type=int, default=176, help="trainable episodes per seed (default 176: about what an hour of real jobs leaves after held-out ones)")
+    parser.add_argument(
+        "--episodes", type=int, default=176, help="trainable episodes per seed (default 176: about what an hour of real jobs leaves after held-out ones)"
+    )
     parser.add_argument("--seeds", type=int, default=8, help="seeds per setting")
     parser.add_argument("--noise", type=float, default=0.3, help="std of the credit noise")
     parser.add_argument("--tail", type=int, default=40, help="episodes averaged at the end")
@@ -135,7 +137,9 @@ def main() -> None:
         first = statistics.fmean(statistics.fmean(r[:40]) for r in runs)
         middle = statistics.fmean(statistics.fmean(r[len(r) // 2 - 20 : len(r) // 2 + 20]) for r in runs)
         tails = [statistics.fmean(r[-args.tail :]) for r in runs]
-        print(f"{setting.name:48} {first:9.3f} {middle:9.3f} {statistics.fmean(tails):9.3f} {min(tails):10.3f} {time.perf_counter() - started:5.0f}", flush=True)
+        print(
+            f"{setting.name:48} {first:9.3f} {middle:9.3f} {statistics.fmean(tails):9.3f} {min(tails):10.3f} {time.perf_counter() - started:5.0f}", flush=True
+        )
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any, NamedTuple
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -73,7 +73,9 @@ class BenchSettings(BaseModel):
     episodes: int = Field(default=200, ge=8, le=100_000, description="Episodes per pipeline; a multiple of group_size * groups_per_batch")
     group_size: int = Field(default=4, ge=1, le=64, description="Episodes per group")
     groups_per_batch: int = Field(default=2, ge=1, le=64, description="Complete groups per outer update")
-    tick_s: float = Field(default=WindowConfig.model_fields["tick_s"].default, ge=0.01, le=60.0, description="Orchestrator tick period (window.tick_s; default the run config's)")
+    tick_s: float = Field(
+        default=WindowConfig.model_fields["tick_s"].default, ge=0.01, le=60.0, description="Orchestrator tick period (window.tick_s; default the run config's)"
+    )
     poll_interval_s: float = Field(default=0.01, ge=0.01, le=60.0, description="Train poll countdown in both pipelines")
     window: int | None = Field(default=None, ge=1, le=100_000, description="Episodes in flight (default: all of them)")
     repeats: int = Field(default=2, ge=1, le=10, description="Alternating plain/ours pairs")
@@ -135,7 +137,9 @@ class PhaseResult(BaseModel):
         default=None, ge=0.0, description="Of worker_cpu_s, the Celery consumers' (each worker's main process: receive, ack, events); the rest ran the tasks"
     )
     driver_cpu_s: float = Field(ge=0.0, description="CPU seconds of this process (orchestrator or chain driver) during the pass")
-    machine: MachineCpu | None = Field(default=None, description="The whole machine's CPU time during the pass (/proc/stat: every process, Redis and the kernel included)")
+    machine: MachineCpu | None = Field(
+        default=None, description="The whole machine's CPU time during the pass (/proc/stat: every process, Redis and the kernel included)"
+    )
     postgres_cpu_s: float | None = Field(default=None, ge=0.0, description="CPU seconds of the PostgreSQL backends serving the scratch database (ours only)")
     db_commits: int | None = Field(default=None, ge=0, description="Transactions committed in the scratch database (ours only)")
     ticks: int | None = Field(default=None, ge=0, description="Orchestrator ticks (ours only)")
@@ -739,7 +743,7 @@ def render(
     ratio = overhead_ratio(statistics.median(r.wall_s for r in ours), statistics.median(r.wall_s for r in plain))
     lines = [
         "Pipeline overhead: our bookkeeping against a plain Celery chain (zero-duration SIMULATOR backends)",
-        f"date {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}  host {platform.node()}  cores {os.cpu_count()}  load {os.getloadavg()[0]:.2f}",
+        f"date {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}  host {platform.node()}  cores {os.cpu_count()}  load {os.getloadavg()[0]:.2f}",
         f"episodes {settings.episodes}  group_size {settings.group_size}  groups_per_batch {settings.groups_per_batch}  outer steps {settings.outer_steps}  "
         f"window {settings.window or settings.episodes}  tick_s {settings.tick_s}  poll countdown {settings.poll_interval_s}s  repeats {settings.repeats}",
         f"tasks per pass: 5 per episode (agent, probe, train submit, train poll, eval) + 1 outer per batch = {expected_tasks(settings.episodes, settings.episodes_per_batch)}; "
@@ -750,7 +754,9 @@ def render(
     ]
     for result in [r for passes in zip(plain, floor or [None] * len(plain), ours, reuse or [None] * len(plain)) for r in passes if r is not None]:
         pg = f"{result.postgres_cpu_s:.1f}" if result.postgres_cpu_s is not None else "-"
-        machine = f"{result.machine.busy_s:>16.1f}{result.machine.idle_s:>8.1f}{result.machine.steal_s:>9.2f}" if result.machine else f"{'-':>16}{'-':>8}{'-':>9}"
+        machine = (
+            f"{result.machine.busy_s:>16.1f}{result.machine.idle_s:>8.1f}{result.machine.steal_s:>9.2f}" if result.machine else f"{'-':>16}{'-':>8}{'-':>9}"
+        )
         lines.append(
             f"{result.name:<8}{result.wall_s:>9.2f}{result.episodes_per_s:>12.1f}{result.tasks_per_s:>10.1f}{result.tasks:>8}"
             f"{result.worker_cpu_s:>14.1f}{result.driver_cpu_s:>14.1f}{pg:>10}{machine}"
@@ -768,13 +774,17 @@ def render(
         )
     if floor:
         lines += comparison_lines(
-            "floor/plain", floor, plain,
+            "floor/plain",
+            floor,
+            plain,
             "  floor = the plain chain plus the least durable bookkeeping of an exactly-once stage (a claim and a compare-and-set",
             "  move, two autocommit statements per task; bench/_sim_floor_chain.py): what any design recording every stage costs here",
         )
     if reuse:
         lines += comparison_lines(
-            "ours/reuse", ours, reuse,
+            "ours/reuse",
+            ours,
+            reuse,
             "  reuse = the plain chain on the Redis transport ours runs on (metarl/messaging/redis_broker.py: one redis-py client per channel;",
             "  plain and floor run on kombu's own, a client per publish, ack and event): ours/reuse is the bookkeeping alone",
         )
@@ -821,7 +831,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=200, help="episodes per pass (a multiple of group size x groups per batch); lower it to scale down")
     parser.add_argument("--repeats", type=int, default=2, help="alternating plain/ours pairs; the ratio uses the medians")
-    parser.add_argument("--tick-s", type=float, default=WindowConfig.model_fields["tick_s"].default, help="orchestrator window.tick_s for our pass (default: the run config's default)")
+    parser.add_argument(
+        "--tick-s",
+        type=float,
+        default=WindowConfig.model_fields["tick_s"].default,
+        help="orchestrator window.tick_s for our pass (default: the run config's default)",
+    )
     parser.add_argument("--window", type=int, default=None, help="episodes in flight (default: all)")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--groups-per-batch", type=int, default=2)
@@ -829,10 +844,17 @@ def main(argv: list[str] | None = None) -> int:
         "--train-processes", type=int, default=1, help="worker processes of the train pool in every pass (default 1: its messages then run one after another)"
     )
     parser.add_argument("--no-floor", action="store_true", help="skip the floor chain's pass (see bench/_sim_floor_chain.py)")
-    parser.add_argument("--no-reuse", action="store_true", help="skip the pass of the plain chain on our Redis transport (see metarl/messaging/redis_broker.py)")
+    parser.add_argument(
+        "--no-reuse", action="store_true", help="skip the pass of the plain chain on our Redis transport (see metarl/messaging/redis_broker.py)"
+    )
     args = parser.parse_args(argv)
     settings = BenchSettings(
-        episodes=args.episodes, repeats=args.repeats, tick_s=args.tick_s, window=args.window, group_size=args.group_size, groups_per_batch=args.groups_per_batch,
+        episodes=args.episodes,
+        repeats=args.repeats,
+        tick_s=args.tick_s,
+        window=args.window,
+        group_size=args.group_size,
+        groups_per_batch=args.groups_per_batch,
         train_processes=args.train_processes,
     )
     problems = validate_settings(settings)
@@ -846,9 +868,11 @@ def main(argv: list[str] | None = None) -> int:
     floor: list[PhaseResult] = []
     ours: list[PhaseResult] = []
     reuse: list[PhaseResult] = []
-    with scratch_database(os.environ.get(PG_ADMIN_ENV, DEFAULT_PG_ADMIN)) as database_url, reserved_redis(
-        os.environ.get(REDIS_ENV, DEFAULT_REDIS)
-    ) as broker_url, tempfile.TemporaryDirectory(prefix="metarl-bench-") as folder:
+    with (
+        scratch_database(os.environ.get(PG_ADMIN_ENV, DEFAULT_PG_ADMIN)) as database_url,
+        reserved_redis(os.environ.get(REDIS_ENV, DEFAULT_REDIS)) as broker_url,
+        tempfile.TemporaryDirectory(prefix="metarl-bench-") as folder,
+    ):
         # the workers' modules (and the replayed stage functions) read these when first imported
         os.environ[DATABASE_ENV], os.environ[BROKER_ENV] = database_url, broker_url
         if "workers.app" in sys.modules:

@@ -83,7 +83,9 @@ def breakages(task_family: str) -> dict[str, Callable[[Path], None]]:
         "unknown_model": lambda f: edit(f / "job.toml", lambda t: t.replace("Qwen/Qwen3-", "Qwen/Qwen9-")),
         "indivisible_batch": lambda f: set_training(f, batch_size=30, group_size=8),
         "over_budget": lambda f: set_training(f, max_steps=100_000, batch_size=512, group_size=8),
-        "env_wrong_answer_wins": lambda f: (f / "environment.py").write_text("def reward(prompt, completion, answer):\n    return 0.0 if completion == answer else 1.0\n"),
+        "env_wrong_answer_wins": lambda f: (f / "environment.py").write_text(
+            "def reward(prompt, completion, answer):\n    return 0.0 if completion == answer else 1.0\n"
+        ),
         "env_missing": lambda f: (f / "environment.py").unlink(),
         "env_syntax": lambda f: (f / "environment.py").write_text("def reward(prompt, completion, answer)\n    return 1\n"),
         "dataset_bad_line": lambda f: edit(f / "dataset.jsonl", lambda t: "not json\n" + t),
@@ -121,7 +123,16 @@ def main(argv: list[str] | None = None) -> int:
         while len(valid) < args.valid and episode < args.valid * 10:
             episode += 1
             task = specs[rng.choice(sorted(specs))]
-            ctx = EpisodeContext(run_id="bench", episode_id=episode, task=task, policy_version=0, probe_attempt=1, seed=rng.randrange(2**31), artifacts_root=tmp, policy_state_uri=str(state))
+            ctx = EpisodeContext(
+                run_id="bench",
+                episode_id=episode,
+                task=task,
+                policy_version=0,
+                probe_attempt=1,
+                seed=rng.randrange(2**31),
+                artifacts_root=tmp,
+                policy_state_uri=str(state),
+            )
             files = Path(agent.run_attempt(ctx).workspace_uri)
             started = time.perf_counter()
             verdict = probe_workspace(files, task, [local_compile_problems], seed=ctx.seed)

@@ -128,7 +128,7 @@ def one_repeat(index: int, rng: random.Random, url: str, redis: PrivateRedis, wo
         log_dir = work / f"repeat-{index}" / "logs"
         offsets = {pool: (log_dir / f"worker-{pool}.log").stat().st_size for pool in pools.pools}
         restart_local = dt.datetime.now()
-        restart = dt.datetime.now(dt.timezone.utc)
+        restart = dt.datetime.now(dt.UTC)
         restart_clock = time.monotonic()
         pools.start()
         resumed = start_orchestrator(["resume", run_id], env, log_path=work / f"repeat-{index}" / "logs" / "resume.log")
@@ -171,13 +171,17 @@ def percentile(values: list[float], q: float) -> float:
 
 def print_table(repeats: list[Repeat]) -> None:
     """One line per repeat, then the summary against the targets."""
-    print(f"{'#':>3} {'kill after':>10} {'in flight at kill (stage:n)':<34} {'held':>4} {'restart->pools ready s':>22} {'restart->transition s':>21} {'run':>9} {'episodes':>8} {'takeovers':>9} {'exactly-once':>12} {'wall s':>7}")
+    print(
+        f"{'#':>3} {'kill after':>10} {'in flight at kill (stage:n)':<34} {'held':>4} {'restart->pools ready s':>22} {'restart->transition s':>21} {'run':>9} {'episodes':>8} {'takeovers':>9} {'exactly-once':>12} {'wall s':>7}"
+    )
     for r in repeats:
         flight = " ".join(f"{stage}:{n}" for stage, n in sorted(r.in_flight_at_kill.items())) or "-"
         seconds = "none in 120 s" if r.restart_to_transition_s is None else f"{r.restart_to_transition_s:.2f}"
         verdict = "ok" if not r.violations else f"{len(r.violations)} FAIL"
         ready = "?" if r.restart_to_pools_ready_s is None else f"{r.restart_to_pools_ready_s:.2f}"
-        print(f"{r.index:>3} {r.kill_after_transitions:>10} {flight:<34} {r.held_claims_at_kill:>4} {ready:>22} {seconds:>21} {r.run_status:>9} {r.episodes:>8} {r.takeovers:>9} {verdict:>12} {r.wall_s:>7.1f}")
+        print(
+            f"{r.index:>3} {r.kill_after_transitions:>10} {flight:<34} {r.held_claims_at_kill:>4} {ready:>22} {seconds:>21} {r.run_status:>9} {r.episodes:>8} {r.takeovers:>9} {verdict:>12} {r.wall_s:>7.1f}"
+        )
     for r in repeats:
         for problem in r.violations[:5]:
             print(f"  repeat {r.index}: {problem}")
@@ -194,7 +198,11 @@ def print_table(repeats: list[Repeat]) -> None:
     ready = [r.restart_to_pools_ready_s for r in repeats if r.restart_to_pools_ready_s is not None]
     if ready:
         print(f"{'restart -> all five pools ready (boot), median s':<52} {statistics.median(ready):>22.2f} {'':>10}")
-        gaps = [r.restart_to_transition_s - r.restart_to_pools_ready_s for r in repeats if r.restart_to_transition_s is not None and r.restart_to_pools_ready_s is not None]
+        gaps = [
+            r.restart_to_transition_s - r.restart_to_pools_ready_s
+            for r in repeats
+            if r.restart_to_transition_s is not None and r.restart_to_pools_ready_s is not None
+        ]
         print(f"{'pools ready -> first new stage transition, median s':<52} {statistics.median(gaps):>22.2f} {'':>10}")
     if missing:
         print(f"{'repeats with no transition within 120 s':<52} {missing:>22} {'0':>10}")
@@ -213,7 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds: pools, private servers and folders are cleaned up
     rng = random.Random(args.seed)
     repeats: list[Repeat] = []
-    print(f"bench.resume: {args.repeats} repeats, seed {args.seed}, {args.outer_steps} outer steps per run, SIMULATOR backends, private Redis and PostgreSQL", flush=True)
+    print(
+        f"bench.resume: {args.repeats} repeats, seed {args.seed}, {args.outer_steps} outer steps per run, SIMULATOR backends, private Redis and PostgreSQL",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="metarl-bench-resume-") as tmp, PrivateRedis() as redis, PrivatePostgres() as postgres:
         url = postgres.create_database("bench_resume")
         db.upgrade(url)
@@ -222,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
             repeat = one_repeat(index, rng, url, redis, work, args)
             repeats.append(repeat)
             seconds = "none" if repeat.restart_to_transition_s is None else f"{repeat.restart_to_transition_s:.2f} s"
-            print(f"  repeat {index}: killed after {repeat.kill_after_transitions} transitions, first transition {seconds} after restart, run {repeat.run_status}, exactly-once {'ok' if not repeat.violations else 'FAILED'} ({repeat.wall_s:.0f} s)", flush=True)
+            print(
+                f"  repeat {index}: killed after {repeat.kill_after_transitions} transitions, first transition {seconds} after restart, run {repeat.run_status}, exactly-once {'ok' if not repeat.violations else 'FAILED'} ({repeat.wall_s:.0f} s)",
+                flush=True,
+            )
         db.dispose_engines()
     print()
     print_table(repeats)

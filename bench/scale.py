@@ -170,7 +170,9 @@ def drive_pipeline(
             time.sleep(1.0)
         seconds = time.monotonic() - started
         ended = ended_episodes(url, run_id) - before
-        stopped = subprocess.run([sys.executable, "-m", "metarl_cli.main", "stop", run_id], env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+        stopped = subprocess.run(
+            [sys.executable, "-m", "metarl_cli.main", "stop", run_id], env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+        )
         if stopped.returncode != 0:
             raise RuntimeError(f"metarl stop failed: {stopped.stderr}")
         orchestrator.wait(timeout=600)
@@ -197,7 +199,12 @@ def time_status(env: dict[str, str], run_id: str, repeats: int, as_json: bool) -
         started = time.perf_counter()
         done = subprocess.run(
             [sys.executable, "-m", "metarl_cli.main", "status", run_id, *(["--json"] if as_json else [])],
-            env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
         )
         walls.append(time.perf_counter() - started)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -264,12 +271,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline-episodes", type=int, default=600, help="episodes that go through the real pipeline (half before, half after the fill)")
     parser.add_argument("--status-repeats", type=int, default=5, help="timed `metarl status` calls of each kind")
     parser.add_argument("--in-flight", type=int, default=128, help="episodes the orchestrator keeps in flight")
-    parser.add_argument("--min-part-s", type=float, default=MIN_PART_S, help=f"each pipeline part runs at least this many seconds (memory is read after a {WARM_UP_S:.0f} s warm-up)")
+    parser.add_argument(
+        "--min-part-s",
+        type=float,
+        default=MIN_PART_S,
+        help=f"each pipeline part runs at least this many seconds (memory is read after a {WARM_UP_S:.0f} s warm-up)",
+    )
     parser.add_argument("--keep", type=Path, help="keep configs and logs in this folder")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds: pools, private servers and folders are cleaned up
     max_steps = 2 * math.ceil(max(args.episodes, args.pipeline_episodes) / EPISODES_PER_STEP) + 100
-    print(f"bench.scale: {args.episodes} episodes in one run ({args.pipeline_episodes} through the real pipeline, the rest copied), SIMULATOR backends at zero duration, private Redis and PostgreSQL", flush=True)
+    print(
+        f"bench.scale: {args.episodes} episodes in one run ({args.pipeline_episodes} through the real pipeline, the rest copied), SIMULATOR backends at zero duration, private Redis and PostgreSQL",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="metarl-bench-scale-") as tmp, PrivateRedis() as redis, PrivatePostgres() as postgres:
         work = args.keep.resolve() if args.keep else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -301,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         pools.start()
         try:
             half = max(1, args.pipeline_episodes // 2)
-            run_id, part1 = drive_pipeline("part 1 (empty database)", ["run", str(config)], env, url, None, half, work / "logs" / "orchestrator-1.log", args.min_part_s)
+            run_id, part1 = drive_pipeline(
+                "part 1 (empty database)", ["run", str(config)], env, url, None, half, work / "logs" / "orchestrator-1.log", args.min_part_s
+            )
             print(f"  part 1: {part1.episodes} episodes in {part1.seconds:.0f} s ({part1.rate:.1f}/s)", flush=True)
             pipeline_rows = all_episodes(url, run_id)
             sizes_pipeline = table_sizes(url, TABLES)
@@ -310,7 +327,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  fill: {copies} copies of the finished records, +{added} episodes in {fill_s:.0f} s; run has {total} episodes", flush=True)
             sizes = table_sizes(url, TABLES)
             _, part2 = drive_pipeline(
-                f"part 2 ({total} episodes in the run)", ["resume", run_id], env, url, run_id, args.pipeline_episodes - half, work / "logs" / "orchestrator-2.log", args.min_part_s
+                f"part 2 ({total} episodes in the run)",
+                ["resume", run_id],
+                env,
+                url,
+                run_id,
+                args.pipeline_episodes - half,
+                work / "logs" / "orchestrator-2.log",
+                args.min_part_s,
             )
             print(f"  part 2: {part2.episodes} episodes in {part2.seconds:.0f} s ({part2.rate:.1f}/s)", flush=True)
         finally:
@@ -330,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         first, median, peak, last = memory_summary(part)
         print(f"{part.name:<40} {part.episodes:>9} {part.seconds:>8.0f} {part.rate:>11.1f} {first:>14.1f} {median:>7.1f} {peak:>7.1f} {last:>7.1f}")
     slope = slope_kib_per_1000([part1, part2])
-    print(f"orchestrator RSS slope over both parts (after each {WARM_UP_S:.0f} s warm-up): {slope:+.1f} KiB per 1000 episodes; flat (< {FLAT_KIB_PER_1000:.0f}): {memory_verdict(slope)}")
+    print(
+        f"orchestrator RSS slope over both parts (after each {WARM_UP_S:.0f} s warm-up): {slope:+.1f} KiB per 1000 episodes; flat (< {FLAT_KIB_PER_1000:.0f}): {memory_verdict(slope)}"
+    )
     print()
     print(f"{'table':<18} {'bytes (all rows)':>17} {'bytes/episode':>14} {'pipeline rows only: bytes/episode':>34}")
     for table in TABLES:

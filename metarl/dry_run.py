@@ -43,13 +43,13 @@ from schemas.run_config import (
     BudgetConfig,
     LocalEvalBackend,
     LocalTrainBackend,
+    PodVllmEvalBackend,
     RunConfig,
     RunpodTrainBackend,
     SimAgentBackend,
     SimTrainBackend,
     TinkerAgentBackend,
     TinkerOuterBackend,
-    PodVllmEvalBackend,
     VllmEvalBackend,
 )
 from schemas.task_spec import TaskSpec
@@ -123,7 +123,9 @@ class CapCheck(Frozen):
     max_run_usd: float = Field(ge=0, description="budget.max_run_usd")
     max_job_usd: float = Field(ge=0, description="budget.max_job_usd")
     on_cap: str = Field(min_length=1, max_length=16, description="budget.on_cap")
-    binds: Literal["yes", "may", "no", "unknown"] = Field(description="yes: the estimate is over the cap; may: only the worst case is; no: not even the worst case; unknown: no estimate")
+    binds: Literal["yes", "may", "no", "unknown"] = Field(
+        description="yes: the estimate is over the cap; may: only the worst case is; no: not even the worst case; unknown: no estimate"
+    )
     episodes_within_cap: int | None = Field(default=None, ge=0, description="About how many episodes the cap pays for when it binds")
     message: str = Field(min_length=1, max_length=1000, description="The verdict in words")
 
@@ -147,7 +149,9 @@ class JobCost(Frozen):
     usd_per_hour: float | None = Field(default=None, ge=0, description="Pod price per hour (None: no price given)")
     terms: list[JobCostTerm] = Field(min_length=3, max_length=4, description="start-up, training, upload, eval")
     pod_seconds: float = Field(ge=0, description="Billed pod seconds of one job")
-    usd: float | None = Field(default=None, ge=0, description="One job's estimate, eval included when it is priced, at most budget.max_job_usd (None: no price)")
+    usd: float | None = Field(
+        default=None, ge=0, description="One job's estimate, eval included when it is priced, at most budget.max_job_usd (None: no price)"
+    )
     eval_included: bool = Field(description="Whether usd includes the hidden eval")
     usd_with_eval_on_pod: float | None = Field(default=None, ge=0, description="One job's estimate if the hidden eval scored on its pod (None: no price)")
     reference: str = Field(min_length=1, max_length=200, description="The reference figure it is set beside")
@@ -179,7 +183,9 @@ class PodPlan(Frozen):
     max_at_once: int = Field(ge=1, description="Most pods at once: min(max_pods, window.in_flight)")
     warm_pool_size: int = Field(ge=0, description="Idle pods kept for the next job")
     pods_created: int = Field(ge=0, description="Pods created with no warm pool and no restarts: one per inner job, at most one per episode")
-    usd_per_gpu_hour: dict[str, float | None] = Field(description="Price per GPU-hour of each type, from --usd-per-gpu-hour or estimated_usd_per_gpu_hour (None: not given)")
+    usd_per_gpu_hour: dict[str, float | None] = Field(
+        description="Price per GPU-hour of each type, from --usd-per-gpu-hour or estimated_usd_per_gpu_hour (None: not given)"
+    )
     storage_env: list[str] = Field(default_factory=list, description="Names of the worker variables each pod gets for artifact storage (values never shown)")
 
 
@@ -233,7 +239,10 @@ def parse_gpu_prices(values: list[str], backend: object, source: str) -> dict[st
     if not values:
         return configured
     if not isinstance(backend, RunpodTrainBackend):
-        raise ConfigError(source, [FieldProblem(field=PRICE_FLAG, message="only Runpod inner jobs have GPU prices", fix=f"drop {PRICE_FLAG}, or set backends.train.type = \"runpod\"")])
+        raise ConfigError(
+            source,
+            [FieldProblem(field=PRICE_FLAG, message="only Runpod inner jobs have GPU prices", fix=f'drop {PRICE_FLAG}, or set backends.train.type = "runpod"')],
+        )
     prices = configured
     for value in values:
         gpu, sep, price_text = value.rpartition("=")
@@ -245,12 +254,24 @@ def parse_gpu_prices(values: list[str], backend: object, source: str) -> dict[st
         if not sep or not gpu or not (0.0 <= price <= MAX_GPU_USD_PER_HOUR):
             raise ConfigError(
                 source,
-                [FieldProblem(field=PRICE_FLAG, message=f"{value!r} is not TYPE=USD with a price in [0, {MAX_GPU_USD_PER_HOUR:g}]", fix=f"write e.g. {PRICE_FLAG} 'NVIDIA A40=0.44'")],
+                [
+                    FieldProblem(
+                        field=PRICE_FLAG,
+                        message=f"{value!r} is not TYPE=USD with a price in [0, {MAX_GPU_USD_PER_HOUR:g}]",
+                        fix=f"write e.g. {PRICE_FLAG} 'NVIDIA A40=0.44'",
+                    )
+                ],
             )
         if gpu not in backend.gpu_types:
             raise ConfigError(
                 source,
-                [FieldProblem(field=PRICE_FLAG, message=f"{gpu!r} is not one of backends.train.gpu_types {backend.gpu_types}", fix="use a GPU type of backends.train.gpu_types, spelled as there")],
+                [
+                    FieldProblem(
+                        field=PRICE_FLAG,
+                        message=f"{gpu!r} is not one of backends.train.gpu_types {backend.gpu_types}",
+                        fix="use a GPU type of backends.train.gpu_types, spelled as there",
+                    )
+                ],
             )
         prices[gpu] = price
     return prices
@@ -367,7 +388,10 @@ def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None) -> J
     else:
         would = eval_cost_usd(eval_seconds, usd_per_hour)
         elsewhere = f"; scoring on the job's pod would add {fine_usd(would)}" if would is not None else ""
-        eval_usd, eval_assumes = None, f"not estimated: backends.eval.type = {config.backends.eval.type!r} scores on your own GPU eval hosts, which have no price here{elsewhere}"
+        eval_usd, eval_assumes = (
+            None,
+            f"not estimated: backends.eval.type = {config.backends.eval.type!r} scores on your own GPU eval hosts, which have no price here{elsewhere}",
+        )
     engine = config.backends.eval if isinstance(config.backends.eval, PodVllmEvalBackend) else PodVllmEvalBackend(type="pod_vllm")
     eval_assumes = (
         f"{eval_assumes} ({engine.engine_start_s:g} s vLLM engine start + {task.hidden_eval.n_items} items x pass@{task.hidden_eval.pass_k} "
@@ -430,7 +454,9 @@ def train_line(config: RunConfig, specs: dict[str, TaskSpec], tasks: list[TaskLi
         preferred = backend.gpu_types[0]
         pod_price = pod_usd_per_hour(preferred, backend.gpu_count, prices)
         if pod_price is None:
-            return CostLine(stage="train", backend="runpod", upper_usd=upper, kind="nominal", basis=cap_note, unavailable=f"{NO_PRICE_TABLE} (no price for {preferred!r})")
+            return CostLine(
+                stage="train", backend="runpod", upper_usd=upper, kind="nominal", basis=cap_note, unavailable=f"{NO_PRICE_TABLE} (no price for {preferred!r})"
+            )
         usd = sum(task.episodes * inner_job_usd(POD_STARTUP_S + task.max_train_seconds + POD_UPLOAD_S, pod_price, budget.max_job_usd) for task in tasks)
         seconds = sorted({task.max_train_seconds for task in tasks})
         fallback = [price for gpu in backend.gpu_types[1:] if (price := pod_usd_per_hour(gpu, backend.gpu_count, prices)) is not None]
@@ -498,7 +524,12 @@ def eval_line(config: RunConfig, specs: dict[str, TaskSpec], tasks: list[TaskLin
         within_cap = "its worst case is inside the train line's (budget.max_job_usd counts the eval's pod seconds)"
         if pod_price is None:
             return CostLine(
-                stage="eval", backend=backend.type, upper_usd=0.0, kind="nominal", basis=f"{seconds} s per job on the job's pod; {within_cap}", unavailable=NO_PRICE_TABLE
+                stage="eval",
+                backend=backend.type,
+                upper_usd=0.0,
+                kind="nominal",
+                basis=f"{seconds} s per job on the job's pod; {within_cap}",
+                unavailable=NO_PRICE_TABLE,
             )
         total = sum(task.episodes * (eval_cost_usd(per_job[task.task_id], pod_price) or 0.0) for task in tasks)
         basis = f"one scoring per job on its pod after training, {seconds} s at ${pod_price:.4f}/h (estimate); {within_cap}"
@@ -553,8 +584,8 @@ def pod_plan(config: RunConfig, counts: EpisodeCounts, prices: dict[str, float])
     backend = config.backends.train
     if not isinstance(backend, RunpodTrainBackend):
         return None
-    from metarl.backends.runpod.train import NAME_PREFIX, pod_name_for, run_prefix
     from metarl.backends.runpod.pod.pin import PRIME_RL_IMAGE, PRIME_RL_TAG
+    from metarl.backends.runpod.train import NAME_PREFIX, pod_name_for, run_prefix
 
     return PodPlan(
         image=backend.image,
@@ -663,7 +694,9 @@ def local_models(config: RunConfig, specs: dict[str, TaskSpec]) -> tuple[list[Lo
             if key in found:
                 found[key] = found[key].model_copy(update={"used_by": f"{found[key].used_by}, {who}"})
                 continue
-            found[key] = LocalModel(name=name, stands_in_for=spec.stands_in_for, scale=scale, path=str(path), built=(path / BUILD_INFO_FILE).is_file(), used_by=who)
+            found[key] = LocalModel(
+                name=name, stands_in_for=spec.stands_in_for, scale=scale, path=str(path), built=(path / BUILD_INFO_FILE).is_file(), used_by=who
+            )
     return list(found.values()), notes
 
 
@@ -673,7 +706,9 @@ def local_note(config: RunConfig) -> str | None:
     if isinstance(train, LocalTrainBackend):
         parts.append(f"inner jobs as local GRPO processes (up to {train.max_concurrent_jobs} at once, job folders under {config.artifacts.root}/jobs); no pods")
     elif isinstance(train, SimTrainBackend):
-        parts.append(f"[SIMULATOR] a simulated GPU cloud (up to {train.max_concurrent_jobs} jobs at once, records under {config.artifacts.root}/sim-cloud); nothing is trained, no pods")
+        parts.append(
+            f"[SIMULATOR] a simulated GPU cloud (up to {train.max_concurrent_jobs} jobs at once, records under {config.artifacts.root}/sim-cloud); nothing is trained, no pods"
+        )
     if config.backends.agent.type == "local":
         parts.append("the trainer agent as the local torch policy")
     if config.backends.eval.type == "local":
@@ -758,9 +793,13 @@ def render_text(plan: DryRunPlan) -> str:
     out.append(f"services: {printable(plan.services)}")
     out.append(f"artifacts: {printable(plan.artifacts_root)}")
     out += ["", "Episodes"]
-    out.append(f"  training   {counts.max_outer_steps} outer step(s) x {counts.groups_per_batch} group(s) x {counts.group_size} episode(s) = {counts.train_episodes}")
+    out.append(
+        f"  training   {counts.max_outer_steps} outer step(s) x {counts.groups_per_batch} group(s) x {counts.group_size} episode(s) = {counts.train_episodes}"
+    )
     if counts.held_out_tasks:
-        out.append(f"  held-out   {counts.held_out_evals} eval(s) x {counts.held_out_tasks} task(s) x {counts.held_out_group_size} episode(s) = {counts.held_out_episodes}")
+        out.append(
+            f"  held-out   {counts.held_out_evals} eval(s) x {counts.held_out_tasks} task(s) x {counts.held_out_group_size} episode(s) = {counts.held_out_episodes}"
+        )
     out.append(f"  total      {counts.total}")
     if plan.job_defaults is not None:
         defaults, train = plan.job_defaults, plan.backends["train"]
@@ -785,7 +824,9 @@ def render_text(plan: DryRunPlan) -> str:
         out.append(f"  created    at most {pods.pods_created} (one per inner job; warm pods take several)")
         priced = ", ".join(f"{gpu} ${price:g}/GPU-h" for gpu, price in pods.usd_per_gpu_hour.items() if price is not None)
         out.append(f"  prices     {priced or 'none given (' + PRICE_FLAG + ' or backends.train.estimated_usd_per_gpu_hour)'}")
-        out.append(f"  pod env    METARL_RUNPOD_ROOT, METARL_POD_NAME, METARL_RUNNER_JOB_URL, METARL_RUNNER_RESULT_URL; storage: {', '.join(pods.storage_env) or 'none'} (those set on the train workers)")
+        out.append(
+            f"  pod env    METARL_RUNPOD_ROOT, METARL_POD_NAME, METARL_RUNNER_JOB_URL, METARL_RUNNER_RESULT_URL; storage: {', '.join(pods.storage_env) or 'none'} (those set on the train workers)"
+        )
     if plan.compiled:
         out += ["", "Compiled prime-rl configs (the default job of each task)"]
         for job in plan.compiled:

@@ -53,7 +53,6 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from metarl import seccomp

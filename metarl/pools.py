@@ -11,8 +11,8 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from metarl.settings import BROKER_ENV, DATABASE_ENV
 from metarl.messaging.queues import QUEUES
+from metarl.settings import BROKER_ENV, DATABASE_ENV
 
 log = logging.getLogger("metarl.pools")
 

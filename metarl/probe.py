@@ -33,7 +33,9 @@ def semantic_problems(job: JobSpec, task: TaskSpec) -> list[FieldProblem]:
     """Checks that need the task: allowed models, divisibility, compute budget, dataset size."""
     problems: list[FieldProblem] = []
     if job.model.name not in task.budget.allowed_models:
-        problems.append(FieldProblem(field="model.name", message=f"{job.model.name!r} is not allowed for this task", fix=f"use one of {task.budget.allowed_models}"))
+        problems.append(
+            FieldProblem(field="model.name", message=f"{job.model.name!r} is not allowed for this task", fix=f"use one of {task.budget.allowed_models}")
+        )
     resolved = job.resolved()
     if resolved.batch_size % resolved.group_size != 0:
         problems.append(
@@ -73,7 +75,9 @@ def capped(problems: list[FieldProblem]) -> list[FieldProblem]:
     if len(problems) <= MAX_ERRORS:
         return problems
     more = len(problems) - (MAX_ERRORS - 1)
-    return problems[: MAX_ERRORS - 1] + [FieldProblem(field="(more)", message=f"{more} more problems not shown", fix="fix the problems above, then probe again")]
+    return problems[: MAX_ERRORS - 1] + [
+        FieldProblem(field="(more)", message=f"{more} more problems not shown", fix="fix the problems above, then probe again")
+    ]
 
 
 def probe_job_text(job_toml: str | bytes, task: TaskSpec, backend_checks: Sequence[BackendCheck] = ()) -> ProbeVerdict:

@@ -35,23 +35,50 @@ def status_tables(status: dict[str, Any]) -> Group:
     reward = _table(
         "reward components (mean over scored episodes)",
         ["episodes", "total", "job", "validation", "efficiency", "speed", "probe attempts", "passed"],
-        [[rewards["episodes"], rewards["total_mean"], rewards["job_mean"], rewards["validation_mean"], rewards["efficiency_mean"], rewards["speed_mean"],
-          status["probe_attempts"]["total"], status["probe_attempts"]["passed"]]],
+        [
+            [
+                rewards["episodes"],
+                rewards["total_mean"],
+                rewards["job_mean"],
+                rewards["validation_mean"],
+                rewards["efficiency_mean"],
+                rewards["speed_mean"],
+                status["probe_attempts"]["total"],
+                status["probe_attempts"]["passed"],
+            ]
+        ],
     )
     recent = _table(
         "recent episodes",
         ["episode", "task", "stage", "version", "reward", "job", "validation", "efficiency", "speed"],
-        [[e["episode"], e["task"], e["stage"], e["policy_version"], e["reward"], e["job"], e["validation"], e["efficiency"], e["speed"]] for e in status["recent_episodes"]],
+        [
+            [e["episode"], e["task"], e["stage"], e["policy_version"], e["reward"], e["job"], e["validation"], e["efficiency"], e["speed"]]
+            for e in status["recent_episodes"]
+        ],
     )
     shown = status["outer_steps"][-MAX_STEP_ROWS:]
     hidden = len(status["outer_steps"]) - len(shown)
     steps = _table(
         "reward by outer step" + (f" (last {len(shown)} of {len(status['outer_steps'])}; --json lists all)" if hidden else ""),
         ["step", "status", "version", "groups", "episodes", "dropped stale", "reward", "held-out reward", "cost $"],
-        [[s["step"], s["status"], s["version"], s["groups"], s["episodes"], s["dropped_stale"], _r(s["reward_mean"]), _r(s["held_out_reward"]), _r(s["cost_usd"])]
-         for s in shown],
+        [
+            [
+                s["step"],
+                s["status"],
+                s["version"],
+                s["groups"],
+                s["episodes"],
+                s["dropped_stale"],
+                _r(s["reward_mean"]),
+                _r(s["held_out_reward"]),
+                _r(s["cost_usd"]),
+            ]
+            for s in shown
+        ],
     )
-    costs = _table("costs", ["source", "simulated", "usd", "entries"], [[c["source"], c["simulated"], f"{c['usd']:.4f}", c["entries"]] for c in status["costs"]])
+    costs = _table(
+        "costs", ["source", "simulated", "usd", "entries"], [[c["source"], c["simulated"], f"{c['usd']:.4f}", c["entries"]] for c in status["costs"]]
+    )
     failures = _table("recent failures", ["episode", "stage", "error"], [[f["episode"], f["stage"], (f["error"] or "")[:120]] for f in status["failures"]])
     return Group(head, stages, queues, jobs, reward, steps, recent, costs, failures)
 
@@ -71,7 +98,7 @@ def _minute(iso_time: str) -> str:
     """An ISO timestamp as `YYYY-MM-DD HH:MM` in UTC (the listing's JSON keeps the full one)."""
     moment = dt.datetime.fromisoformat(iso_time)
     if moment.tzinfo is not None:
-        moment = moment.astimezone(dt.timezone.utc)
+        moment = moment.astimezone(dt.UTC)
     return moment.strftime("%Y-%m-%d %H:%M")
 
 

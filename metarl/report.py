@@ -230,7 +230,7 @@ def render_html(data: ReportData, steps: Table, latency: Table, drawn: dict[str,
     if data.simulated:
         parts.append(
             '<p class="simulated"><strong>SIMULATED.</strong> Some inner jobs, evaluations or charges of this run come from the simulator '
-            "(<code>type = \"sim\"</code>): their durations, scores and prices are simulated, not measured.</p>"
+            '(<code>type = "sim"</code>): their durations, scores and prices are simulated, not measured.</p>'
         )
     parts.append(_summary(data, steps))
     empty_steps = "no outer step has finished yet" if data.steps else "the run has no outer steps yet"
@@ -248,8 +248,10 @@ def render_html(data: ReportData, steps: Table, latency: Table, drawn: dict[str,
     latency_empty = "no stage claim of a batched episode has finished yet"
     parts.append(_figure_html(LATENCY_PNG, "Stage latency per outer step", latency_caption, drawn.get(LATENCY_PNG, False), latency_empty))
     parts.append("<h2>Numbers</h2>")
-    parts.append(f'<p>As CSV: <a href="{STEPS_CSV}">{STEPS_CSV}</a> (one row per outer step), <a href="{LATENCY_CSV}">{LATENCY_CSV}</a> '
-                 "(per outer step and stage: finished claims, median and p90 seconds).</p>")
+    parts.append(
+        f'<p>As CSV: <a href="{STEPS_CSV}">{STEPS_CSV}</a> (one row per outer step), <a href="{LATENCY_CSV}">{LATENCY_CSV}</a> '
+        "(per outer step and stage: finished claims, median and p90 seconds).</p>"
+    )
     parts.append(html_table(steps))
     parts.append(html_table(latency))
     parts.append("</body></html>\n")
@@ -282,10 +284,7 @@ def _improvement_note(found: Change) -> str:
     if found.first is None or found.last is None:
         return '<p class="empty">No inner job has a hidden-eval improvement yet.</p>'
     ratio = "undefined (the first value is not positive)" if found.ratio is None else f"{found.ratio:.3g}"
-    return (
-        f"<p>Mean raw improvement: {fmt(found.first)} at step {found.first_step}, {fmt(found.last)} at step {found.last_step}; "
-        f"last / first = {ratio}.</p>"
-    )
+    return f"<p>Mean raw improvement: {fmt(found.first)} at step {found.first_step}, {fmt(found.last)} at step {found.last_step}; last / first = {ratio}.</p>"
 
 
 def _figure_html(file: str, alt: str, caption: str, drawn: bool, empty: str) -> str:

@@ -154,9 +154,7 @@ def step_table(steps: Sequence[StepRecord]) -> Table:
         spent = None if total is None else total - previous_total
         if total is not None:
             previous_total = total
-        rows.append(
-            [record.step, record.status, record.n_episodes, record.policy_version_after, *(record.metrics.get(key) for key in STEP_METRICS), spent]
-        )
+        rows.append([record.step, record.status, record.n_episodes, record.policy_version_after, *(record.metrics.get(key) for key in STEP_METRICS), spent])
     return Table(columns=list(STEP_COLUMNS), rows=rows)
 
 

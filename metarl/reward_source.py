@@ -88,9 +88,7 @@ class RewardBounds(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     clip: float = Field(default=100.0, gt=0.0, le=1e9, description="Accepted rewards are clamped to [-clip, clip].")
-    reject_above: float = Field(
-        default=1e6, gt=0.0, le=1e12, description="A reward whose magnitude exceeds this fails the job (a bug, not a signal)."
-    )
+    reject_above: float = Field(default=1e6, gt=0.0, le=1e12, description="A reward whose magnitude exceeds this fails the job (a bug, not a signal).")
 
     @model_validator(mode="after")
     def _clip_within_rejection(self) -> RewardBounds:
@@ -121,18 +119,12 @@ class EnvironmentRewardSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     source: Literal["environment"] = Field(default="environment", description="The agent's environment module.")
-    workspace: str = Field(
-        default="workspace", pattern=SIMPLE_NAME, description="Folder, inside the job folder, holding the copy of the agent's workspace."
-    )
+    workspace: str = Field(default="workspace", pattern=SIMPLE_NAME, description="Folder, inside the job folder, holding the copy of the agent's workspace.")
     module: str = Field(default="environment.py", pattern=SIMPLE_NAME, description="The module file inside that folder.")
-    mode: Literal["persistent", "per_step"] = Field(
-        default="persistent", description="One sandboxed process per job, or a fresh one per step."
-    )
+    mode: Literal["persistent", "per_step"] = Field(default="persistent", description="One sandboxed process per job, or a fresh one per step.")
     step_wall_seconds: float = Field(default=20.0, gt=0.0, le=3600.0, description="Deadline for scoring one step's rollouts.")
     startup_wall_seconds: float = Field(default=15.0, gt=0.0, le=3600.0, description="Deadline for starting the sandbox and importing the module.")
-    cpu_seconds: int = Field(
-        default=600, ge=1, le=3600, description="CPU seconds of the reward process: over the whole job (persistent), per step (per_step)."
-    )
+    cpu_seconds: int = Field(default=600, ge=1, le=3600, description="CPU seconds of the reward process: over the whole job (persistent), per step (per_step).")
     memory_bytes: int = Field(default=512 * 1024**2, ge=64 * 1024**2, le=64 * 1024**3, description="Address-space limit of the reward process.")
     bounds: RewardBounds = Field(default_factory=RewardBounds, description="Checks and clamping of the returned rewards.")
     min_isolation: IsolationLevel = Field(
@@ -220,10 +212,7 @@ def values_from_result(result: SandboxResult, batch: Sequence[Rollout]) -> list[
         kind = f"{error.exception_type}: " if error is not None and error.exception_type else ""
         detail = f"{kind}{error.message}{where}" if error is not None else "failed"
         raise RewardFunctionError(
-            _cap(
-                f"{REWARD_FUNCTION}() failed on {len(failures)} of {len(batch)} rollouts; first, rollout {index} "
-                f"({describe_rollout(batch[index])}): {detail}"
-            )
+            _cap(f"{REWARD_FUNCTION}() failed on {len(failures)} of {len(batch)} rollouts; first, rollout {index} ({describe_rollout(batch[index])}): {detail}")
         )
     return [outcome.value for outcome in result.calls]
 

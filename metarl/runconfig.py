@@ -54,11 +54,14 @@ def load_run(path: Path) -> tuple[RunConfig, dict[str, TaskSpec]]:
             is_file = False
         if not is_file:
             raise ConfigError(
-                str(path), [FieldProblem(field=f"run.tasks.{index}", message=f"no task spec {spec_path}", fix=f"add {spec_path.name} to {specs_dir} or fix the id")]
+                str(path),
+                [FieldProblem(field=f"run.tasks.{index}", message=f"no task spec {spec_path}", fix=f"add {spec_path.name} to {specs_dir} or fix the id")],
             )
         spec = load_task_spec(spec_path)
         if spec.id != task_id:
-            raise ConfigError(str(spec_path), [FieldProblem(field="id", message=f"id is {spec.id!r} but the file is {task_id}.toml", fix=f"set id = {task_id!r}")])
+            raise ConfigError(
+                str(spec_path), [FieldProblem(field="id", message=f"id is {spec.id!r} but the file is {task_id}.toml", fix=f"set id = {task_id!r}")]
+            )
         specs[task_id] = spec
     if all(spec.held_out for spec in specs.values()):
         raise ConfigError(str(path), [FieldProblem(field="run.tasks", message="every task is held out", fix="include at least one task that is not held out")])

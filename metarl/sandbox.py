@@ -116,6 +116,7 @@ class IsolationUnavailable(SandboxUnavailable):
 
     Not transient: retrying on the same host will not help. The message names the setting and the fixes."""
 
+
 FIXES: dict[str, str] = {
     "timeout": "make the module fast: no unbounded loops or sleeps, cheap top-level code",
     "memory": "use far less memory: no huge lists, strings or tables",
@@ -485,7 +486,7 @@ def _end_sandbox(pid: int, grace: float) -> None:
     if _exited(pid):
         return
     for child in _children(pid):
-        _signal(lambda: os.kill(child, signal.SIGKILL))
+        _signal(lambda child=child: os.kill(child, signal.SIGKILL))
     deadline = time.monotonic() + 1.0
     while not _exited(pid) and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -814,9 +815,7 @@ class SandboxSession:
             if pending and process.stdin in [key.fileobj for key in selector.get_map().values()]:
                 selector.unregister(process.stdin)
 
-    def _answer(
-        self, line: bytes | None, n_calls: int, started: float, deadline: float, limits: SandboxLimits, request_id: int | None
-    ) -> SandboxResult:
+    def _answer(self, line: bytes | None, n_calls: int, started: float, deadline: float, limits: SandboxLimits, request_id: int | None) -> SandboxResult:
         """Interpret one answer (or its absence) by the one-shot rules; close the session on failure."""
         if line is None:
             run = self._end(deadline, _READY_BYTES + bytes(self._buffer))

@@ -59,35 +59,139 @@ GRADERS_MODULE = "metarl_graders"
 """The name the graders file is importable under (metarl.graders.GRADERS_MODULE; this runner imports no metarl)."""
 
 ALLOWED_MODULES = (
-    "abc", "array", "base64", "binascii", "bisect", "calendar", "cmath", "collections",
-    "collections.abc", "contextlib", "copy", "dataclasses", "datetime", "decimal", "difflib",
-    "enum", "fractions", "functools", "hashlib", "heapq", "html", "itertools", "json", "keyword",
-    "math", "numbers", "operator", "pprint", "random", "re", "reprlib", "statistics", "string",
-    "struct", "textwrap", "time", "types", "typing", "unicodedata", "warnings", "weakref", "zlib",
-    "_strptime", "encodings.ascii", "encodings.latin_1", "encodings.utf_16", "encodings.utf_32",
-    "encodings.unicode_escape", "encodings.raw_unicode_escape", GRADERS_MODULE,
+    "abc",
+    "array",
+    "base64",
+    "binascii",
+    "bisect",
+    "calendar",
+    "cmath",
+    "collections",
+    "collections.abc",
+    "contextlib",
+    "copy",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "enum",
+    "fractions",
+    "functools",
+    "hashlib",
+    "heapq",
+    "html",
+    "itertools",
+    "json",
+    "keyword",
+    "math",
+    "numbers",
+    "operator",
+    "pprint",
+    "random",
+    "re",
+    "reprlib",
+    "statistics",
+    "string",
+    "struct",
+    "textwrap",
+    "time",
+    "types",
+    "typing",
+    "unicodedata",
+    "warnings",
+    "weakref",
+    "zlib",
+    "_strptime",
+    "encodings.ascii",
+    "encodings.latin_1",
+    "encodings.utf_16",
+    "encodings.utf_32",
+    "encodings.unicode_escape",
+    "encodings.raw_unicode_escape",
+    GRADERS_MODULE,
 )
 """Modules the environment module may import (pre-imported before the audit hook; the graders loaded from their file)."""
 
 DANGEROUS_MODULES = frozenset(
     {
-        "_ctypes", "ctypes", "_posixsubprocess", "subprocess", "multiprocessing", "_multiprocessing",
-        "_socket", "socket", "ssl", "_ssl", "select", "selectors", "asyncio", "pty", "fcntl", "mmap",
-        "resource", "signal", "shutil", "tempfile", "urllib", "http", "ftplib", "smtplib", "telnetlib",
-        "poplib", "imaplib", "nntplib", "xmlrpc", "socketserver", "webbrowser", "sqlite3", "_sqlite3",
-        "threading", "concurrent", "importlib", "runpy", "pathlib", "glob", "io", "_io", "posix", "os",
-        "gc", "sys", "builtins", "inspect", "code", "pdb", "faulthandler", "tracemalloc",
+        "_ctypes",
+        "ctypes",
+        "_posixsubprocess",
+        "subprocess",
+        "multiprocessing",
+        "_multiprocessing",
+        "_socket",
+        "socket",
+        "ssl",
+        "_ssl",
+        "select",
+        "selectors",
+        "asyncio",
+        "pty",
+        "fcntl",
+        "mmap",
+        "resource",
+        "signal",
+        "shutil",
+        "tempfile",
+        "urllib",
+        "http",
+        "ftplib",
+        "smtplib",
+        "telnetlib",
+        "poplib",
+        "imaplib",
+        "nntplib",
+        "xmlrpc",
+        "socketserver",
+        "webbrowser",
+        "sqlite3",
+        "_sqlite3",
+        "threading",
+        "concurrent",
+        "importlib",
+        "runpy",
+        "pathlib",
+        "glob",
+        "io",
+        "_io",
+        "posix",
+        "os",
+        "gc",
+        "sys",
+        "builtins",
+        "inspect",
+        "code",
+        "pdb",
+        "faulthandler",
+        "tracemalloc",
     }
 )
 """Imports that end the run as ``forbidden`` (process, network, FFI, introspection)."""
 
 ALLOWED_EVENTS = frozenset(
     {
-        "compile", "exec", "code.__new__", "function.__new__", "object.__getattr__",
-        "object.__setattr__", "object.__delattr__", "sys._getframe", "time.sleep", "array.__new__",
-        "marshal.dumps", "marshal.loads", "os.putenv", "os.unsetenv", "builtins.id",
-        "sys.excepthook", "sys.unraisablehook", "cpython.PyInterpreterState_Clear",
-        "cpython.PyInterpreterState_New", "cpython._PySys_ClearAuditHooks", "random.seed",
+        "compile",
+        "exec",
+        "code.__new__",
+        "function.__new__",
+        "object.__getattr__",
+        "object.__setattr__",
+        "object.__delattr__",
+        "sys._getframe",
+        "time.sleep",
+        "array.__new__",
+        "marshal.dumps",
+        "marshal.loads",
+        "os.putenv",
+        "os.unsetenv",
+        "builtins.id",
+        "sys.excepthook",
+        "sys.unraisablehook",
+        "cpython.PyInterpreterState_Clear",
+        "cpython.PyInterpreterState_New",
+        "cpython._PySys_ClearAuditHooks",
+        "random.seed",
         "hashlib.new",
     }
 )
@@ -187,7 +291,7 @@ def _load_graders(path):
     module = types.ModuleType(GRADERS_MODULE)
     module.__file__ = path
     sys.modules[GRADERS_MODULE] = module
-    exec(compile(source, path, "exec"), module.__dict__)  # noqa: S102 - metarl's own file, read before any agent code
+    exec(compile(source, path, "exec"), module.__dict__)
 
 
 def _limits(limits, applied):
@@ -233,13 +337,18 @@ def _make_hook(out_fd, read_roots, list_roots, isolation_json):
 
     def deny(event, detail):
         frame = (
-            '{"status":"error","kind":"forbidden","event":' + encode(event) + ',"message":'
-            + encode("the sandbox refused " + event + ": " + detail) + ',"isolation":' + isolation_json + "}\n"
+            '{"status":"error","kind":"forbidden","event":'
+            + encode(event)
+            + ',"message":'
+            + encode("the sandbox refused " + event + ": " + detail)
+            + ',"isolation":'
+            + isolation_json
+            + "}\n"
         )
         try:
             view = memview(frame.encode("ascii"))
             while view:
-                view = view[write(out_fd, view):]
+                view = view[write(out_fd, view) :]
         finally:
             exit_now(0)
 
@@ -276,7 +385,7 @@ def _make_hook(out_fd, read_roots, list_roots, isolation_json):
         # even when the absolute path is not traversable (after the privilege drop). When lstat
         # fails the operation itself fails the same way, so it is let through to fail.
         relative = root == workspace
-        rest = [part for part in normal[len(root):].split("/") if part != ""]
+        rest = [part for part in normal[len(root) :].split("/") if part != ""]
         if not relative and ("site-packages" in rest or "dist-packages" in rest):
             deny(event, shown + " is in site-packages; only the standard library can be read")
         walked = "" if relative else root
@@ -435,7 +544,7 @@ def main():
         try:
             sys.stdout.flush()
             sys.stderr.flush()
-        except BaseException:  # noqa: BLE001, S110 - the agent's code may have broken its stdio
+        except BaseException:  # noqa: BLE001 - the agent's code may have broken its stdio
             pass
 
     def send(frame):
@@ -450,7 +559,7 @@ def main():
     try:
         if serve:
             # requests are lines on a private copy of stdin; fd 0 itself is pointed at /dev/null below
-            reader = open(os.dup(0), "rb", buffering=1 << 16)  # noqa: SIM115 - lives as long as the process
+            reader = open(os.dup(0), "rb", buffering=1 << 16)
             raw = reader.readline(MAX_REQUEST_BYTES + 1)
             if len(raw) > MAX_REQUEST_BYTES or not raw.endswith(b"\n"):
                 raise ValueError("set-up request too large or not ended by a newline")
@@ -509,7 +618,7 @@ def main():
             kind, message = _describe(exc)
             finish({"status": "error", "kind": "crash", "type": kind, "message": message})
         try:
-            exec(code, namespace)  # noqa: S102 - running the agent's module is the point
+            exec(code, namespace)
         except MemoryError:
             raise
         except BaseException as exc:  # noqa: BLE001 - any failure at import is the module's fault

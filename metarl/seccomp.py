@@ -146,9 +146,7 @@ def instructions(machine: str) -> list[Instruction]:
             program += _block(numbers[name], [_ret(RET_KILL_PROCESS)])
     program += _block(numbers["socket"], [_ld(OFFSET_ARGS), _jeq(AF_UNIX, 0, 1), _ret(RET_ALLOW), _ret(RET_KILL_PROCESS)])
     program += _block(numbers["clone"], [_ld(OFFSET_ARGS), (JSET_K, 1, 0, CLONE_NAMESPACE_FLAGS), _ret(RET_ALLOW), _ret(RET_KILL_PROCESS)])
-    program += _block(
-        numbers["ioctl"], [_ld(OFFSET_ARGS + 8), _jeq(TIOCSTI, 2, 0), _jeq(TIOCLINUX, 1, 0), _ret(RET_ALLOW), _ret(RET_KILL_PROCESS)]
-    )
+    program += _block(numbers["ioctl"], [_ld(OFFSET_ARGS + 8), _jeq(TIOCSTI, 2, 0), _jeq(TIOCLINUX, 1, 0), _ret(RET_ALLOW), _ret(RET_KILL_PROCESS)])
     program += _block(numbers["clone3"], [_ret(RET_ERRNO | errno.ENOSYS)])
     program.append(_ret(RET_ALLOW))
     return program

@@ -515,9 +515,7 @@ def _is_hidden_item(task: TaskSpec, prompt: str) -> bool:
         return True
 
 
-def render_task_md(
-    task: TaskSpec, feedback: Sequence[FieldProblem] = (), limits: WorkspaceLimits | None = None, train_seconds: float | None = None
-) -> str:
+def render_task_md(task: TaskSpec, feedback: Sequence[FieldProblem] = (), limits: WorkspaceLimits | None = None, train_seconds: float | None = None) -> str:
     """TASK.md for one attempt: the public part of the task only (never `[hidden_eval]`).
 
     ``train_seconds`` is the training-time cap on the run's train backend (default: the CPU cap)."""
@@ -672,7 +670,7 @@ class Workspace:
             call_id = printable(call_id[:200])
         if "function" in data:
             if data.pop("type", "function") != "function" or set(data) != {"function"} or not isinstance(data["function"], Mapping):
-                raise WorkspaceError("bad_call", "a call with `function` must look like {\"type\": \"function\", \"function\": {...}}", fix)
+                raise WorkspaceError("bad_call", 'a call with `function` must look like {"type": "function", "function": {...}}', fix)
             data = dict(data["function"])
         unknown = set(data) - {"name", "arguments"}
         if unknown:
@@ -702,18 +700,24 @@ class Workspace:
             except ValidationError as err:
                 problems = problems_from_validation(err, dict(arguments))
                 message = "; ".join(f"{problem.field}: {problem.message}" for problem in problems[:5])
-                raise WorkspaceError("bad_call", f"bad arguments for {name}: {printable(message)[:1500]}", f"call {name} as described: {ARGUMENT_MODELS[name].__doc__}") from None
+                raise WorkspaceError(
+                    "bad_call", f"bad arguments for {name}: {printable(message)[:1500]}", f"call {name} as described: {ARGUMENT_MODELS[name].__doc__}"
+                ) from None
             if self.submitted:
                 raise WorkspaceError("already_submitted", "the job was already submitted", "wait for the validation result")
             result = getattr(self, f"_tool_{name}")(args)
         except WorkspaceError as err:
             return self._record(name, recorded, call_id, err.as_tool_error(), None)
         except OSError as exc:
-            error = ToolError(kind="io_error", message=f"the file system refused the operation ({exc.strerror or type(exc).__name__})", fix="try again or choose another path")
+            error = ToolError(
+                kind="io_error", message=f"the file system refused the operation ({exc.strerror or type(exc).__name__})", fix="try again or choose another path"
+            )
             return self._record(name, recorded, call_id, error, None)
         return self._record(name, recorded, call_id, None, result)
 
-    def _record(self, tool: str, arguments: dict[str, Any], call_id: str | None, error: ToolError | None, result: dict[str, Any] | None, raw: str | None = None) -> ToolResult:
+    def _record(
+        self, tool: str, arguments: dict[str, Any], call_id: str | None, error: ToolError | None, result: dict[str, Any] | None, raw: str | None = None
+    ) -> ToolResult:
         entry = TranscriptEntry(
             seq=len(self.transcript), at=time.time(), tool=tool, call_id=call_id, arguments=arguments, raw=raw, ok=error is None, result=result, error=error
         )
@@ -775,10 +779,16 @@ class Workspace:
         existing = next((item for item in files if item.path == "/".join(parts)), None)
         count = len(files) + (0 if existing else 1)
         if count > self.limits.max_files:
-            raise WorkspaceError("too_many_files", f"the workspace already has {len(files)} files of yours", f"keep at most {self.limits.max_files} files; overwrite an existing one")
+            raise WorkspaceError(
+                "too_many_files",
+                f"the workspace already has {len(files)} files of yours",
+                f"keep at most {self.limits.max_files} files; overwrite an existing one",
+            )
         new_total = total - (existing.bytes if existing else 0) + len(data)
         if new_total > self.limits.max_total_bytes:
-            raise WorkspaceError("workspace_full", f"the files would use {new_total} bytes", f"keep all files under {self.limits.max_total_bytes} bytes in total")
+            raise WorkspaceError(
+                "workspace_full", f"the files would use {new_total} bytes", f"keep all files under {self.limits.max_total_bytes} bytes in total"
+            )
         self._write_bytes(parts, data)
         return {"path": args.path, "bytes": len(data), "created": existing is None, "files": count, "total_bytes": new_total}
 
@@ -816,7 +826,9 @@ class Workspace:
         try:
             value = self.baseline(args.model)
         except Exception as exc:  # noqa: BLE001 - only the type is reported: messages may hold secrets
-            raise WorkspaceError("baseline_unavailable", f"the baseline lookup failed ({type(exc).__name__})", "try again later or choose a model without it") from None
+            raise WorkspaceError(
+                "baseline_unavailable", f"the baseline lookup failed ({type(exc).__name__})", "try again later or choose a model without it"
+            ) from None
         score = getattr(value, "score", value)
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
             raise WorkspaceError("baseline_unavailable", "the baseline lookup gave no score", "try again later or choose a model without it")

@@ -37,13 +37,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from metarl.isolation import IsolationLevel
 from metarl.learning.families import (
     Example,
     TaskFamily,
     contaminated_prompts,
     get_family,
 )
-from metarl.isolation import IsolationLevel
 from metarl.probe import BackendCheck, ProbeVerdict, capped, probe_job_text
 from metarl.reward_source import RewardBounds, reward_problem
 from metarl.sandbox import (
@@ -238,7 +238,9 @@ def _reward_problems(
                     )
                 )
     if exports is not None and exports.components_problem:
-        problems.append(FieldProblem(field=field, message=f"{module}: {exports.components_problem}", fix=f"define {COMPONENTS_NAME} as {{'name': function, ...}}"))
+        problems.append(
+            FieldProblem(field=field, message=f"{module}: {exports.components_problem}", fix=f"define {COMPONENTS_NAME} as {{'name': function, ...}}")
+        )
     elif exports is not None and exports.components is not None:
         offset = len(checks)
         for index, name in enumerate(component_names):
@@ -293,13 +295,21 @@ def dataset_problems(
         if problem:
             bad_lines.append(f"line {number}: {problem}")
     for message in bad_lines[:MAX_LINE_PROBLEMS]:
-        problems.append(FieldProblem(field="dataset.path", message=f"{printable(path)} {message}", fix='write one JSON object per line: {"prompt": "...", "answer": "..."}'))
+        problems.append(
+            FieldProblem(field="dataset.path", message=f"{printable(path)} {message}", fix='write one JSON object per line: {"prompt": "...", "answer": "..."}')
+        )
     if len(bad_lines) > MAX_LINE_PROBLEMS:
         problems.append(
             FieldProblem(field="dataset.path", message=f"{len(bad_lines) - MAX_LINE_PROBLEMS} more malformed lines not shown", fix="fix every line as above")
         )
     if count == 0:
-        problems.append(FieldProblem(field="dataset.path", message=f"{printable(path)} has no items", fix=f"write between {task.data.min_dataset_size} and {task.data.max_dataset_size} items"))
+        problems.append(
+            FieldProblem(
+                field="dataset.path",
+                message=f"{printable(path)} has no items",
+                fix=f"write between {task.data.min_dataset_size} and {task.data.max_dataset_size} items",
+            )
+        )
     elif count != job.dataset.size:
         problems.append(
             FieldProblem(
@@ -414,4 +424,3 @@ def probe_workspace(
         isolation=environment.level,
         isolation_layers=environment.layers,
     )
-

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
-import math
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -73,7 +73,7 @@ def autoscale_arg(text: str) -> str:
     try:
         largest, smallest = parse_autoscale(text)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--autoscale ")) from None
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--autoscale ")) from None
     return f"{largest},{smallest}"
 
 
@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="start a run from a run config (embedded services unless METARL_DATABASE_URL is set)")
     run.add_argument("config", type=Path)
     _service_flags(run)
-    run.add_argument("--dry-run", action="store_true", help="print the pods, images, compiled prime-rl configs and cost estimate; call no API, start and write nothing")
+    run.add_argument(
+        "--dry-run", action="store_true", help="print the pods, images, compiled prime-rl configs and cost estimate; call no API, start and write nothing"
+    )
     run.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
     run.add_argument(
         "--usd-per-gpu-hour",
@@ -117,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--pool", required=True, choices=["agent", "probe", "train", "eval", "outer"])
     processes = worker.add_mutually_exclusive_group()
     processes.add_argument("--concurrency", type=pool_processes_arg, default=1, help="a fixed number of worker processes (Flower cannot resize it)")
-    processes.add_argument("--autoscale", type=autoscale_arg, metavar="MAX,MIN", help="grow and shrink between MIN and MAX worker processes (Flower can change the range)")
+    processes.add_argument(
+        "--autoscale", type=autoscale_arg, metavar="MAX,MIN", help="grow and shrink between MIN and MAX worker processes (Flower can change the range)"
+    )
     worker.add_argument("--loglevel", type=str.lower, choices=CELERY_LOG_LEVELS, default="info")
 
     db = sub.add_parser("db", help="database migrations")
@@ -126,7 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     metrics = sub.add_parser("metrics", help="serve Prometheus metrics (queue depths, stages, latencies, costs)")
     metrics.add_argument("--port", type=whole_number(1, 65535, "a TCP port"), default=9108)
     metrics.add_argument("--host", default="127.0.0.1")
-    metrics.add_argument("--interval", type=seconds_between(0.0, 3600.0), default=5.0, help="seconds between the serving loop's wake-ups (scrapes read the records when they come)")
+    metrics.add_argument(
+        "--interval",
+        type=seconds_between(0.0, 3600.0),
+        default=5.0,
+        help="seconds between the serving loop's wake-ups (scrapes read the records when they come)",
+    )
 
     from metarl_cli.probe_command import add_parser as add_probe_parser
 
@@ -215,15 +224,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
                 except NotRetryable as err:
                     print(f"error: {err}", file=sys.stderr)
                     return EXIT_FAILED_RUN
-                print(f"retrying outer step {reopened.step} from policy version {reopened.policy_version} (it failed with: {reopened.previous_error})", flush=True)
+                print(
+                    f"retrying outer step {reopened.step} from policy version {reopened.policy_version} (it failed with: {reopened.previous_error})", flush=True
+                )
         return drive(services, run_id, quiet=args.quiet)
 
 
-def drive(services: "Services", run_id: str, quiet: bool) -> int:
+def drive(services: Services, run_id: str, quiet: bool) -> int:
+    from metarl.messaging.celery_app import make_app
+    from metarl.store.records import RunStatus
     from metarl_cli.progress import ProgressDisplay
     from orchestrator.loop import Orchestrator, OrchestratorBusy
-    from metarl.store.records import RunStatus
-    from metarl.messaging.celery_app import make_app
 
     stop_event = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop_event.set())
@@ -318,7 +329,10 @@ def run_status_at_head(args: argparse.Namespace, database_url: str, broker_url: 
     except RunIdError as err:
         return run_id_refused(err)
     except DatabaseUnreachable as err:
-        print(f"error: cannot read the run database {without_password(database_url)}: {err.reason}. Fix: check METARL_DATABASE_URL and that PostgreSQL runs there", file=sys.stderr)
+        print(
+            f"error: cannot read the run database {without_password(database_url)}: {err.reason}. Fix: check METARL_DATABASE_URL and that PostgreSQL runs there",
+            file=sys.stderr,
+        )
         return EXIT_FAILED_RUN
     if read is None:
         return None
@@ -446,7 +460,7 @@ class Services:
         self.database_url = ""
         self.broker_url: str | None = None
 
-    def __enter__(self) -> "Services":
+    def __enter__(self) -> Services:
         from metarl.store import db
 
         if self.database_url_setting:

@@ -35,7 +35,9 @@ def add_parser(sub: Any) -> None:
     """The ``probe`` subcommand (``sub`` is the parser's subparsers)."""
     probe = sub.add_parser("probe", help="probe a workspace folder (job.toml, environment module, dataset) exactly as the probe stage does")
     probe.add_argument("folder", type=Path, help="the folder holding job.toml, the environment module and the dataset (an attempt's files/)")
-    probe.add_argument("--task", required=True, help="task id (a spec in the config's task-spec folder, or the repository's tasks_specs/), or a path to a task spec .toml")
+    probe.add_argument(
+        "--task", required=True, help="task id (a spec in the config's task-spec folder, or the repository's tasks_specs/), or a path to a task spec .toml"
+    )
     probe.add_argument("--config", type=Path, help="run config: its task specs, its train backend's compile check and its [sandbox] min_isolation")
     probe.add_argument("--seed", type=int, default=0, help="episode seed: picks the sample items the reward is checked on (default 0)")
     probe.add_argument("--json", action="store_true", help="print the verdict as JSON")
@@ -66,7 +68,10 @@ def load_task(task: str, config_path: Path | None) -> tuple[Any, list[Any], str,
         folder = REPO_TASK_SPECS
     path = Path(task) if task.endswith(".toml") else folder / f"{task}.toml"
     if not path.is_file():
-        raise ConfigError(str(path), [FieldProblem(field="--task", message=f"no task spec {path}", fix=f"use a task id with a spec in {folder}, or a path to a .toml task spec")])
+        raise ConfigError(
+            str(path),
+            [FieldProblem(field="--task", message=f"no task spec {path}", fix=f"use a task id with a spec in {folder}, or a path to a .toml task spec")],
+        )
     return load_toml_model(TaskSpec, path), checks, check_name, minimum
 
 

@@ -83,7 +83,7 @@ class ProgressDisplay:
         snap = self.snapshot()
         Console().print(self.render(snap))
 
-    def __enter__(self) -> "ProgressDisplay":
+    def __enter__(self) -> ProgressDisplay:
         if self.enabled and self.console.is_terminal:
             self.live = Live(console=self.console, refresh_per_second=2)
             self.live.__enter__()

@@ -219,13 +219,17 @@ class Orchestrator:
         if counts.outer_busy or counts.outer_steps >= config.run.max_outer_steps:
             return None, counts
         complete = tick.complete_groups()
-        plan = plan_batch([GroupView(g.group_id, g.policy_version) for g in complete], tick.policy_version, config.outer.max_steps_off_policy, config.outer.groups_per_batch)
+        plan = plan_batch(
+            [GroupView(g.group_id, g.policy_version) for g in complete], tick.policy_version, config.outer.max_steps_off_policy, config.outer.groups_per_batch
+        )
         if not plan.batch:
             return None, counts
         sizes = {g.group_id: g.size for g in complete}
         episodes = sum(sizes[group_id] for group_id in plan.batch)
         step = counts.outer_steps + 1
-        step_id = tick.create_outer_step(step=step, group_ids=plan.batch, n_episodes=episodes, dropped_stale_groups=counts.dropped_unrecorded, dispatched_at=utcnow())
+        step_id = tick.create_outer_step(
+            step=step, group_ids=plan.batch, n_episodes=episodes, dropped_stale_groups=counts.dropped_unrecorded, dispatched_at=utcnow()
+        )
         log.info("outer step %s: %s groups, %s episodes, policy version %s", step, len(plan.batch), episodes, tick.policy_version)
         return step_id, counts.after_batching(len(plan.batch), counts.dropped_unrecorded)
 

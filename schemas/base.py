@@ -115,9 +115,7 @@ def parse_toml_text(text: str | bytes, source: str) -> dict[str, Any]:
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ConfigError(
-                source, [FieldProblem(field="(file)", message=f"not valid UTF-8 at byte {exc.start}", fix="save the file as UTF-8")]
-            ) from None
+            raise ConfigError(source, [FieldProblem(field="(file)", message=f"not valid UTF-8 at byte {exc.start}", fix="save the file as UTF-8")]) from None
     if len(text) > MAX_TOML_BYTES:
         raise ConfigError(source, [FieldProblem(field="(file)", message=f"file is {len(text)} characters", fix=f"keep it under {MAX_TOML_BYTES} bytes")])
     try:
@@ -150,6 +148,7 @@ def read_toml_file(path: str | Path) -> dict[str, Any]:
     """Read and parse a TOML file with the size and depth limits; every failure is a ConfigError naming the file."""
     path = Path(path)
     source = str(path)
+
     def problem(message: str, fix: str) -> ConfigError:
         return ConfigError(source, [FieldProblem(field="(file)", message=message, fix=fix)])
 

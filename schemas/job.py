@@ -63,7 +63,7 @@ class JobReward(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _check_weights(self) -> "JobReward":
+    def _check_weights(self) -> JobReward:
         for name, weight in self.components.items():
             if not (-10.0 <= weight <= 10.0):
                 raise ValueError(f"weight of component {name!r} is {weight}; keep weights within [-10, 10]")
@@ -151,7 +151,7 @@ class JobSpec(StrictModel):
     dataset: JobDataset = Field(default_factory=JobDataset)
     environment: JobEnvironment = Field(default_factory=JobEnvironment)
 
-    def resolved(self, defaults: TrainDefaults = CPU_TRAIN_DEFAULTS) -> "ResolvedTraining":
+    def resolved(self, defaults: TrainDefaults = CPU_TRAIN_DEFAULTS) -> ResolvedTraining:
         """Hyperparameters with defaults filled in: learning rate and kl_coef from the train backend's
         ``defaults`` (the CPU stand-in's unless given), the rest the same on every backend."""
         default_lr = defaults.lora_learning_rate if self.model.lora_rank > 0 else defaults.learning_rate

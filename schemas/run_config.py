@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -62,7 +62,9 @@ class LocalTrainBackend(StrictModel):
 
     type: Literal["local"] = Field(description="Backend kind")
     max_concurrent_jobs: int = Field(default=1, ge=1, le=64, description="Trainer processes at once (the usable cores are split between them)")
-    torch_threads_per_job: int | None = Field(default=None, ge=1, le=1024, description="Torch threads of each trainer; default: usable cores // max_concurrent_jobs, at least 1")
+    torch_threads_per_job: int | None = Field(
+        default=None, ge=1, le=1024, description="Torch threads of each trainer; default: usable cores // max_concurrent_jobs, at least 1"
+    )
     poll_interval_s: float = Field(default=1.0, ge=0.05, le=600, description="Seconds between polls of a running job")
     model_scale: float = Field(default=1.0, gt=0.0, le=10.0, description="Pretraining scale of the base models (tests use less)")
     model_cache_dir: str | None = Field(default=None, max_length=4096, description="Base-model cache (default METARL_CACHE_DIR or ~/.cache/metarl/models)")
@@ -89,9 +91,13 @@ class VllmEvalBackend(StrictModel):
     """
 
     type: Literal["vllm"] = Field(description="Backend kind")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(default="bfloat16", description="Weight and activation dtype in vLLM (float32 matches the CPU scorer most closely)")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="Weight and activation dtype in vLLM (float32 matches the CPU scorer most closely)"
+    )
     gpu_memory_utilization: float = Field(default=0.85, gt=0.0, le=0.99, description="Fraction of GPU memory vLLM may claim (weights plus KV cache)")
-    max_model_len: int | None = Field(default=None, ge=16, le=1_048_576, description="Context length of the engine (default: the longest eval prompt plus the eval's completion budget)")
+    max_model_len: int | None = Field(
+        default=None, ge=16, le=1_048_576, description="Context length of the engine (default: the longest eval prompt plus the eval's completion budget)"
+    )
     tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs one model is sharded over")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the engine and of pass@k sampling")
     timeout_s: float = Field(default=1800.0, ge=10.0, le=86_400.0, description="Longest one scoring subprocess may run (engine start included)")
@@ -112,13 +118,27 @@ class PodVllmEvalBackend(StrictModel):
 
     type: Literal["pod_vllm"] = Field(description="Backend kind")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(default="bfloat16", description="Weight and activation dtype in vLLM")
-    gpu_memory_utilization: float = Field(default=0.85, gt=0.0, le=0.99, description="Fraction of one pod GPU vLLM may claim (training has ended: the GPUs are free)")
-    max_model_len: int | None = Field(default=None, ge=16, le=1_048_576, description="Context length of the engine (default: the longest eval prompt plus the eval's completion budget)")
+    gpu_memory_utilization: float = Field(
+        default=0.85, gt=0.0, le=0.99, description="Fraction of one pod GPU vLLM may claim (training has ended: the GPUs are free)"
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=16, le=1_048_576, description="Context length of the engine (default: the longest eval prompt plus the eval's completion budget)"
+    )
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the engine and of pass@k sampling")
-    chat: bool = Field(default=True, description="Chat-format the hidden prompts with the model's chat template, thinking off, as prime-rl trained on them (plain text when the model has none)")
-    eval_timeout_s: float = Field(default=1800.0, ge=10.0, le=86_400.0, description="Longest wait from publishing the eval request to the pod's result (engine starts included) before the job fails")
+    chat: bool = Field(
+        default=True,
+        description="Chat-format the hidden prompts with the model's chat template, thinking off, as prime-rl trained on them (plain text when the model has none)",
+    )
+    eval_timeout_s: float = Field(
+        default=1800.0,
+        ge=10.0,
+        le=86_400.0,
+        description="Longest wait from publishing the eval request to the pod's result (engine starts included) before the job fails",
+    )
     engine_start_s: float = Field(default=120.0, ge=0.0, le=3600.0, description="Seconds to start vLLM on one model, for the dry run's estimate only")
-    tokens_per_s: float = Field(default=2000.0, gt=0.0, le=1e7, description="Prompt plus generated tokens one engine handles per second, for the dry run's estimate only")
+    tokens_per_s: float = Field(
+        default=2000.0, gt=0.0, le=1e7, description="Prompt plus generated tokens one engine handles per second, for the dry run's estimate only"
+    )
 
 
 class LocalAgentBackend(StrictModel):
@@ -186,7 +206,12 @@ class TinkerAgentBackend(StrictModel):
     """The trainer agent as an LLM on Tinker: snapshot sampling client per policy version, chat renderer, tool calls."""
 
     type: Literal["tinker"] = Field(description="Backend kind")
-    base_model: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*(/[A-Za-z0-9][A-Za-z0-9._\-]*)?$", description="Tinker base model of the LoRA policy, e.g. Qwen/Qwen3-30B-A3B")
+    base_model: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*(/[A-Za-z0-9][A-Za-z0-9._\-]*)?$",
+        description="Tinker base model of the LoRA policy, e.g. Qwen/Qwen3-30B-A3B",
+    )
     renderer: TinkerRendererName = Field(description="Chat format of the base model (Qwen markup; qwen3_5 writes XML-style tool calls)")
     max_turns: int = Field(default=24, ge=1, le=500, description="Sampled turns per attempt before it ends without submit()")
     max_tokens_per_turn: int = Field(default=4096, ge=16, le=65_536, description="Most tokens sampled in one turn (capped each turn at the context left)")
@@ -200,12 +225,20 @@ class TinkerAgentBackend(StrictModel):
     max_observation_chars: int = Field(default=8000, ge=256, le=1_000_000, description="Tool results longer than this are cut before they reach the model")
     max_tool_calls_per_turn: int = Field(default=8, ge=1, le=100, description="Tool calls run from one reply; later ones are refused")
     temperature: float = Field(default=1.0, gt=0.0, le=2.0, description="Sampling temperature (behaviour logprobs are at this temperature)")
-    usd_per_million_prompt_tokens: float = Field(ge=0.0, le=1000.0, description="Tinker price of prefilled prompt tokens that miss the prefix cache, from its price list (each turn re-sends the whole conversation)")
+    usd_per_million_prompt_tokens: float = Field(
+        ge=0.0,
+        le=1000.0,
+        description="Tinker price of prefilled prompt tokens that miss the prefix cache, from its price list (each turn re-sends the whole conversation)",
+    )
     usd_per_million_cached_prompt_tokens: float = Field(
-        ge=0.0, le=1000.0, description="Tinker price of prompt tokens the service reports as prefix-cache hits (its cached prefill price); at most usd_per_million_prompt_tokens"
+        ge=0.0,
+        le=1000.0,
+        description="Tinker price of prompt tokens the service reports as prefix-cache hits (its cached prefill price); at most usd_per_million_prompt_tokens",
     )
     usd_per_million_sample_tokens: float = Field(ge=0.0, le=1000.0, description="Tinker price of sampled tokens, from its price list")
-    base_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$", description="Tinker API URL (default: TINKER_BASE_URL, then the SDK's)")
+    base_url: str | None = Field(
+        default=None, max_length=2048, pattern=r"^https?://[^\s]+$", description="Tinker API URL (default: TINKER_BASE_URL, then the SDK's)"
+    )
     timeout_s: float = Field(default=900.0, ge=1.0, le=86_400.0, description="Longest wait for one Tinker request")
 
     @model_validator(mode="before")
@@ -270,10 +303,16 @@ class TinkerOuterBackend(StrictModel):
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="Decoupled weight decay of the Adam step")
     max_recoveries: int = Field(default=2, ge=0, le=10, description="Times one update recreates a failed training client from the last saved state")
     checkpoint_ttl_s: int = Field(
-        default=CHECKPOINT_TTL_S, ge=3600, le=10 * 365 * 86_400, description="Expiry of every version's saved state and sampler weights (the SDK allows 1 hour to 10 years)"
+        default=CHECKPOINT_TTL_S,
+        ge=3600,
+        le=10 * 365 * 86_400,
+        description="Expiry of every version's saved state and sampler weights (the SDK allows 1 hour to 10 years)",
     )
     final_checkpoint_ttl_s: int | None = Field(
-        default=None, ge=3600, le=10 * 365 * 86_400, description="Expiry of the last version's (run.max_outer_steps) state and sampler weights (None = kept, as the cookbook keeps its final checkpoint)"
+        default=None,
+        ge=3600,
+        le=10 * 365 * 86_400,
+        description="Expiry of the last version's (run.max_outer_steps) state and sampler weights (None = kept, as the cookbook keeps its final checkpoint)",
     )
     usd_per_million_train_tokens: float = Field(ge=0.0, le=1000.0, description="Tinker price of trained tokens, from its price list")
     base_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$", description="Tinker API URL; must equal backends.agent.base_url")
@@ -283,7 +322,6 @@ class TinkerOuterBackend(StrictModel):
     @classmethod
     def _no_secrets(cls, data: object) -> object:
         return _refuse_secrets(data)
-
 
 
 RUNPOD_API_KEY_ENV = "RUNPOD_API_KEY"
@@ -315,7 +353,12 @@ class RunpodTrainBackend(StrictModel):
     """
 
     type: Literal["runpod"] = Field(description="Backend kind")
-    image: str = Field(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@\-]*$", description="Pod image: prime-rl at the pinned tag plus our runner (docker/inner.Dockerfile)")
+    image: str = Field(
+        min_length=1,
+        max_length=512,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@\-]*$",
+        description="Pod image: prime-rl at the pinned tag plus our runner (docker/inner.Dockerfile)",
+    )
     gpu_types: list[Annotated[str, Field(pattern=_GPU_TYPE)]] = Field(
         default_factory=lambda: ["NVIDIA A40", "NVIDIA RTX A6000", "NVIDIA L40S"],
         min_length=1,
@@ -323,23 +366,37 @@ class RunpodTrainBackend(StrictModel):
         description="Runpod GPU type ids, best first; the next one is tried on a capacity error",
     )
     gpu_count: int = Field(
-        default=2, ge=1, le=8, description="GPUs per pod, at least 2: half (rounded down) train, the rest serve vLLM rollouts (prime-rl needs one of each on the node)"
+        default=2,
+        ge=1,
+        le=8,
+        description="GPUs per pod, at least 2: half (rounded down) train, the rest serve vLLM rollouts (prime-rl needs one of each on the node)",
     )
     cloud_type: Literal["ALL", "SECURE", "COMMUNITY"] = Field(default="SECURE", description="Runpod cloud to rent from")
     container_disk_gb: int = Field(default=80, ge=10, le=4000, description="Container disk of a pod (image, model, checkpoints)")
     volume_gb: int = Field(default=0, ge=0, le=10_000, description="Pod volume (0 = none)")
     max_pods: int = Field(default=16, ge=1, le=1000, description="Most pods at once, busy and idle (the pool size P)")
-    warm_pool_size: int = Field(default=2, ge=0, le=1000, description="Idle pods kept for the next job instead of being terminated (the image's metarl.backends.runpod.pod.supervisor follows its pod's assignment file); 0 = a new pod per job")
+    warm_pool_size: int = Field(
+        default=2,
+        ge=0,
+        le=1000,
+        description="Idle pods kept for the next job instead of being terminated (the image's metarl.backends.runpod.pod.supervisor follows its pod's assignment file); 0 = a new pod per job",
+    )
     idle_timeout_s: float = Field(default=300.0, ge=0.0, le=86_400.0, description="An idle pod unused this long is terminated")
     poll_interval_s: float = Field(default=30.0, ge=0.05, le=3600.0, description="Seconds between polls of a running job")
     startup_timeout_s: float = Field(default=1800.0, ge=1.0, le=86_400.0, description="Longest wait for a job's first progress (image pull, model download)")
-    hang_timeout_s: float = Field(default=900.0, ge=1.0, le=86_400.0, description="A job whose progress (metrics.jsonl step) stops this long is killed by the watchdog")
+    hang_timeout_s: float = Field(
+        default=900.0, ge=1.0, le=86_400.0, description="A job whose progress (metrics.jsonl step) stops this long is killed by the watchdog"
+    )
     max_restarts: int = Field(default=1, ge=0, le=10, description="Times a job moves to a new pod after a preemption or a hang before it fails")
-    billing_interval_s: int = Field(default=60, ge=1, le=3600, description="Ledger granularity: one charge per pod per interval of pod seconds (the last one partial)")
+    billing_interval_s: int = Field(
+        default=60, ge=1, le=3600, description="Ledger granularity: one charge per pod per interval of pod seconds (the last one partial)"
+    )
     api_timeout_s: float = Field(default=20.0, gt=0.0, le=300.0, description="Deadline of one Runpod API read or idempotent write")
     api_retries: int = Field(default=4, ge=1, le=50, description="Tries of one API call on transient errors (timeouts, 5xx) before the stage sees an error")
     api_backoff_s: float = Field(default=1.0, ge=0.0, le=120.0, description="First backoff between tries; doubles per try, at most 15 s")
-    max_poll_api_errors: int = Field(default=10, ge=1, le=10_000, description="Polls in a row that cannot reach the API before the stage counts a transient failure")
+    max_poll_api_errors: int = Field(
+        default=10, ge=1, le=10_000, description="Polls in a row that cannot reach the API before the stage counts a transient failure"
+    )
     capacity_cooldown_s: float = Field(default=60.0, ge=0.0, le=86_400.0, description="A GPU type that had no capacity is tried after the others for this long")
     reap_interval_s: float = Field(default=60.0, ge=0.0, le=86_400.0, description="Seconds between orphan-reaper passes of one worker process")
     orphan_grace_s: float = Field(default=600.0, ge=0.0, le=86_400.0, description="A pod of ours with no assignment record is reaped once it is this old")
@@ -399,7 +456,7 @@ class RunpodTrainBackend(StrictModel):
         return data
 
     @model_validator(mode="after")
-    def _pool_fits(self) -> "RunpodTrainBackend":
+    def _pool_fits(self) -> RunpodTrainBackend:
         if self.warm_pool_size > self.max_pods:
             if "warm_pool_size" in self.model_fields_set:
                 raise ValueError("warm_pool_size must be at most max_pods (idle pods count towards the pool)")
@@ -408,10 +465,11 @@ class RunpodTrainBackend(StrictModel):
             raise ValueError("startup_timeout_s and hang_timeout_s must be at least poll_interval_s, or the watchdog fires between two polls")
         return self
 
-AgentBackend = Annotated[Union[SimAgentBackend, LocalAgentBackend, TinkerAgentBackend], Field(discriminator="type")]
-TrainBackend = Annotated[Union[SimTrainBackend, LocalTrainBackend, RunpodTrainBackend], Field(discriminator="type")]
-EvalBackend = Annotated[Union[SimEvalBackend, LocalEvalBackend, VllmEvalBackend, PodVllmEvalBackend], Field(discriminator="type")]
-OuterBackend = Annotated[Union[SimOuterBackend, LocalOuterBackend, TinkerOuterBackend], Field(discriminator="type")]
+
+AgentBackend = Annotated[SimAgentBackend | LocalAgentBackend | TinkerAgentBackend, Field(discriminator="type")]
+TrainBackend = Annotated[SimTrainBackend | LocalTrainBackend | RunpodTrainBackend, Field(discriminator="type")]
+EvalBackend = Annotated[SimEvalBackend | LocalEvalBackend | VllmEvalBackend | PodVllmEvalBackend, Field(discriminator="type")]
+OuterBackend = Annotated[SimOuterBackend | LocalOuterBackend | TinkerOuterBackend, Field(discriminator="type")]
 
 
 class Backends(StrictModel):
@@ -495,7 +553,7 @@ class EpisodeRewardWeights(StrictModel):
     token_scale: int = Field(default=4000, ge=1, le=10**9, description="Agent tokens at which efficiency credit is halved")
 
     @model_validator(mode="after")
-    def _speed_is_small(self) -> "EpisodeRewardWeights":
+    def _speed_is_small(self) -> EpisodeRewardWeights:
         if self.speed > 0.5 * self.job:
             raise ValueError("speed weight must be at most half the job weight, or a fast flat job can outscore real learning")
         return self
@@ -538,7 +596,7 @@ class RunConfig(StrictModel):
     """A complete run configuration (`metarl run CONFIG`)."""
 
     @model_validator(mode="after")
-    def _same_models_for_train_and_eval(self) -> "RunConfig":
+    def _same_models_for_train_and_eval(self) -> RunConfig:
         train, evaluate = self.backends.train, self.backends.eval
         if isinstance(train, LocalTrainBackend) and isinstance(evaluate, (LocalEvalBackend, VllmEvalBackend)) and train.model_scale != evaluate.model_scale:
             raise ValueError("backends.eval.model_scale must equal backends.train.model_scale (both score the same base models)")
@@ -557,7 +615,7 @@ class RunConfig(StrictModel):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     @model_validator(mode="after")
-    def _pod_eval_needs_runpod_train(self) -> "RunConfig":
+    def _pod_eval_needs_runpod_train(self) -> RunConfig:
         if isinstance(self.backends.eval, PodVllmEvalBackend) and not isinstance(self.backends.train, RunpodTrainBackend):
             raise ValueError(
                 'backends.eval.type = "pod_vllm" scores on the inner job\'s Runpod pod: it needs backends.train.type = "runpod"; '
@@ -566,13 +624,13 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _local_agent_needs_local_outer(self) -> "RunConfig":
+    def _local_agent_needs_local_outer(self) -> RunConfig:
         if isinstance(self.backends.agent, LocalAgentBackend) != isinstance(self.backends.outer, LocalOuterBackend):
             raise ValueError("backends.agent and backends.outer must both be `local` (the outer update trains the agent's policy) or neither")
         return self
 
     @model_validator(mode="after")
-    def _tinker_agent_needs_tinker_outer(self) -> "RunConfig":
+    def _tinker_agent_needs_tinker_outer(self) -> RunConfig:
         agent, outer = self.backends.agent, self.backends.outer
         if isinstance(agent, TinkerAgentBackend) != isinstance(outer, TinkerOuterBackend):
             raise ValueError("backends.agent and backends.outer must both be `tinker` (the outer update trains the agent's LoRA policy) or neither")

@@ -81,9 +81,7 @@ class HiddenEval(StrictModel):
     version: int = Field(default=1, ge=1, le=1_000_000, description="Eval version; bump to invalidate cached base scores")
     max_tokens: int = Field(default=32, ge=1, le=32768, description="Generation length at eval time")
     pass_k: int = Field(default=1, ge=1, le=64, description="k of pass@k (1 = greedy)")
-    solved_improvement: float = Field(
-        default=0.5, gt=0.0, le=1.0, description="Absolute improvement that counts as `solved` when normalising the job reward"
-    )
+    solved_improvement: float = Field(default=0.5, gt=0.0, le=1.0, description="Absolute improvement that counts as `solved` when normalising the job reward")
 
 
 GPU_TRAIN_BACKENDS = frozenset({"runpod"})
@@ -105,12 +103,8 @@ class TaskBudget(StrictModel):
             "row, so image pull, model load and vLLM start are not in it, and stops rl at it (the job keeps its last saved weights)"
         ),
     )
-    max_rollout_tokens: int = Field(
-        default=2_000_000, ge=1, le=10**12, description="Cap on steps x batch_size x max_tokens (sampled tokens per job)"
-    )
-    allowed_models: list[str] = Field(
-        default_factory=lambda: list(KNOWN_BASE_MODELS), min_length=1, max_length=16, description="Base models a job may choose"
-    )
+    max_rollout_tokens: int = Field(default=2_000_000, ge=1, le=10**12, description="Cap on steps x batch_size x max_tokens (sampled tokens per job)")
+    allowed_models: list[str] = Field(default_factory=lambda: list(KNOWN_BASE_MODELS), min_length=1, max_length=16, description="Base models a job may choose")
 
     def train_seconds_for(self, train_backend: str) -> float:
         """The training-time cap of one inner job on a train backend (``backends.train.type``)."""
@@ -121,7 +115,10 @@ class TaskSpec(StrictModel):
     """One task: its family, public description, dataset bounds, hidden eval, budget, held-out flag."""
 
     id: str = Field(pattern=IDENTIFIER, description="Unique task id (file name without .toml)")
-    family: str = Field(pattern=IDENTIFIER, description="Task family implemented by the learning backends (its generator and grader; checked by metarl.runconfig.load_task_spec)")
+    family: str = Field(
+        pattern=IDENTIFIER,
+        description="Task family implemented by the learning backends (its generator and grader; checked by metarl.runconfig.load_task_spec)",
+    )
     held_out: bool = Field(default=False, description="Held out from outer training (evaluated only)")
     public: TaskPublic
     data: TaskData

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from primerl_tag_env import REPO, TagEnvError, ensure_env
 
-from metarl.backends.runpod.primerl.compiler import render_rl_toml
 from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
+from metarl.backends.runpod.primerl.compiler import render_rl_toml
 from metarl.backends.runpod.primerl.schema import rl_config_problems
 from metarl.backends.runpod.primerl.variants import CheckedJob, checked_jobs, compiled, expected_resolved, resolved_value
 from schemas.base import load_toml_model
@@ -45,7 +45,9 @@ def check_one(checked: CheckedJob, folder: Path, interpreter: Path, checkout: Pa
     rl_config = compiled(checked)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "rl.toml").write_text(render_rl_toml(rl_config))
-    lines = [f"{checked.name} (task {checked.task_id}, {checked.job.model.name}, lora_rank {checked.job.model.lora_rank}, {checked.options.gpus_per_node} GPUs)"]
+    lines = [
+        f"{checked.name} (task {checked.task_id}, {checked.job.model.name}, lora_rank {checked.job.model.lora_rank}, {checked.options.gpus_per_node} GPUs)"
+    ]
     schema = rl_config_problems(rl_config)
     lines.append(f"  derived schema: {'valid' if not schema else '; '.join(f'{p.path}: {p.message}' for p in schema)}")
     env = {**os.environ, "PYTHONPATH": str(checkout / "src"), "NO_COLOR": "1"}
@@ -54,7 +56,9 @@ def check_one(checked: CheckedJob, folder: Path, interpreter: Path, checkout: Pa
     )
     output = (result.stdout + result.stderr).strip()
     launched = result.returncode == 0 and SUCCESS_LINE in output
-    lines.append(f"  rl @ rl.toml --dry-run: exit {result.returncode}" + ("" if launched else "\n" + "\n".join("    " + line for line in output.splitlines()[-15:])))
+    lines.append(
+        f"  rl @ rl.toml --dry-run: exit {result.returncode}" + ("" if launched else "\n" + "\n".join("    " + line for line in output.splitlines()[-15:]))
+    )
     mismatches = []
     if launched:
         configs = folder / rl_config["output_dir"] / "configs"
@@ -63,7 +67,9 @@ def check_one(checked: CheckedJob, folder: Path, interpreter: Path, checkout: Pa
             got = resolved_value(subconfigs, key)
             if got != value:
                 mismatches.append(f"{key} = {got!r}, expected {value!r}")
-        shown = ", ".join(f"{key.split(':')[1]}={resolved_value(subconfigs, key)!r}" for key in ("trainer:ckpt.interval", "trainer:optim.lr", "trainer:loss.kl_tau"))
+        shown = ", ".join(
+            f"{key.split(':')[1]}={resolved_value(subconfigs, key)!r}" for key in ("trainer:ckpt.interval", "trainer:optim.lr", "trainer:loss.kl_tau")
+        )
         lines.append(f"  resolved sub-configs: {'as compiled' if not mismatches else 'MISMATCH: ' + '; '.join(mismatches)} ({shown})")
     return launched and not schema and not mismatches, lines
 

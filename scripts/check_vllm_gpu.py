@@ -19,6 +19,14 @@ import argparse
 import sys
 import time
 
+from metarl.backends.vllm.scoring import (
+    completions_with_llm,
+    load_llm,
+    required_model_len,
+    resolve_model_len,
+    score_with_llm,
+    vllm_available,
+)
 from metarl.learning.families import FAMILIES, get_family
 from metarl.learning.models import BASE_MODELS, ensure_base_model
 from metarl.learning.runtime import configure_torch_threads
@@ -34,14 +42,6 @@ from metarl.learning.scoring import (
     score_loaded_model,
 )
 from metarl.learning.tokenizer import load_tokenizer
-from metarl.backends.vllm.scoring import (
-    completions_with_llm,
-    load_llm,
-    required_model_len,
-    resolve_model_len,
-    score_with_llm,
-    vllm_available,
-)
 from schemas.run_config import VLLM_EXTRA_FIX, VllmEvalBackend
 
 

@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         same = args.output.is_file() and args.output.read_text() == text
-        print(f"{args.output.relative_to(REPO) if args.output.is_relative_to(REPO) else args.output}: {'up to date' if same else 'DIFFERS from the derived schema'}")
+        print(
+            f"{args.output.relative_to(REPO) if args.output.is_relative_to(REPO) else args.output}: {'up to date' if same else 'DIFFERS from the derived schema'}"
+        )
         return 0 if same else 1
     args.output.write_text(text)
     print(f"wrote {args.output} ({len(text)} bytes)")

@@ -52,7 +52,20 @@ def nobody_python() -> tuple[list[str], dict[str, str]] | str:
     mirror = shared_folder("metarl-nobody-python-")
     atexit.register(os.rmdir, mirror)  # only ever a mount point in other mount namespaces: empty here
     enter = 'mount --bind -o ro "$1" "$2" && shift 2 && exec "$@"'
-    command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", enter, "sh", prefix, str(mirror), *SETPRIV, str(mirror / os.path.relpath(interpreter, prefix))]
+    command = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        enter,
+        "sh",
+        prefix,
+        str(mirror),
+        *SETPRIV,
+        str(mirror / os.path.relpath(interpreter, prefix)),
+    ]
     env = {
         "PYTHONPATH": os.pathsep.join([str(REPO), *site.getsitepackages()]),
         "PYTHONNOUSERSITE": "1",

@@ -26,14 +26,12 @@ from metarl.store import outer_steps
 from metarl.store.claims import OuterClaim, claim_outer_lease, renew_outer_step
 from metarl.store.errors import StoreError
 from metarl.store.outer_steps import OuterWork, claim_outer_work, note_outer_attempt_error, publish_outer_version
-from metarl.store.records import RunStatus
+from schemas.states import ENDED_RUN_STATUSES
 from workers.app import app
 from workers.common import database_url, worker_name
 from workers.heartbeat import LeaseKeeper, heartbeat_interval
-from schemas.states import ENDED_RUN_STATUSES
 
 log = logging.getLogger("metarl.outer")
-
 
 
 # -- pure rules ------------------------------------------------------------------------------------
@@ -51,7 +49,6 @@ def crash_loop_message(step: int, takeovers: int, max_stage_attempts: int, last_
         f"retries.max_stage_attempts = {max_stage_attempts}); giving up"
     )
     return f"{message}; last error: {last_error}" if last_error else message
-
 
 
 def update_with_retries(work: Callable[[], OuterResult], max_attempts: int, sleep: Callable[[float], None] = time.sleep) -> OuterResult:
@@ -141,9 +138,7 @@ def outer_update(self: Task, outer_step_id: int) -> str:
     backend = registry.outer_backend(config)
     with keep_alive(claim, lease_s) as beat:
         try:
-            result = update_with_retries(
-                lambda: backend.update(work.run_id, work.step, work.version_before + 1, work.batch, config, work.base_state_uri), cap
-            )
+            result = update_with_retries(lambda: backend.update(work.run_id, work.step, work.version_before + 1, work.batch, config, work.base_state_uri), cap)
         except PermanentBackendError as err:
             fail_outer_step(claim, describe_error(err))
             return "failed"

@@ -84,14 +84,23 @@ def claim_episode_stage(
         return load(reads, claimed)
 
     outcome = claim_stage_work(
-        database_url(), stage=stage, episode_id=episode_id, probe_attempt=probe_attempt, token=token, worker=worker_name(), limits=limits, load=load_unless_abandoned
+        database_url(),
+        stage=stage,
+        episode_id=episode_id,
+        probe_attempt=probe_attempt,
+        token=token,
+        worker=worker_name(),
+        limits=limits,
+        load=load_unless_abandoned,
     )
     if isinstance(outcome, StageSkipped):
         log.info("skip %s episode=%s attempt=%s: %s", stage.value, episode_id, probe_attempt, outcome.reason)
         return None
     claimed = outcome.claimed
     claim, config = claimed.claim, claimed.config
-    job = StageJob(claim=claim, config=config, ctx=claimed.ctx, job_toml=claimed.row.job_toml, loaded=outcome.loaded, attempts=claimed.row.passed_attempt_and_tokens)
+    job = StageJob(
+        claim=claim, config=config, ctx=claimed.ctx, job_toml=claimed.row.job_toml, loaded=outcome.loaded, attempts=claimed.row.passed_attempt_and_tokens
+    )
     if claim.takeovers > config.retries.max_stage_attempts:
         message = f"stage {stage.value} was abandoned {claim.takeovers} times (workers died or crashed in it); giving up"
         fail_episode(job, stage, f"{message}; last error: {claim.last_error}" if claim.last_error else message)
@@ -381,7 +390,15 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
 
     def poll_again(countdown: float) -> str:
         """Send this stage's next poll (with the claim's token) and end this message: no Retry, whose traceback Celery pickles."""
-        send_stage(app, Stage.train, episode_id, probe_attempt, token=job.claim.token, countdown=countdown, time_limit=job.config.deadlines.for_queue(Stage.train.value))
+        send_stage(
+            app,
+            Stage.train,
+            episode_id,
+            probe_attempt,
+            token=job.claim.token,
+            countdown=countdown,
+            time_limit=job.config.deadlines.for_queue(Stage.train.value),
+        )
         return "polling"
 
     if inputs.blocked == "budget":

@@ -66,7 +66,7 @@ class AgentSubmission(Frozen):
     agent_tokens: int = Field(ge=0, le=10**12, description="Policy tokens spent on this attempt")
     workspace_uri: str | None = Field(default=None, max_length=4096, description="Where the workspace was saved")
     costs: list[CostItem] = Field(default_factory=list, max_length=1000, description="Charges of this attempt")
-    sample: "PolicySample | None" = Field(default=None, description="Sampled tokens and behaviour logprobs, for the outer update")
+    sample: PolicySample | None = Field(default=None, description="Sampled tokens and behaviour logprobs, for the outer update")
 
 
 class LaunchResult(Frozen):
@@ -179,8 +179,6 @@ class OuterBackend(Protocol):
     name: str
     simulated: bool
 
-    def update(
-        self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None
-    ) -> OuterResult: ...
+    def update(self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None) -> OuterResult: ...
 
     def initial_state(self, run_id: str, config: RunConfig) -> str | None: ...

@@ -5,18 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from metarl.backends.base import AgentBackend, BaseScoreKey, EvalBackend, OuterBackend, TrainBackend
-from metarl.backends.local.train import LocalEval, LocalTrain, local_compile_problems
 from metarl.backends.local.agent import LocalAgent, LocalOuter
+from metarl.backends.local.train import LocalEval, LocalTrain, local_compile_problems
 from metarl.backends.runpod.eval import PodVllmEval
 from metarl.backends.runpod.train import RunpodTrain
 from metarl.backends.sim.simulator import SimAgent, SimEval, SimOuter, SimTrain
 from metarl.backends.tinker.agent import TinkerAgent
 from metarl.backends.tinker.outer import TinkerOuter
 from metarl.backends.vllm.eval import VllmEval
+from metarl.probe import BackendCheck
 from metarl.settings import database_url as configured_database_url
 from metarl.store.baselines import base_score_key as make_base_score_key
 from metarl.store.runpod_runs import RunpodRunStore
-from metarl.probe import BackendCheck
 from schemas.run_config import (
     LocalAgentBackend,
     LocalEvalBackend,

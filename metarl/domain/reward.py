@@ -72,4 +72,3 @@ def compute_reward(inputs: RewardInputs, weights: EpisodeRewardWeights) -> Rewar
     speed = speed_credit(inputs.train_seconds, inputs.train_budget_seconds, improved=raw is not None and raw > 0)
     total = weights.job * job + weights.validation * validation + weights.efficiency * efficiency + weights.speed * speed
     return RewardBreakdown(total=total, job=job, validation=validation, efficiency=efficiency, speed=speed, raw_improvement=raw)
-

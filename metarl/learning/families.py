@@ -160,7 +160,6 @@ class AdditionFamily(TaskFamily):
         return f"{self.name}:{min(left, right)}+{max(left, right)}"
 
 
-
 class ReversalFamily(TaskFamily):
     """Reverse a string of letters."""
 

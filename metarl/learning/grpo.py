@@ -57,9 +57,7 @@ class RewardComponentWeights(BaseModel):
     correctness: float = Field(default=1.0, ge=0.0, le=10.0, description="Weight of the grader score (partial credit).")
     exact: float = Field(default=0.0, ge=0.0, le=10.0, description="Weight of 1 when the answer is exactly right.")
     format: float = Field(default=0.0, ge=0.0, le=10.0, description="Weight of 1 when the answer is well formed.")
-    length_penalty: float = Field(
-        default=0.0, ge=0.0, le=10.0, description="Weight of the penalty: completion tokens / max_tokens."
-    )
+    length_penalty: float = Field(default=0.0, ge=0.0, le=10.0, description="Weight of the penalty: completion tokens / max_tokens.")
 
 
 class LocalTrainConfig(BaseModel):
@@ -67,12 +65,8 @@ class LocalTrainConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    base_model: str = Field(
-        default="local-s", min_length=1, max_length=128, description="Local model name or catalogued hub name."
-    )
-    learning_rate: float = Field(
-        default=3e-4, gt=0.0, le=1.0, description="Peak AdamW learning rate (after warm-up, constant)."
-    )
+    base_model: str = Field(default="local-s", min_length=1, max_length=128, description="Local model name or catalogued hub name.")
+    learning_rate: float = Field(default=3e-4, gt=0.0, le=1.0, description="Peak AdamW learning rate (after warm-up, constant).")
     max_steps: int = Field(default=150, ge=1, le=100_000, description="Most sampling+update steps to run.")
     batch_size: int = Field(default=32, ge=1, le=512, description="Prompts per step.")
     group_size: int = Field(default=8, ge=1, le=64, description="Completions sampled per prompt (1 gives no signal).")
@@ -88,9 +82,7 @@ class LocalTrainConfig(BaseModel):
     grad_clip: float = Field(default=1.0, gt=0.0, le=100.0, description="Global gradient-norm clip.")
     rewards: RewardComponentWeights = Field(default_factory=RewardComponentWeights, description="Reward component weights.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of data order, sampling and LoRA init.")
-    time_budget_s: float = Field(
-        default=60.0, gt=0.0, le=86_400.0, description="Wall-clock budget; no step starts that would overrun it."
-    )
+    time_budget_s: float = Field(default=60.0, gt=0.0, le=86_400.0, description="Wall-clock budget; no step starts that would overrun it.")
 
     @model_validator(mode="after")
     def _rewards_not_all_zero(self) -> LocalTrainConfig:
@@ -149,9 +141,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def token_logprobs(
-    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float, mask: torch.Tensor | None = None
-) -> torch.Tensor:
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Logprob of each token under ``softmax(logits / temperature)``; shapes ``(B, T, V)`` -> ``(B, T)``.
 
     Where ``mask`` is given, positions with mask 0 (after EOS) get logprob 0 and no gradient.
@@ -199,9 +189,7 @@ def k3_kl(logprobs: torch.Tensor, reference_logprobs: torch.Tensor) -> torch.Ten
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
-def rollout_reward(
-    family: TaskFamily, example: Example, completion: str, completion_tokens: int, config: LocalTrainConfig
-) -> tuple[float, bool]:
+def rollout_reward(family: TaskFamily, example: Example, completion: str, completion_tokens: int, config: LocalTrainConfig) -> tuple[float, bool]:
     """(weighted reward, exact) of one completion under the config's reward weights."""
     weights = config.rewards
     exact = family.is_exact(example, completion)
@@ -403,10 +391,7 @@ def _grpo_step(
     texts = decode_completions(tokenizer, completions)
     lengths = completions.mask.sum(dim=1).tolist()
     if reward_fn is None:
-        scored = [
-            rollout_reward(family, examples[index // group_size], text, int(length), config)
-            for index, (text, length) in enumerate(zip(texts, lengths))
-        ]
+        scored = [rollout_reward(family, examples[index // group_size], text, int(length), config) for index, (text, length) in enumerate(zip(texts, lengths))]
     else:
         scored = external_rewards(reward_fn, family, examples, texts, group_size, bounds or RewardBounds())
     rewards = torch.tensor([reward for reward, _ in scored], dtype=torch.float32)
@@ -452,9 +437,7 @@ def _grpo_step(
 
 
 @torch.no_grad()
-def _reference_logprobs(
-    state: TrainerState, prompts: PromptBatch, completions: CompletionBatch, temperature: float
-) -> torch.Tensor:
+def _reference_logprobs(state: TrainerState, prompts: PromptBatch, completions: CompletionBatch, temperature: float) -> torch.Tensor:
     """Logprobs of the sampled tokens under the base model (adapters off, or the frozen copy)."""
     token_ids, mask, forbidden = completions.token_ids, completions.mask, state.forbidden_ids
     if state.reference_model is None:

@@ -69,15 +69,11 @@ class PretrainRecipe(BaseModel):
 
     steps: int = Field(ge=1, le=100_000, description="Most optimizer steps at scale 1.")
     check_every: int = Field(ge=1, le=10_000, description="Steps between checks of per-family validation accuracy.")
-    target_accuracy: float = Field(
-        gt=0.0, le=1.0, description="A family leaves the mix while its validation accuracy is at or above this."
-    )
+    target_accuracy: float = Field(gt=0.0, le=1.0, description="A family leaves the mix while its validation accuracy is at or above this.")
     validation_items: int = Field(ge=8, le=1024, description="Validation items per family (training partition).")
     batch_size: int = Field(ge=1, le=4096, description="Sequences per step.")
     learning_rate: float = Field(gt=0.0, le=1.0, description="Peak AdamW learning rate.")
-    final_lr_fraction: float = Field(
-        ge=0.0, le=1.0, description="Cosine decay from the peak to this fraction of it (1 keeps it constant)."
-    )
+    final_lr_fraction: float = Field(ge=0.0, le=1.0, description="Cosine decay from the peak to this fraction of it (1 keeps it constant).")
     warmup_steps: int = Field(ge=0, le=10_000, description="Linear warm-up steps.")
     weight_decay: float = Field(ge=0.0, le=1.0, description="AdamW weight decay.")
     difficulty_low: float = Field(ge=0.0, le=1.0, description="Lowest item difficulty in the mix.")
@@ -243,9 +239,7 @@ def default_cache_dir() -> Path:
     return Path(configured).expanduser() if configured else DEFAULT_CACHE_DIR.expanduser()
 
 
-def pretraining_batch(
-    rng: random.Random, recipe: PretrainRecipe, active_families: list[str]
-) -> list[Example]:
+def pretraining_batch(rng: random.Random, recipe: PretrainRecipe, active_families: list[str]) -> list[Example]:
     """One batch from the weighted mix of the active families (never hidden-eval items)."""
     families: list[TaskFamily] = [FAMILIES[name] for name in active_families]
     weights = [recipe.family_weights[name] for name in active_families]
@@ -256,10 +250,7 @@ def pretraining_batch(
 def validation_sets(recipe: PretrainRecipe) -> dict[str, list[Example]]:
     """Per-family validation items drawn from the training partition with their own seed."""
     rng = random.Random(f"pretrain-validation\x1f{recipe.seed}")
-    return {
-        name: [FAMILIES[name].generate(rng, rng.uniform(0.0, 1.0)) for _ in range(recipe.validation_items)]
-        for name in sorted(recipe.family_weights)
-    }
+    return {name: [FAMILIES[name].generate(rng, rng.uniform(0.0, 1.0)) for _ in range(recipe.validation_items)] for name in sorted(recipe.family_weights)}
 
 
 def validation_accuracy(model, tokenizer, validation: dict[str, list[Example]]) -> dict[str, float]:
@@ -267,9 +258,7 @@ def validation_accuracy(model, tokenizer, validation: dict[str, list[Example]]) 
     from metarl.learning.scoring import score_loaded_model
 
     model.eval()
-    accuracy = {
-        name: score_loaded_model(model, tokenizer, FAMILIES[name], items).mean for name, items in validation.items()
-    }
+    accuracy = {name: score_loaded_model(model, tokenizer, FAMILIES[name], items).mean for name, items in validation.items()}
     model.train()
     return accuracy
 

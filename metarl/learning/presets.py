@@ -39,6 +39,4 @@ def sensible_config(base_model: str, family: TaskFamily, *, seed: int = 0) -> Lo
 
 def bad_config(base_model: str, family: TaskFamily, *, seed: int = 0) -> LocalTrainConfig:
     """The sensible config with a learning rate far too high (and fewer steps: it collapses early)."""
-    return sensible_config(base_model, family, seed=seed).model_copy(
-        update={"learning_rate": BAD_LEARNING_RATE, "max_steps": BAD_MAX_STEPS}
-    )
+    return sensible_config(base_model, family, seed=seed).model_copy(update={"learning_rate": BAD_LEARNING_RATE, "max_steps": BAD_MAX_STEPS})

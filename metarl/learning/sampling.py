@@ -54,9 +54,7 @@ def mask_forbidden(logits: torch.Tensor, forbidden_ids: tuple[int, ...]) -> torc
     return masked
 
 
-def _pick_tokens(
-    logits: torch.Tensor, temperature: float, greedy: bool, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _pick_tokens(logits: torch.Tensor, temperature: float, greedy: bool, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose next tokens and return them with their logprobs under the temperature-scaled distribution."""
     if greedy:
         logprobs = torch.log_softmax(logits.float(), dim=-1)
@@ -144,8 +142,6 @@ def completion_logits(
     """One teacher-forced forward pass; the logits that predict each completion token, forbidden ids at -inf."""
     input_ids = torch.cat([prompts.input_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompts.attention_mask, completion_mask.to(prompts.attention_mask.dtype)], dim=1)
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
-    ).logits
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)).logits
     prompt_len = prompts.input_ids.shape[1]
     return mask_forbidden(logits[:, prompt_len - 1 : prompt_len - 1 + completion_ids.shape[1], :], forbidden_ids)

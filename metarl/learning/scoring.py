@@ -100,9 +100,7 @@ def load_model(model_dir: Path):
     return model
 
 
-def generate_texts(
-    model, tokenizer, prompts: list[str], *, max_tokens: int, greedy: bool, temperature: float, seed: int
-) -> list[str]:
+def generate_texts(model, tokenizer, prompts: list[str], *, max_tokens: int, greedy: bool, temperature: float, seed: int) -> list[str]:
     """Completions for ``prompts`` in batches (greedy, or sampled from a generator seeded with ``seed``)."""
     generator = torch.Generator().manual_seed(seed)
     forbidden = forbidden_token_ids(tokenizer)
@@ -124,9 +122,7 @@ def generate_texts(
     return texts
 
 
-def score_completions(
-    family: TaskFamily, eval_items: list[Example], completions: Sequence[Sequence[str]], *, pass_k: int
-) -> EvalScore:
+def score_completions(family: TaskFamily, eval_items: list[Example], completions: Sequence[Sequence[str]], *, pass_k: int) -> EvalScore:
     """Grade and aggregate: ``completions[i]`` holds the ``pass_k`` completions of ``eval_items[i]``.
 
     An item is solved when any of its completions is exact; partial credit is its best grade.
@@ -154,9 +150,7 @@ def score_completions(
     )
 
 
-def score_loaded_model(
-    model, tokenizer, family: TaskFamily, eval_items: list[Example], *, pass_k: int = 1, seed: int = 0
-) -> EvalScore:
+def score_loaded_model(model, tokenizer, family: TaskFamily, eval_items: list[Example], *, pass_k: int = 1, seed: int = 0) -> EvalScore:
     """Score an already-loaded model; pass@1 is greedy, pass@k samples k completions per item."""
     prompts = [format_prompt(example) for example in eval_items]
     rounds = [
@@ -175,13 +169,9 @@ def score_loaded_model(
     return score_completions(family, eval_items, per_item, pass_k=pass_k)
 
 
-def score_checkpoint(
-    model_dir: Path | str, family: TaskFamily | str, eval_items: list[Example], *, pass_k: int = 1, seed: int = 0
-) -> EvalScore:
+def score_checkpoint(model_dir: Path | str, family: TaskFamily | str, eval_items: list[Example], *, pass_k: int = 1, seed: int = 0) -> EvalScore:
     """Load the checkpoint in ``model_dir`` and score it on ``eval_items`` of ``family``."""
     configure_torch_threads()
     resolved = get_family(family) if isinstance(family, str) else family
     model_path = Path(model_dir)
-    return score_loaded_model(
-        load_model(model_path), load_tokenizer(model_path), resolved, eval_items, pass_k=pass_k, seed=seed
-    )
+    return score_loaded_model(load_model(model_path), load_tokenizer(model_path), resolved, eval_items, pass_k=pass_k, seed=seed)

@@ -52,7 +52,6 @@ class AtomicFilesystemChannel(filesystem.Channel):
                 pass
             raise ChannelError(f"Cannot add file {final!r} to directory") from exc
 
-
     def get_table(self, exchange: str) -> list[Any]:
         """The exchange's bindings; none while its table file is missing or not yet written."""
         file = self._exchange_file(exchange)

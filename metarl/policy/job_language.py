@@ -437,9 +437,14 @@ def _grid_value(slot: Slot, value: Any) -> int:
 
 def job_tokens_from_dict(data: dict[str, Any]) -> list[int]:
     """The job sequence of a job.toml mapping whose values all lie on the grid (raises ValueError otherwise)."""
-    allowed_keys = {"model": {"name", "lora_rank"}, "training": {s.key for s in TRAINING_SLOTS if s.section == "training"} | {"seed"},
-                    "rollout": {s.key for s in TRAINING_SLOTS if s.section == "rollout"}, "reward": {"components"},
-                    "dataset": {"size", "difficulty", "path"}, "environment": {"module"}}
+    allowed_keys = {
+        "model": {"name", "lora_rank"},
+        "training": {s.key for s in TRAINING_SLOTS if s.section == "training"} | {"seed"},
+        "rollout": {s.key for s in TRAINING_SLOTS if s.section == "rollout"},
+        "reward": {"components"},
+        "dataset": {"size", "difficulty", "path"},
+        "environment": {"module"},
+    }
     for section, table in data.items():
         if section not in allowed_keys or not isinstance(table, dict):
             raise ValueError(f"{section}: not expressible in the job language")
@@ -448,7 +453,10 @@ def job_tokens_from_dict(data: dict[str, Any]) -> list[int]:
             raise ValueError(f"{section}: keys {sorted(extra)} are not expressible in the job language")
     if data.get("model", {}).get("lora_rank", 0) != 0:
         raise ValueError("model.lora_rank: only 0 is expressible in the job language")
-    if data.get("dataset", {}).get("path", "dataset.jsonl") != "dataset.jsonl" or data.get("environment", {}).get("module", "environment.py") != "environment.py":
+    if (
+        data.get("dataset", {}).get("path", "dataset.jsonl") != "dataset.jsonl"
+        or data.get("environment", {}).get("module", "environment.py") != "environment.py"
+    ):
         raise ValueError("dataset.path / environment.module: only the defaults are expressible in the job language")
     out = [_grid_value(MODEL_SLOT, data.get("model", {}).get("name"))]
     for slot in TRAINING_SLOTS:

@@ -270,7 +270,9 @@ class LocalPolicy:
             raise ValueError(f"{path}: saved with a different job-language vocabulary")
         config = PolicyConfig(**payload["config"])
         if (config.embed_dim, config.hidden_dim) != (self.config.embed_dim, self.config.hidden_dim):
-            raise ValueError(f"{path}: saved with embed/hidden {config.embed_dim}/{config.hidden_dim}, this policy has {self.config.embed_dim}/{self.config.hidden_dim}")
+            raise ValueError(
+                f"{path}: saved with embed/hidden {config.embed_dim}/{config.hidden_dim}, this policy has {self.config.embed_dim}/{self.config.hidden_dim}"
+            )
         self.net.load_state_dict(payload["model"])
         if payload.get("optimizer") is not None:
             self.make_optimizer().load_state_dict(payload["optimizer"])

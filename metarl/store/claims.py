@@ -42,7 +42,7 @@ LEASE_COLUMNS = ("id", "status", "token", "worker", "heartbeat_at", "takeovers",
 
 
 def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,9 @@ def claim_stage(
 
 
 HEARTBEAT_SQL = renew_sql(STAGE_CLAIMS)
-FINISH_SET = "status = %(status)s, finished_at = %(now)s, heartbeat_at = %(now)s, error = %(claim_error)s, duration_s = extract(epoch FROM %(now)s - claimed_at)"
+FINISH_SET = (
+    "status = %(status)s, finished_at = %(now)s, heartbeat_at = %(now)s, error = %(claim_error)s, duration_s = extract(epoch FROM %(now)s - claimed_at)"
+)
 """How a claim is closed: here and in `metarl.store.episodes.FINISH_AND_MOVE_SQL`."""
 FINISH_SQL = f"UPDATE stage_claims SET {FINISH_SET} WHERE id = %(claim_id)s AND token = %(token)s AND status = '{RUNNING}' RETURNING id"
 
@@ -245,7 +247,9 @@ def finish_params(claim: Claim, status: ClaimStatus, error: str | None) -> dict[
     return {"status": status.value, "now": utcnow(), "claim_error": error, "claim_id": claim.claim_id, "token": claim.token}
 
 
-COUNT_TRANSIENT_FAILURE_SQL = "UPDATE stage_claims SET transient_failures = transient_failures + 1, heartbeat_at = %(now)s WHERE id = %(id)s RETURNING transient_failures"
+COUNT_TRANSIENT_FAILURE_SQL = (
+    "UPDATE stage_claims SET transient_failures = transient_failures + 1, heartbeat_at = %(now)s WHERE id = %(id)s RETURNING transient_failures"
+)
 NOTE_CLAIM_ERROR_SQL = f"UPDATE stage_claims SET error = %(error)s WHERE {STAGE_CLAIMS.where_key()} AND status = '{RUNNING}'"
 
 

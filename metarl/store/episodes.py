@@ -8,21 +8,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-
 from metarl.backends.base import CostItem, EpisodeContext
+from metarl.domain.reward import RewardInputs, compute_reward
+from metarl.domain.transitions import TERMINAL_STAGES, Transition
 from metarl.store.claims import FINISH_SET, STAGE_CLAIMS, Claim, claim_ctes, claim_params, finish_params, stage_claim_of, stage_key
 from metarl.store.columns import columns_of, insert_lists
 from metarl.store.db import SqlTarget, json_param, run_sql, sql_transaction, text_array_literal
 from metarl.store.inner_jobs import INNER_JOB_COLUMNS, CreationBlock, InnerJobLimits, InnerJobRow, creation_outcome, inner_job_name, inner_job_row
 from metarl.store.ledger import RECORD_COST_SQL, cost_params
-from metarl.store.tick_wakeup import CHANNEL as TICK_CHANNEL
-from metarl.domain.reward import RewardInputs, compute_reward
-from metarl.store.stage_records import WHEN_HELD, StageRecord, record_ctes, write_records
-from metarl.domain.transitions import TERMINAL_STAGES, Transition
-from schemas.base import FieldProblem
 from metarl.store.records import ClaimStatus, Reward, Run, RunStatus, Stage
-from schemas.states import ENDED_RUN_STATUSES
+from metarl.store.stage_records import WHEN_HELD, StageRecord, record_ctes, write_records
+from metarl.store.tick_wakeup import CHANNEL as TICK_CHANNEL
+from schemas.base import FieldProblem
 from schemas.run_config import RunConfig
+from schemas.states import ENDED_RUN_STATUSES
 from schemas.task_spec import TaskSpec
 
 
@@ -91,7 +90,7 @@ STAGE_ROW_SQL = f"""
 SELECT e.id, e.run_id, r.created_at, r.status, e.stage, e.probe_attempt, e.task_id, e.policy_version,
        pv.state_uri, cur.workspace_uri, cur.job_toml, prev.errors, cur.passed,
        (SELECT coalesce(sum(a.agent_tokens), 0) FROM probe_attempts a WHERE a.episode_id = e.id AND a.attempt <= e.probe_attempt),
-       {', '.join(f'ij.{column} AS inner_{column}' for column in INNER_JOB_COLUMNS)}
+       {", ".join(f"ij.{column} AS inner_{column}" for column in INNER_JOB_COLUMNS)}
 FROM episodes e
 JOIN runs r ON r.id = e.run_id
 LEFT JOIN policy_versions pv ON pv.run_id = e.run_id AND pv.version = e.policy_version
@@ -173,7 +172,21 @@ def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
     (eid, run_id, created_at, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, passed, tokens) = columns[:14]
     inner_job = inner_job_row(columns[14:])
     return StageRow(
-        eid, run_id, created_at, RunStatus(run_status), Stage(stage), attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, passed, int(tokens), inner_job
+        eid,
+        run_id,
+        created_at,
+        RunStatus(run_status),
+        Stage(stage),
+        attempt,
+        task_id,
+        version,
+        state_uri,
+        workspace_uri,
+        job_toml,
+        errors,
+        passed,
+        int(tokens),
+        inner_job,
     )
 
 
@@ -434,5 +447,7 @@ def reward_record(params: dict[str, Any]) -> StageRecord:
 def unscored_reward_record(*, episode_id: int, run_id: str, config: RunConfig, task: TaskSpec, attempts: tuple[int | None, int]) -> StageRecord:
     """The reward of an episode that ends without a scored job (never validated, or its inner job failed), as a record of that move."""
     return reward_record(
-        reward_params(episode_id=episode_id, run_id=run_id, config=config, task=task, attempts=attempts, base_score=None, trained_score=None, train_seconds=None)
+        reward_params(
+            episode_id=episode_id, run_id=run_id, config=config, task=task, attempts=attempts, base_score=None, trained_score=None, train_seconds=None
+        )
     )

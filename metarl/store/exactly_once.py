@@ -36,7 +36,10 @@ def exactly_once_violations(session: Session, run_id: str, artifacts_root: Path 
         claims_of.setdefault(claim.episode_id, []).append(claim)
     attempts_of = dict(
         session.execute(
-            select(ProbeAttempt.episode_id, func.count()).join(Episode, Episode.id == ProbeAttempt.episode_id).where(Episode.run_id == run_id).group_by(ProbeAttempt.episode_id)
+            select(ProbeAttempt.episode_id, func.count())
+            .join(Episode, Episode.id == ProbeAttempt.episode_id)
+            .where(Episode.run_id == run_id)
+            .group_by(ProbeAttempt.episode_id)
         ).all()
     )
     jobs_of: dict[int, list[InnerJob]] = {}
@@ -68,7 +71,9 @@ def exactly_once_violations(session: Session, run_id: str, artifacts_root: Path 
             problems.append(f"inner job of episode {episode.id} launched {max(job.launch_count for job in jobs)} times")
         unfinished = [job.status.value for job in jobs if job.status in UNFINISHED_JOB_STATUSES]
         if unfinished and episode.stage in (Stage.done, Stage.failed):
-            problems.append(f"episode {episode.id} ended ({episode.stage.value}) with its inner job still {unfinished[0]}: it holds a slot of its backend for good")
+            problems.append(
+                f"episode {episode.id} ended ({episode.stage.value}) with its inner job still {unfinished[0]}: it holds a slot of its backend for good"
+            )
         rewards = int(rewards_of.get(episode.id, 0))
         expected = 1 if episode.stage == Stage.done else 0
         if rewards != expected:
@@ -90,7 +95,9 @@ def exactly_once_violations(session: Session, run_id: str, artifacts_root: Path 
         cloud = sim_cloud_launches(artifacts_root)
         if cloud != sorted(names):
             extra, missing = sorted(set(cloud) - set(names)), sorted(set(names) - set(cloud))
-            problems.append(f"the simulated cloud's launches differ from the recorded inner jobs (launched, not recorded: {extra[:5]}; recorded, not launched: {missing[:5]})")
+            problems.append(
+                f"the simulated cloud's launches differ from the recorded inner jobs (launched, not recorded: {extra[:5]}; recorded, not launched: {missing[:5]})"
+            )
     steps = session.execute(select(OuterStep.step).where(OuterStep.run_id == run_id).order_by(OuterStep.step)).scalars().all()
     if steps != list(range(1, len(steps) + 1)):
         problems.append(f"outer steps are not numbered 1..n: {steps[:10]}")
@@ -99,9 +106,7 @@ def exactly_once_violations(session: Session, run_id: str, artifacts_root: Path 
 
 def spend_violations(session: Session, run_id: str) -> list[str]:
     """The run's `run_spend` row against the sum and count of its ledger lines (they must agree; migration 0008's triggers keep them so)."""
-    ledger_usd, ledger_lines = session.execute(
-        select(func.coalesce(func.sum(CostEntry.amount_usd), 0), func.count()).where(CostEntry.run_id == run_id)
-    ).one()
+    ledger_usd, ledger_lines = session.execute(select(func.coalesce(func.sum(CostEntry.amount_usd), 0), func.count()).where(CostEntry.run_id == run_id)).one()
     kept = session.execute(select(RunSpend.amount_usd, RunSpend.entries).where(RunSpend.run_id == run_id)).one_or_none()
     kept_usd, kept_lines = kept if kept is not None else (0, 0)
     if (kept_usd, kept_lines) != (ledger_usd, ledger_lines):

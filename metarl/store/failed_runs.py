@@ -44,9 +44,11 @@ def reopen_failed_run(session: Session, run_id: str) -> ReopenedStep:
         raise NotRetryable(f"no run with id {run_id}")
     if run.status != RunStatus.failed:
         raise NotRetryable(f"run {run_id} is {run.status.value}, not failed; `metarl resume {run_id}` continues it")
-    step = session.execute(
-        select(OuterStep).where(OuterStep.run_id == run_id, OuterStep.status == OuterStatus.failed).order_by(OuterStep.step.desc())
-    ).scalars().first()
+    step = (
+        session.execute(select(OuterStep).where(OuterStep.run_id == run_id, OuterStep.status == OuterStatus.failed).order_by(OuterStep.step.desc()))
+        .scalars()
+        .first()
+    )
     if step is None:
         raise NotRetryable(f"run {run_id} failed ({run.status_message}) but has no failed outer step to retry")
     previous = step.error or "no error recorded"

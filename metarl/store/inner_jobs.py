@@ -10,13 +10,12 @@ import datetime as dt
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-
 from metarl.backends.base import LaunchResult, PollResult
-from metarl.store.columns import checked_columns
 from metarl.store.claims import Claim, heartbeat
+from metarl.store.columns import checked_columns
 from metarl.store.db import SqlTarget, json_param, run_sql, sql_transaction
-from metarl.store.stage_records import WHEN_HELD, StageRecord
 from metarl.store.records import InnerJob, InnerJobStatus
+from metarl.store.stage_records import WHEN_HELD, StageRecord
 
 
 @dataclass(frozen=True)
@@ -148,7 +147,11 @@ def create_within_limits(
 
 def launch_record(episode_id: int, launched: LaunchResult) -> StageRecord:
     """The external id and state of a launched job, as a record (once: a second launch record changes nothing)."""
-    return "launched", LAUNCHED_SQL, {"external_id": launched.external_id, "state": json_param(launched.state), "running": InnerJobStatus.running.value, "episode_id": episode_id}
+    return (
+        "launched",
+        LAUNCHED_SQL,
+        {"external_id": launched.external_id, "state": json_param(launched.state), "running": InnerJobStatus.running.value, "episode_id": episode_id},
+    )
 
 
 def poll_record(episode_id: int, polled: PollResult, ended: InnerJobStatus | None) -> StageRecord:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-
 from metarl.store.columns import columns_of, insert_lists
 from metarl.store.db import SqlTarget, run_sql
 from metarl.store.records import CostEntry
-
 
 COST_COLUMNS, COST_VALUES = insert_lists(CostEntry.__table__, columns_of(CostEntry.__table__, without=("id",)), {"created_at": "now()"})
 RECORD_COST_SQL = f"""

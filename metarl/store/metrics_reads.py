@@ -69,7 +69,10 @@ def read_metrics(database_url: str, buckets: Sequence[float]) -> MetricsReading:
                 select(Run.name, Run.id, Episode.stage, func.count()).join(Run, Run.id == Episode.run_id).group_by(Run.name, Run.id, Episode.stage)
             ).all()
         ]
-        versions = [RunPolicyVersion(run_name, run_id, policy_version) for run_name, run_id, policy_version in session.execute(select(Run.name, Run.id, Run.policy_version)).all()]
+        versions = [
+            RunPolicyVersion(run_name, run_id, policy_version)
+            for run_name, run_id, policy_version in session.execute(select(Run.name, Run.id, Run.policy_version)).all()
+        ]
         costs = [
             CostTotal(source, bool(simulated), float(total or 0))
             for source, simulated, total in session.execute(

@@ -112,9 +112,7 @@ class OuterClaimed:
     work: OuterWork
 
 
-def claim_outer_work(
-    database_url: str, outer_step_id: int, *, worker: str, skip_runs: Collection[RunStatus]
-) -> OuterClaimed | Literal["missing", "skipped"]:
+def claim_outer_work(database_url: str, outer_step_id: int, *, worker: str, skip_runs: Collection[RunStatus]) -> OuterClaimed | Literal["missing", "skipped"]:
     """In one transaction: read the step, claim it (`metarl.store.claims.take_outer_step`, with the run's lease) and read
     its batch. "missing": no such step; "skipped": its run's status is one of `skip_runs`, or another worker holds it."""
     with session_scope(database_url) as session:

@@ -40,9 +40,7 @@ def read_progress(database_url: str, run_id: str) -> ProgressSnapshot:
     """The run's status, episodes ended, newest done outer step, rewards and cost."""
     with session_scope(database_url) as session:
         run = session.get(Run, run_id)
-        total, done = session.execute(
-            select(func.count(), func.count().filter(Episode.stage.in_(TERMINAL_STAGES))).where(Episode.run_id == run_id)
-        ).one()
+        total, done = session.execute(select(func.count(), func.count().filter(Episode.stage.in_(TERMINAL_STAGES))).where(Episode.run_id == run_id)).one()
         last = session.execute(
             select(OuterStep).where(OuterStep.run_id == run_id, OuterStep.status == OuterStatus.done).order_by(OuterStep.step.desc()).limit(1)
         ).scalar_one_or_none()

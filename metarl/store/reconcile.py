@@ -71,9 +71,7 @@ def orphaned_episodes(session: Session, run_id: str, now: dt.datetime, redispatc
     dispatches = [StageDispatch(stage, episode_id, attempt) for episode_id, stage, attempt in rows]
     if dispatches:
         session.execute(
-            update(Episode)
-            .where(Episode.id.in_([d.episode_id for d in dispatches]))
-            .values(dispatched_at=now, dispatch_count=Episode.dispatch_count + 1)
+            update(Episode).where(Episode.id.in_([d.episode_id for d in dispatches])).values(dispatched_at=now, dispatch_count=Episode.dispatch_count + 1)
         )
     return dispatches
 
@@ -81,15 +79,21 @@ def orphaned_episodes(session: Session, run_id: str, now: dt.datetime, redispatc
 def orphaned_outer_steps(session: Session, run_id: str, now: dt.datetime, redispatch_after_s: float, lease_s: float, startup: bool) -> list[int]:
     """Outer steps pending and not sent recently, or running with a dead heartbeat; marked dispatched now."""
     cutoffs = redispatch_cutoffs(now, redispatch_after_s, lease_s, startup)
-    step_ids = session.execute(
-        select(OuterStep.id).where(
-            OuterStep.run_id == run_id,
-            or_(
-                and_(OuterStep.status == OuterStatus.pending, or_(OuterStep.dispatched_at.is_(None), OuterStep.dispatched_at <= cutoffs.unclaimed_before)),
-                and_(OuterStep.status == OuterStatus.running, OuterStep.heartbeat_at < cutoffs.stale_before, OuterStep.dispatched_at < cutoffs.stale_before),
-            ),
+    step_ids = (
+        session.execute(
+            select(OuterStep.id).where(
+                OuterStep.run_id == run_id,
+                or_(
+                    and_(OuterStep.status == OuterStatus.pending, or_(OuterStep.dispatched_at.is_(None), OuterStep.dispatched_at <= cutoffs.unclaimed_before)),
+                    and_(
+                        OuterStep.status == OuterStatus.running, OuterStep.heartbeat_at < cutoffs.stale_before, OuterStep.dispatched_at < cutoffs.stale_before
+                    ),
+                ),
+            )
         )
-    ).scalars().all()
+        .scalars()
+        .all()
+    )
     if step_ids:
         session.execute(update(OuterStep).where(OuterStep.id.in_(step_ids)).values(dispatched_at=now))
     return list(step_ids)

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from schemas.states import ClaimStatus, GroupStatus, InnerJobStatus, OuterStatus, RunStatus, Stage  # noqa: F401 (re-exported for the records' users)
+from schemas.states import ClaimStatus, GroupStatus, InnerJobStatus, OuterStatus, RunStatus, Stage
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -243,7 +243,16 @@ class BaselineScore(Base):
     __tablename__ = "baseline_scores"
     __table_args__ = (
         UniqueConstraint(
-            "task_id", "model_name", "model_build", "model_scale", "eval_version", "eval_items", "pass_k", "grader", "backend", "scorer",
+            "task_id",
+            "model_name",
+            "model_build",
+            "model_scale",
+            "eval_version",
+            "eval_items",
+            "pass_k",
+            "grader",
+            "backend",
+            "scorer",
             name="uq_baseline_scores_key",
         ),
     )

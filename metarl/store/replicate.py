@@ -95,7 +95,11 @@ def replicate_finished_records(database_url: str, run_id: str, target_episodes: 
         for table in EPISODE_CHILDREN:
             run(f"CREATE TEMP TABLE t_{table.name} ON COMMIT DROP AS SELECT * FROM {table.name} WHERE episode_id IN (SELECT id FROM t_episodes)")
         run("CREATE TEMP TABLE t_outer_steps ON COMMIT DROP AS SELECT * FROM outer_steps WHERE run_id = :run AND step <= :steps", run=run_id, steps=done_steps)
-        run("CREATE TEMP TABLE t_policy_versions ON COMMIT DROP AS SELECT * FROM policy_versions WHERE run_id = :run AND version BETWEEN 1 AND :steps", run=run_id, steps=done_steps)
+        run(
+            "CREATE TEMP TABLE t_policy_versions ON COMMIT DROP AS SELECT * FROM policy_versions WHERE run_id = :run AND version BETWEEN 1 AND :steps",
+            run=run_id,
+            steps=done_steps,
+        )
         per_copy = int(run("SELECT count(*) FROM t_episodes").scalar_one())
         have = int(run("SELECT count(*) FROM episodes WHERE run_id = :run", run=run_id).scalar_one())
         copies = max(0, math.ceil((target_episodes - have) / per_copy)) if per_copy else 0

@@ -5,10 +5,10 @@ from __future__ import annotations
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
-from metarl.store.db import psycopg_connection
 from metarl.report_tables import STAGES, CostLine, ReportData, RunInfo, StageDuration, StepRecord, pick_metrics
-from metarl.store.status import run_status
+from metarl.store.db import psycopg_connection
 from metarl.store.records import ClaimStatus, CostEntry, Episode, EpisodeGroup, Evaluation, InnerJob, OuterStep, Run, Stage, StageClaim
+from metarl.store.status import run_status
 
 
 def load_report_data(session: Session, run_id: str) -> ReportData:

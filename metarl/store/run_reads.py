@@ -73,7 +73,9 @@ def in_flight(database_url: str, run_id: str) -> InFlight:
     with session_scope(database_url) as session:
         stages = dict(
             session.execute(
-                select(Episode.stage, func.count()).where(Episode.run_id == run_id, Episode.stage.in_((Stage.agent, Stage.probe, Stage.train, Stage.eval))).group_by(Episode.stage)
+                select(Episode.stage, func.count())
+                .where(Episode.run_id == run_id, Episode.stage.in_((Stage.agent, Stage.probe, Stage.train, Stage.eval)))
+                .group_by(Episode.stage)
             ).all()
         )
         held = session.execute(

@@ -89,14 +89,18 @@ class RunTick:
 
     def drop_stale_groups(self, below_version: int) -> list[str]:
         """Mark dropped the complete trainable groups sampled under a policy version below `below_version`; their task ids."""
-        stale = self._session.execute(
-            select(EpisodeGroup).where(
-                EpisodeGroup.run_id == self._run.id,
-                EpisodeGroup.status == GroupStatus.complete,
-                EpisodeGroup.held_out.is_(False),
-                EpisodeGroup.policy_version < below_version,
+        stale = (
+            self._session.execute(
+                select(EpisodeGroup).where(
+                    EpisodeGroup.run_id == self._run.id,
+                    EpisodeGroup.status == GroupStatus.complete,
+                    EpisodeGroup.held_out.is_(False),
+                    EpisodeGroup.policy_version < below_version,
+                )
             )
-        ).scalars().all()
+            .scalars()
+            .all()
+        )
         for group in stale:
             group.status = GroupStatus.dropped
         return [group.task_id for group in stale]
@@ -146,7 +150,9 @@ class RunTick:
 
     def open_groups(self, task_ids: Sequence[str], *, size: int, held_out: bool, now: dt.datetime) -> list[int]:
         """One group per task id at the run's policy version, its episodes at their first stage, in one statement; the episode ids."""
-        return open_groups(self._session, run_id=self._run.id, task_ids=task_ids, policy_version=self._run.policy_version, size=size, held_out=held_out, now=now)
+        return open_groups(
+            self._session, run_id=self._run.id, task_ids=task_ids, policy_version=self._run.policy_version, size=size, held_out=held_out, now=now
+        )
 
     def set_status(self, status: RunStatus) -> None:
         """Change the run's status (its message stays)."""

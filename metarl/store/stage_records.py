@@ -11,7 +11,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-
 from metarl.store.columns import assignments, columns_of, insert_lists
 from metarl.store.db import SqlTarget, json_param, run_sql
 from metarl.store.records import Evaluation, ProbeAttempt
@@ -56,6 +55,8 @@ def write_records(session: SqlTarget, records: Sequence[StageRecord]) -> None:
     """Write records on their own, in one statement (none of them may carry `WHEN_HELD`)."""
     if records:
         run_sql(session, *with_records("SELECT 1", {}, records))
+
+
 VERDICT_COLUMNS = ("passed", "errors", "probe_seconds", "model_name", "explicit_hyperparameters", "isolation")
 """What the probe's verdict writes on the attempt (with `probed_at`); the agent's submission writes the attempt's other columns."""
 SUBMISSION_COLUMNS, SUBMISSION_VALUES = insert_lists(

@@ -30,8 +30,8 @@ from metarl.store.episodes import StageRow, config_and_task, stage_context, stag
 from metarl.store.inner_jobs import CreationBlock, InnerJobLimits, InnerJobRow, create_within_limits
 from metarl.store.records import Episode, Stage, StageClaim
 from schemas.run_config import RunConfig
-from schemas.task_spec import TaskSpec
 from schemas.states import ENDED_RUN_STATUSES
+from schemas.task_spec import TaskSpec
 
 Loaded = TypeVar("Loaded")
 

@@ -95,7 +95,7 @@ def _redis_llen(broker_url: str, queues: tuple[str, ...]) -> list[int]:
             if line.startswith(b"-"):
                 raise BrokerReplyError(line[1:].strip().decode("utf-8", "replace"))
             answers.append(line)
-    return [int(answer[1:]) for answer in answers[len(commands) - len(queues):]]
+    return [int(answer[1:]) for answer in answers[len(commands) - len(queues) :]]
 
 
 def _filesystem_depth(folder: Path, queue: str) -> int:
@@ -169,15 +169,15 @@ def run_status(connection: psycopg.Connection, run_id: str, broker_url: str | No
     found = rows(RUN_SQL)
     if not found:
         raise LookupError(run_id)
-    run_row, = found
+    (run_row,) = found
     stages = dict(rows(EPISODES_BY_STAGE_SQL))
     failures = rows(FAILURES_SQL)
     costs = rows(COSTS_SQL)
     steps = rows(OUTER_STEPS_SQL)
     held_out = held_out_means(rows(HELD_OUT_REWARD_SQL, version=None))
-    rewards, = rows(REWARDS_SQL)
+    (rewards,) = rows(REWARDS_SQL)
     jobs = dict(rows(INNER_JOBS_SQL))
-    attempts, = rows(PROBE_ATTEMPTS_SQL)
+    (attempts,) = rows(PROBE_ATTEMPTS_SQL)
     recent = rows(RECENT_EPISODES_SQL)
     return status_document(run_row, stages, failures, costs, steps, held_out, rewards, jobs, attempts, recent, queue_depths(broker_url))
 
@@ -350,25 +350,61 @@ def episode_report(session: Session, episode_id: int) -> dict[str, Any]:
             "error": episode.error,
         },
         "claims": [
-            {"stage": c.stage.value, "attempt": c.probe_attempt, "status": c.status.value, "worker": c.worker, "takeovers": c.takeovers,
-             "transient_failures": c.transient_failures, "seconds": _f(c.duration_s), "error": c.error}
+            {
+                "stage": c.stage.value,
+                "attempt": c.probe_attempt,
+                "status": c.status.value,
+                "worker": c.worker,
+                "takeovers": c.takeovers,
+                "transient_failures": c.transient_failures,
+                "seconds": _f(c.duration_s),
+                "error": c.error,
+            }
             for c in claims
         ],
         "attempts": [
-            {"attempt": a.attempt, "passed": a.passed, "model": a.model_name, "agent_tokens": a.agent_tokens, "errors": a.errors, "workspace": a.workspace_uri,
-             "isolation": a.isolation}
+            {
+                "attempt": a.attempt,
+                "passed": a.passed,
+                "model": a.model_name,
+                "agent_tokens": a.agent_tokens,
+                "errors": a.errors,
+                "workspace": a.workspace_uri,
+                "isolation": a.isolation,
+            }
             for a in attempts
         ],
-        "inner_job": None if job is None else {
-            "name": job.name, "backend": job.backend, "simulated": job.simulated, "external_id": job.external_id, "status": job.status.value,
-            "launch_count": job.launch_count, "train_seconds": _f(job.train_seconds), "checkpoint": job.checkpoint_uri, "error": job.error,
+        "inner_job": None
+        if job is None
+        else {
+            "name": job.name,
+            "backend": job.backend,
+            "simulated": job.simulated,
+            "external_id": job.external_id,
+            "status": job.status.value,
+            "launch_count": job.launch_count,
+            "train_seconds": _f(job.train_seconds),
+            "checkpoint": job.checkpoint_uri,
+            "error": job.error,
         },
-        "evaluation": None if evaluation is None else {
-            "backend": evaluation.backend, "simulated": evaluation.simulated, "base": evaluation.base_score, "trained": evaluation.trained_score,
-            "ci": [evaluation.ci_low, evaluation.ci_high], "n": evaluation.n_items,
+        "evaluation": None
+        if evaluation is None
+        else {
+            "backend": evaluation.backend,
+            "simulated": evaluation.simulated,
+            "base": evaluation.base_score,
+            "trained": evaluation.trained_score,
+            "ci": [evaluation.ci_low, evaluation.ci_high],
+            "n": evaluation.n_items,
         },
-        "reward": None if reward is None else {
-            "total": reward.total, "job": reward.job, "validation": reward.validation, "efficiency": reward.efficiency, "speed": reward.speed,
+        "reward": None
+        if reward is None
+        else {
+            "total": reward.total,
+            "job": reward.job,
+            "validation": reward.validation,
+            "efficiency": reward.efficiency,
+            "speed": reward.speed,
             "raw_improvement": reward.raw_improvement,
         },
         "costs": [{"source": c.source, "description": c.description, "quantity": c.quantity, "unit": c.unit, "usd": float(c.amount_usd)} for c in costs],

@@ -6,9 +6,9 @@ from dataclasses import dataclass, replace
 
 from sqlalchemy.orm import Session
 
+from metarl.domain.transitions import ACTIVE_STAGES
 from metarl.store.db import run_sql
 from metarl.store.ledger import RUN_SPEND_SQL
-from metarl.domain.transitions import ACTIVE_STAGES
 from metarl.store.records import GroupStatus, OuterStatus
 
 TICK_COUNTS_SQL = f"""

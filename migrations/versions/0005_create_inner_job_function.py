@@ -14,9 +14,8 @@ two runs sharing a backend never both take its last slot.
 
 from alembic import op
 
-
-revision = '0005'
-down_revision = '0004'
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

@@ -13,20 +13,16 @@ are counted from their episodes.
 import sqlalchemy as sa
 from alembic import op
 
-
-revision = '0006'
-down_revision = '0005'
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
-    op.add_column('episode_groups', sa.Column('ended_episodes', sa.Integer(), server_default='0', nullable=False))
-    op.execute(
-        "UPDATE episode_groups g SET ended_episodes = "
-        "(SELECT count(*) FROM episodes e WHERE e.group_id = g.id AND e.stage IN ('done', 'failed'))"
-    )
+    op.add_column("episode_groups", sa.Column("ended_episodes", sa.Integer(), server_default="0", nullable=False))
+    op.execute("UPDATE episode_groups g SET ended_episodes = (SELECT count(*) FROM episodes e WHERE e.group_id = g.id AND e.stage IN ('done', 'failed'))")
 
 
 def downgrade() -> None:
-    op.drop_column('episode_groups', 'ended_episodes')
+    op.drop_column("episode_groups", "ended_episodes")

@@ -16,24 +16,23 @@ from their episodes.
 import sqlalchemy as sa
 from alembic import op
 
-
-revision = '0007'
-down_revision = '0006'
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
-TABLES = ('rewards', 'probe_attempts')
+TABLES = ("rewards", "probe_attempts")
 
 
 def upgrade() -> None:
     for table in TABLES:
-        op.add_column(table, sa.Column('run_id', sa.String(length=36), nullable=True))
+        op.add_column(table, sa.Column("run_id", sa.String(length=36), nullable=True))
         op.execute(f"UPDATE {table} t SET run_id = e.run_id FROM episodes e WHERE e.id = t.episode_id")
-        op.alter_column(table, 'run_id', nullable=False)
-        op.create_index(f'ix_{table}_run', table, ['run_id'])
+        op.alter_column(table, "run_id", nullable=False)
+        op.create_index(f"ix_{table}_run", table, ["run_id"])
 
 
 def downgrade() -> None:
     for table in TABLES:
-        op.drop_index(f'ix_{table}_run', table_name=table)
-        op.drop_column(table, 'run_id')
+        op.drop_index(f"ix_{table}_run", table_name=table)
+        op.drop_column(table, "run_id")

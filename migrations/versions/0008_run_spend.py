@@ -17,9 +17,8 @@ from the rows already there.
 import sqlalchemy as sa
 from alembic import op
 
-
-revision = '0008'
-down_revision = '0007'
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
@@ -83,12 +82,12 @@ CREATE_INNER_JOB_0005 = CREATE_INNER_JOB.replace(
 
 def upgrade() -> None:
     op.create_table(
-        'run_spend',
-        sa.Column('run_id', sa.String(length=36), nullable=False),
-        sa.Column('amount_usd', sa.Numeric(), nullable=False),
-        sa.Column('entries', sa.BigInteger(), nullable=False),
-        sa.ForeignKeyConstraint(['run_id'], ['runs.id'], name=op.f('fk_run_spend_run_id_runs'), ondelete='CASCADE'),
-        sa.PrimaryKeyConstraint('run_id', name=op.f('pk_run_spend')),
+        "run_spend",
+        sa.Column("run_id", sa.String(length=36), nullable=False),
+        sa.Column("amount_usd", sa.Numeric(), nullable=False),
+        sa.Column("entries", sa.BigInteger(), nullable=False),
+        sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name=op.f("fk_run_spend_run_id_runs"), ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("run_id", name=op.f("pk_run_spend")),
     )
     op.execute("LOCK TABLE cost_ledger IN SHARE ROW EXCLUSIVE MODE")
     op.execute(TRIGGER_FUNCTION)
@@ -103,4 +102,4 @@ def downgrade() -> None:
     for name in TRIGGERS:
         op.execute(f"DROP TRIGGER IF EXISTS {name} ON cost_ledger")
     op.execute("DROP FUNCTION IF EXISTS metarl_run_spend_after_charges()")
-    op.drop_table('run_spend')
+    op.drop_table("run_spend")

@@ -13,16 +13,15 @@ groups.
 
 from alembic import op
 
-
-revision = '0009'
-down_revision = '0008'
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
-    op.create_index('ix_episode_groups_run_version', 'episode_groups', ['run_id', 'policy_version'])
+    op.create_index("ix_episode_groups_run_version", "episode_groups", ["run_id", "policy_version"])
 
 
 def downgrade() -> None:
-    op.drop_index('ix_episode_groups_run_version', table_name='episode_groups')
+    op.drop_index("ix_episode_groups_run_version", table_name="episode_groups")

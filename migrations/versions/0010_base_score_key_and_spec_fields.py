@@ -20,13 +20,12 @@ without them, so a resumed run's specs still validate.
 import sqlalchemy as sa
 from alembic import op
 
-
-revision = '0010'
-down_revision = '0009'
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
-KEY_COLUMNS = ('task_id', 'model_name', 'model_build', 'model_scale', 'eval_version', 'eval_items', 'pass_k', 'grader', 'backend', 'scorer')
+KEY_COLUMNS = ("task_id", "model_name", "model_build", "model_scale", "eval_version", "eval_items", "pass_k", "grader", "backend", "scorer")
 
 DROP_REMOVED_SPEC_FIELDS = """
 UPDATE runs SET task_specs = (
@@ -54,22 +53,22 @@ WHERE EXISTS (SELECT 1 FROM json_each(runs.task_specs) AS spec WHERE spec.value:
 
 
 def upgrade() -> None:
-    op.execute('DELETE FROM baseline_scores')
-    op.drop_constraint('uq_baseline_scores_task_id', 'baseline_scores', type_='unique')
-    op.add_column('baseline_scores', sa.Column('model_build', sa.String(length=200), nullable=False))
-    op.add_column('baseline_scores', sa.Column('model_scale', sa.Float(), nullable=False))
-    op.add_column('baseline_scores', sa.Column('eval_items', sa.Integer(), nullable=False))
-    op.add_column('baseline_scores', sa.Column('pass_k', sa.Integer(), nullable=False))
-    op.add_column('baseline_scores', sa.Column('grader', sa.String(length=64), nullable=False))
-    op.add_column('baseline_scores', sa.Column('scorer', sa.String(length=200), nullable=False))
-    op.create_unique_constraint('uq_baseline_scores_key', 'baseline_scores', list(KEY_COLUMNS))
+    op.execute("DELETE FROM baseline_scores")
+    op.drop_constraint("uq_baseline_scores_task_id", "baseline_scores", type_="unique")
+    op.add_column("baseline_scores", sa.Column("model_build", sa.String(length=200), nullable=False))
+    op.add_column("baseline_scores", sa.Column("model_scale", sa.Float(), nullable=False))
+    op.add_column("baseline_scores", sa.Column("eval_items", sa.Integer(), nullable=False))
+    op.add_column("baseline_scores", sa.Column("pass_k", sa.Integer(), nullable=False))
+    op.add_column("baseline_scores", sa.Column("grader", sa.String(length=64), nullable=False))
+    op.add_column("baseline_scores", sa.Column("scorer", sa.String(length=200), nullable=False))
+    op.create_unique_constraint("uq_baseline_scores_key", "baseline_scores", list(KEY_COLUMNS))
     op.execute(DROP_REMOVED_SPEC_FIELDS)
 
 
 def downgrade() -> None:
     op.execute(RESTORE_REMOVED_SPEC_FIELDS)
-    op.execute('DELETE FROM baseline_scores')  # rows of several builds may share the old key
-    op.drop_constraint('uq_baseline_scores_key', 'baseline_scores', type_='unique')
-    for column in ('scorer', 'grader', 'pass_k', 'eval_items', 'model_scale', 'model_build'):
-        op.drop_column('baseline_scores', column)
-    op.create_unique_constraint('uq_baseline_scores_task_id', 'baseline_scores', ['task_id', 'model_name', 'eval_version', 'backend'])
+    op.execute("DELETE FROM baseline_scores")  # rows of several builds may share the old key
+    op.drop_constraint("uq_baseline_scores_key", "baseline_scores", type_="unique")
+    for column in ("scorer", "grader", "pass_k", "eval_items", "model_scale", "model_build"):
+        op.drop_column("baseline_scores", column)
+    op.create_unique_constraint("uq_baseline_scores_task_id", "baseline_scores", ["task_id", "model_name", "eval_version", "backend"])

@@ -12,16 +12,15 @@ which; NULL when no module ran (a job.toml-only probe, or an attempt probed befo
 import sqlalchemy as sa
 from alembic import op
 
-
-revision = '0011'
-down_revision = '0010'
+revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
-    op.add_column('probe_attempts', sa.Column('isolation', sa.String(length=16), nullable=True))
+    op.add_column("probe_attempts", sa.Column("isolation", sa.String(length=16), nullable=True))
 
 
 def downgrade() -> None:
-    op.drop_column('probe_attempts', 'isolation')
+    op.drop_column("probe_attempts", "isolation")

@@ -32,10 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-from metarl.backends.runpod.train import POD_NAME_ENV, POD_ROOT_ENV, PodAssignment
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, EvalServer, EvalSettings
-from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, Storage, child_environment, decode_env_value
 from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
+from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, Storage, child_environment, decode_env_value
+from metarl.backends.runpod.train import POD_NAME_ENV, POD_ROOT_ENV, PodAssignment
 
 
 def write_json(path: Path, text: str) -> None:
@@ -55,8 +55,16 @@ def read_assignment(path: Path) -> PodAssignment | None:
 def beat(attempt: Path, sequence: int, started: float, step: int | None, steps: int) -> None:
     now = time.time()
     heartbeat = Heartbeat(
-        state="running", sequence=sequence, prime_rl_tag=PRIME_RL_TAG, started_at=started, updated_at=now, step=step, max_steps=steps,
-        metric_rows=step or 0, last_progress_at=now if step is not None else None, message="fake training",
+        state="running",
+        sequence=sequence,
+        prime_rl_tag=PRIME_RL_TAG,
+        started_at=started,
+        updated_at=now,
+        step=step,
+        max_steps=steps,
+        metric_rows=step or 0,
+        last_progress_at=now if step is not None else None,
+        message="fake training",
     )
     write_json(attempt / "status.json", heartbeat.model_dump_json())
 
@@ -99,12 +107,23 @@ def train(attempt: Path, steps: int, step_s: float, job: str, timeline: Timeline
         (weights / "config.json").write_text(json.dumps({"fake": True, "steps": steps}), encoding="utf-8")
     finished = time.time()
     report = ExitReport(
-        succeeded=True, reason="no_signal" if no_signal else "completed", exit_code=1 if no_signal else 0, steps=steps, max_steps=steps,
-        weights_step=None if no_signal else steps, weights_url=None if no_signal else str(weights),
-        training_finished_logged=not no_signal, prime_rl_tag=PRIME_RL_TAG, started_at=started, finished_at=finished, duration_s=round(finished - started, 3),
+        succeeded=True,
+        reason="no_signal" if no_signal else "completed",
+        exit_code=1 if no_signal else 0,
+        steps=steps,
+        max_steps=steps,
+        weights_step=None if no_signal else steps,
+        weights_url=None if no_signal else str(weights),
+        training_finished_logged=not no_signal,
+        prime_rl_tag=PRIME_RL_TAG,
+        started_at=started,
+        finished_at=finished,
+        duration_s=round(finished - started, 3),
         uploaded=["metrics/metrics.jsonl"] if no_signal else [f"weights/step_{steps}/config.json", "metrics/metrics.jsonl"],
         message="fake: no learning signal" if no_signal else "fake training finished",
-        agent_stopped=True, eval_on_pod=eval_on_pod, trained_is_base=no_signal,
+        agent_stopped=True,
+        eval_on_pod=eval_on_pod,
+        trained_is_base=no_signal,
     )
     timeline.note("training_ended", job, request_present=(attempt / REQUEST_FILE).exists())
     write_json(attempt / "exit.json", report.model_dump_json())

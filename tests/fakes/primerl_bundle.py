@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from metarl.backends.runpod.primerl.compiler import CompileOptions, CompiledBundle, build_bundle, render_rl_toml, write_bundle
 from metarl.backends.runpod.pod.manifest import MANIFEST_FILE, RL_TOML_FILE, sha256_hex
+from metarl.backends.runpod.primerl.compiler import CompiledBundle, CompileOptions, build_bundle, render_rl_toml, write_bundle
 from schemas.job import JobSpec
 
-ENVIRONMENT = '''
+ENVIRONMENT = """
 def correctness(prompt, completion, answer):
     return 1.0 if completion.strip() == answer else 0.0
 
@@ -31,7 +31,7 @@ COMPONENTS = {"correctness": correctness, "format": is_number}
 
 def reward(prompt, completion, answer):
     return correctness(prompt, completion, answer) + 0.1 * is_number(prompt, completion, answer)
-'''
+"""
 
 DELETE = object()
 """An override value that removes the key from rl.toml."""
@@ -61,9 +61,7 @@ def job_spec(max_steps: int, *, lora_rank: int = 0, model: str = "Qwen/Qwen3-0.6
     )
 
 
-def make_bundle(
-    job: JobSpec, rl: dict[str, Any] | None = None, *, max_train_seconds: float | None = None, environment: str = ENVIRONMENT
-) -> CompiledBundle:
+def make_bundle(job: JobSpec, rl: dict[str, Any] | None = None, *, max_train_seconds: float | None = None, environment: str = ENVIRONMENT) -> CompiledBundle:
     """The compiled bundle of ``job`` with the rl.toml overrides applied and the manifest rewritten."""
     dataset = b"".join(json.dumps({"prompt": f"add {i}+1=", "answer": str(i + 1)}).encode() + b"\n" for i in range(3))
     bundle = build_bundle(job, environment.encode(), dataset, CompileOptions(max_train_seconds=max_train_seconds))

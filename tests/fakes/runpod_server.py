@@ -147,23 +147,23 @@ class FakeRunpod:
 
     # lifecycle of the fake itself
 
-    def __enter__(self) -> "FakeRunpod":
+    def __enter__(self) -> FakeRunpod:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> "FakeRunpod":
+    def start(self) -> FakeRunpod:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+            def log_message(self, format: str, *args: Any) -> None:
                 return
 
-            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_POST(self) -> None:
                 fake._handle(self)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -373,7 +373,13 @@ class FakeRunpod:
         )
         self.pods[pod.id] = pod
         self.deploys_by_name[pod.name] += 1
-        return {"id": pod.id, "imageName": pod.image, "env": [f"{k}={v}" for k, v in pod.env.items()], "machineId": f"m-{pod.number}", "machine": {"podHostId": f"{pod.id}-host"}}
+        return {
+            "id": pod.id,
+            "imageName": pod.image,
+            "env": [f"{k}={v}" for k, v in pod.env.items()],
+            "machineId": f"m-{pod.number}",
+            "machine": {"podHostId": f"{pod.id}-host"},
+        }
 
     def _find(self, pod_id: str | None) -> FakePod | None:
         pod = self.pods.get(pod_id or "")

@@ -40,7 +40,7 @@ def sim_config(
 name = "{name}"
 seed = 7
 tasks = ["addition", "reversal", "date_format"]
-task_specs_dir = "{REPO / 'tasks_specs'}"
+task_specs_dir = "{REPO / "tasks_specs"}"
 max_outer_steps = {max_outer_steps}
 
 [backends.agent]
@@ -71,7 +71,7 @@ groups_per_batch = 2
 {f"held_out_group_size = {held_out_group_size}" if held_out_group_size else ""}
 
 [artifacts]
-root = "{tmp_path / 'artifacts'}"
+root = "{tmp_path / "artifacts"}"
 
 [retries]
 lease_s = {lease_s}
@@ -121,7 +121,7 @@ def race(calls: list[Callable[[], object]], timeout_s: float = 30.0) -> list[obj
         start.wait(10)
         try:
             outcome = call()
-        except BaseException as err:  # handed to the test's thread below
+        except BaseException as err:  # noqa: BLE001 - handed to the test's thread below, re-raised there
             with lock:
                 errors.append(err)
             return

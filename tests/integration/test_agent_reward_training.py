@@ -28,10 +28,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from metarl.backends.local import job as local_job
 from metarl.backends.base import EpisodeContext
-from metarl.backends.local.train import LocalTrain, compile_local_job, copy_workspace, dataset_text
+from metarl.backends.local import job as local_job
 from metarl.backends.local.agent import environment_source
+from metarl.backends.local.train import LocalTrain, compile_local_job, copy_workspace, dataset_text
 from metarl.learning.families import generate_dataset, get_family
 from metarl.learning.grpo import LocalTrainConfig, RewardComponentWeights, read_metrics, rollout_reward, train
 from metarl.learning.models import ensure_base_model

@@ -16,12 +16,12 @@ from sqlalchemy import func, select
 from metarl.backends import registry
 from metarl.backends.base import Score
 from metarl.backends.sim.simulator import SimEval
+from metarl.learning import models
 from metarl.store.baselines import baseline_lookup, baseline_score, cached_baseline
 from metarl.store.db import session_scope
-from metarl.learning import models
+from metarl.store.records import BaselineScore
 from metarl.workspace import Workspace
 from schemas.base import load_toml_model
-from metarl.store.records import BaselineScore
 from schemas.run_config import RunConfig, SimEvalBackend
 from schemas.task_spec import TaskSpec
 

@@ -20,7 +20,11 @@ def test_the_bench_runs_all_four_passes_at_its_smallest_size() -> None:
     env = {**os.environ, "METARL_BENCH_PG_ADMIN_URL": PG_ADMIN_URL, "METARL_BENCH_REDIS_URL": f"redis://{REDIS_HOST}:{REDIS_PORT}"}
     done = subprocess.run(
         [sys.executable, "-m", "bench.pipeline_overhead", "--episodes", "8", "--repeats", "1"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     table = done.stdout.split("\npass ", 1)[1].split("\n\n", 1)[0].splitlines()[1:]

@@ -6,15 +6,14 @@ import uuid
 from functools import partial
 
 import pytest
-
 from sqlalchemy import func, select
 
+from metarl.domain.transitions import Transition
 from metarl.store.claims import ClaimRefused, claim_stage, finish_claim, heartbeat
 from metarl.store.db import session_scope, sql_transaction
 from metarl.store.episodes import StaleTransition, finish_and_move, stage_row_and_claim
-from metarl.domain.transitions import Transition
-from metarl.store.stage_records import submission_record
 from metarl.store.records import ClaimStatus, Episode, EpisodeGroup, GroupStatus, ProbeAttempt, Run, RunStatus, Stage, StageClaim
+from metarl.store.stage_records import submission_record
 from tests.integration.helpers import new_episode, race
 
 pytestmark = pytest.mark.integration
@@ -114,8 +113,16 @@ def test_finish_and_move_is_one_compare_and_set_of_claim_and_episode(pg_url):
 
 def submitted(run_id: str, episode_id: int, job_toml: str):  # type: ignore[no-untyped-def]
     return submission_record(
-        episode_id=episode_id, run_id=run_id, attempt=1, job_toml=job_toml, workspace_uri=None, agent_tokens=7, agent_backend="sim",
-        policy_tokens=[1, 2], behaviour_logprobs=[-0.5, -0.25], prompt_length=1,
+        episode_id=episode_id,
+        run_id=run_id,
+        attempt=1,
+        job_toml=job_toml,
+        workspace_uri=None,
+        agent_tokens=7,
+        agent_backend="sim",
+        policy_tokens=[1, 2],
+        behaviour_logprobs=[-0.5, -0.25],
+        prompt_length=1,
     )
 
 

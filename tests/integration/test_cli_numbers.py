@@ -15,7 +15,10 @@ pytestmark = pytest.mark.integration
 
 # argv -> text that must be on stderr
 CASES: dict[str, tuple[list[str], str]] = {
-    "episode-beyond-bigint": (["status", "--episode", "99999999999999999999"], "argument --episode: 99999999999999999999 is out of range: give an episode id from 1 to 9223372036854775807"),
+    "episode-beyond-bigint": (
+        ["status", "--episode", "99999999999999999999"],
+        "argument --episode: 99999999999999999999 is out of range: give an episode id from 1 to 9223372036854775807",
+    ),
     "episode-zero": (["status", "--episode", "0"], "argument --episode: 0 is out of range"),
     "episode-negative-with-run": (["status", "abc", "--episode=-5"], "argument --episode: -5 is out of range"),
     "episode-not-a-number": (["status", "--episode", "1e3"], "'1e3' is not a whole number"),
@@ -25,7 +28,10 @@ CASES: dict[str, tuple[list[str], str]] = {
     "interval-zero": (["metrics", "--interval", "0"], "argument --interval: 0 is out of range"),
     "interval-nan": (["metrics", "--interval", "nan"], "argument --interval: nan is out of range"),
     "interval-inf": (["metrics", "--interval", "inf"], "argument --interval: inf is out of range"),
-    "autoscale-max-below-min": (["worker", "--pool", "agent", "--autoscale", "2,16"], "2,16 puts the max below the min (the order is MAX,MIN): did you mean 16,2?"),
+    "autoscale-max-below-min": (
+        ["worker", "--pool", "agent", "--autoscale", "2,16"],
+        "2,16 puts the max below the min (the order is MAX,MIN): did you mean 16,2?",
+    ),
     "autoscale-not-numbers": (["worker", "--pool", "agent", "--autoscale", "a,b"], "is not MAX,MIN"),
     "autoscale-three-numbers": (["worker", "--pool", "agent", "--autoscale", "8,4,2"], "is not MAX,MIN"),
     "autoscale-negative": (["worker", "--pool", "agent", "--autoscale=-1"], "is not MAX,MIN"),

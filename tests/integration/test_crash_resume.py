@@ -47,13 +47,19 @@ def count(pg_url: str, statement) -> int:
 
 
 def test_kill_orchestrator_and_workers_then_resume(tmp_path, service_env, pools, pg_url):
-    config = sim_config(tmp_path, name="crash", max_outer_steps=3, train_median_s=1.5, agent_median_s=0.6, eval_median_s=0.4, lease_s=2.0, redispatch_after_s=2.0)
+    config = sim_config(
+        tmp_path, name="crash", max_outer_steps=3, train_median_s=1.5, agent_median_s=0.6, eval_median_s=0.4, lease_s=2.0, redispatch_after_s=2.0
+    )
     orchestrator = start_orchestrator(config, service_env)
     run_id_line = orchestrator.stdout.readline()
     run_id = run_id_line.split()[1]
 
     # Point 1: an agent stage is running -> kill -9 the agent worker mid-stage.
-    running_agent = select(func.count()).select_from(StageClaim).where(StageClaim.run_id == run_id, StageClaim.stage == Stage.agent, StageClaim.status == ClaimStatus.running)
+    running_agent = (
+        select(func.count())
+        .select_from(StageClaim)
+        .where(StageClaim.run_id == run_id, StageClaim.stage == Stage.agent, StageClaim.status == ClaimStatus.running)
+    )
     wait_until(lambda: count(pg_url, running_agent) > 0, 60, "a running agent stage")
     pools.kill_pool("agent")
     pools.start_pool("agent")
@@ -69,7 +75,12 @@ def test_kill_orchestrator_and_workers_then_resume(tmp_path, service_env, pools,
     # Point 3: resume, then kill the resumed orchestrator and the eval worker once an outer step exists.
     resumed = subprocess.Popen(
         [sys.executable, "-m", "metarl_cli.main", "resume", run_id, "--no-workers", "--quiet"],
-        env=service_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env=service_env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     steps = select(func.count()).select_from(OuterStep).where(OuterStep.run_id == run_id)
     wait_until(lambda: count(pg_url, steps) >= 1, 120, "the first outer step")

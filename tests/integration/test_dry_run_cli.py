@@ -134,7 +134,15 @@ def test_runpod_example(sandbox: tuple[dict[str, str], Path], recorder: Connecti
         assert expected in out, expected
     rl_toml = out.split("  rl.toml:\n", 1)[1].split("\n\n", 1)[0]  # up to the first blank line: the top-level keys
     assert {"output_dir", "max_steps", "seq_len"} <= set(tomllib.loads("\n".join(line[4:] for line in rl_toml.splitlines())))
-    for table in ("[model]", "[deployment]", "[trainer.optim]", "[orchestrator]", "[orchestrator.renderer]", "[orchestrator.train.sampling]", "[inference.model]"):
+    for table in (
+        "[model]",
+        "[deployment]",
+        "[trainer.optim]",
+        "[orchestrator]",
+        "[orchestrator.renderer]",
+        "[orchestrator.train.sampling]",
+        "[inference.model]",
+    ):
         assert f"    {table}" in out, table
     assert "base model" not in out  # the pods score the hub models: nothing to build here
 

@@ -35,13 +35,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from metarl.store import db
-from metarl.store.db import session_scope
 from metarl.pools import WorkerPools, stop_process_group
 from metarl.settings import BROKER_ENV, DATABASE_ENV
-from metarl.testing.drill import REPO, read_run_id, service_env, sim_run_config, start_orchestrator, wait_until
+from metarl.store import db
+from metarl.store.db import session_scope
 from metarl.store.exactly_once import assert_exactly_once
-from metarl.testing.services import PrivatePostgres, PrivateRedis, ServiceUnavailable
 from metarl.store.records import (
     ClaimStatus,
     Episode,
@@ -54,6 +52,8 @@ from metarl.store.records import (
     Stage,
     StageClaim,
 )
+from metarl.testing.drill import REPO, read_run_id, service_env, sim_run_config, start_orchestrator, wait_until
+from metarl.testing.services import PrivatePostgres, PrivateRedis, ServiceUnavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -207,12 +207,22 @@ def scalar(url: str, statement) -> int:  # type: ignore[no-untyped-def]
 
 def closed_claims(url: str, run_id: str) -> int:
     """Stage transitions so far."""
-    return scalar(url, select(func.count()).select_from(StageClaim).where(StageClaim.run_id == run_id, StageClaim.status.in_((ClaimStatus.done, ClaimStatus.failed))))
+    return scalar(
+        url, select(func.count()).select_from(StageClaim).where(StageClaim.run_id == run_id, StageClaim.status.in_((ClaimStatus.done, ClaimStatus.failed)))
+    )
 
 
 def running_claim(url: str, run_id: str, stage: Stage) -> bool:
     """A stage of `stage` is being worked on right now."""
-    return scalar(url, select(func.count()).select_from(StageClaim).where(StageClaim.run_id == run_id, StageClaim.stage == stage, StageClaim.status == ClaimStatus.running)) > 0
+    return (
+        scalar(
+            url,
+            select(func.count())
+            .select_from(StageClaim)
+            .where(StageClaim.run_id == run_id, StageClaim.stage == stage, StageClaim.status == ClaimStatus.running),
+        )
+        > 0
+    )
 
 
 def check_finished_exactly_once(url: str, run_id: str, artifacts: Path) -> Run:
@@ -237,7 +247,9 @@ def drill_config(tmp_path: Path, name: str, **overrides: float | int | str) -> t
     """A fast simulator run (3 outer steps, short leases) and its artifact folder."""
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir(exist_ok=True)
-    settings: dict = dict(max_outer_steps=3, agent_s=0.2, train_s=1.0, eval_s=0.2, outer_s=0.2, lease_s=2.0, redispatch_after_s=2.0, in_flight=8, group_size=2, groups_per_batch=2)
+    settings: dict = dict(
+        max_outer_steps=3, agent_s=0.2, train_s=1.0, eval_s=0.2, outer_s=0.2, lease_s=2.0, redispatch_after_s=2.0, in_flight=8, group_size=2, groups_per_batch=2
+    )
     settings.update(overrides)
     return sim_run_config(tmp_path / f"{name}.toml", artifacts_root=artifacts, name=name, **settings), artifacts
 
@@ -253,9 +265,13 @@ def test_redis_restarted_mid_run(tmp_path: Path, pg_url: str, private_redis: Pri
     env = service_env(pg_url, private_redis.url())
 
     def restart_redis(run_id: str) -> None:
-        wait_until(lambda: closed_claims(pg_url, run_id) >= 8 and running_claim(pg_url, run_id, Stage.train), 120, "a run in progress with an inner job running")
+        wait_until(
+            lambda: closed_claims(pg_url, run_id) >= 8 and running_claim(pg_url, run_id, Stage.train), 120, "a run in progress with an inner job running"
+        )
         private_redis.kill()
-        down = subprocess.run([sys.executable, "-m", "metarl_cli.main", "status", run_id, "--json"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+        down = subprocess.run(
+            [sys.executable, "-m", "metarl_cli.main", "status", run_id, "--json"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60
+        )
         assert down.returncode == 0, f"status failed while the broker was down:\n{down.stderr[-2000:]}"
         assert set(json.loads(down.stdout)["queue_depths"].values()) == {None}
         time.sleep(3)
@@ -355,8 +371,20 @@ def test_full_disk_in_the_artifact_folder(tmp_path: Path, pg_url: str, redis_url
     (no episode fails, nothing is launched or billed twice); once space is freed the run finishes, and the simulated
     cloud's launch records match the inner jobs one for one."""
     config = sim_run_config(
-        tmp_path / "disk.toml", artifacts_root=small_disk, name="full-disk", max_outer_steps=3, agent_s=0.2, train_s=0.5, eval_s=0.1, outer_s=0.1,
-        lease_s=2.0, redispatch_after_s=2.0, in_flight=8, group_size=2, groups_per_batch=2, max_stage_attempts=3,
+        tmp_path / "disk.toml",
+        artifacts_root=small_disk,
+        name="full-disk",
+        max_outer_steps=3,
+        agent_s=0.2,
+        train_s=0.5,
+        eval_s=0.1,
+        outer_s=0.1,
+        lease_s=2.0,
+        redispatch_after_s=2.0,
+        in_flight=8,
+        group_size=2,
+        groups_per_batch=2,
+        max_stage_attempts=3,
     )
     env = service_env(pg_url, redis_url)
     pools = FaultPools(env, tmp_path / "logs")
@@ -371,7 +399,9 @@ def test_full_disk_in_the_artifact_folder(tmp_path: Path, pg_url: str, redis_url
         waiting = select(func.count()).select_from(Episode).where(Episode.run_id == run_id, Episode.error.like("waiting for storage space%"))
         wait_until(lambda: scalar(pg_url, waiting) >= 2, 120, "launches waiting for storage space")
         time.sleep(4)  # paused for a while: two leases, several tries
-        shown = subprocess.run([sys.executable, "-m", "metarl_cli.main", "status", run_id, "--json"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+        shown = subprocess.run(
+            [sys.executable, "-m", "metarl_cli.main", "status", run_id, "--json"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60
+        )
         assert shown.returncode == 0, shown.stderr
         reasons = [failure["error"] for failure in json.loads(shown.stdout)["failures"]]
         assert any("No space left on device" in reason for reason in reasons), reasons
@@ -390,7 +420,9 @@ def test_full_disk_in_the_artifact_folder(tmp_path: Path, pg_url: str, redis_url
 
 def test_slow_backends_are_not_taken_over(tmp_path: Path, pg_url: str, redis_url: str, started: list) -> None:
     """Stages that take longer than the claim lease keep their claim by heartbeat: no takeover, no duplicate work."""
-    config, artifacts = drill_config(tmp_path, "slow", max_outer_steps=2, agent_s=2.5, eval_s=2.5, train_s=3.0, outer_s=2.5, lease_s=1.5, redispatch_after_s=1.5, in_flight=4)
+    config, artifacts = drill_config(
+        tmp_path, "slow", max_outer_steps=2, agent_s=2.5, eval_s=2.5, train_s=3.0, outer_s=2.5, lease_s=1.5, redispatch_after_s=1.5, in_flight=4
+    )
     run_id, _ = run_under_faults(config, service_env(pg_url, redis_url), tmp_path / "logs", started)
     check_finished_exactly_once(pg_url, run_id, artifacts)
     assert takeovers(pg_url, run_id) == 0
@@ -415,7 +447,6 @@ def test_hung_backend_fails_its_episode_with_a_clear_message(tmp_path: Path, pg_
         assert job.status == InnerJobStatus.succeeded and job.launch_count == 1
 
 
-
 def test_hung_train_poll_fails_its_episode_and_frees_its_slot(tmp_path: Path, pg_url: str, redis_url: str, started: list) -> None:
     """A train poll that never returns, under `deadlines.train_s`: after `retries.max_stage_attempts` takeovers its episode
     fails saying why, and its unfinished inner job is marked lost in the same statement, so it no longer counts against the
@@ -433,7 +464,9 @@ def test_hung_train_poll_fails_its_episode_and_frees_its_slot(tmp_path: Path, pg
         job = session.execute(select(InnerJob).where(InnerJob.episode_id == hung[0])).scalar_one()
         assert job.status == InnerJobStatus.lost and job.finished_at is not None and job.launch_count == 1
         assert job.error.startswith("abandoned: stage train was abandoned"), job.error
-        holding = select(func.count()).select_from(InnerJob).where(InnerJob.run_id == run_id, InnerJob.status.in_((InnerJobStatus.launching, InnerJobStatus.running)))
+        holding = (
+            select(func.count()).select_from(InnerJob).where(InnerJob.run_id == run_id, InnerJob.status.in_((InnerJobStatus.launching, InnerJobStatus.running)))
+        )
         assert session.execute(holding).scalar_one() == 0
 
 

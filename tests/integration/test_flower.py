@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from metarl.pools import stop_process_group
-
 from metarl.settings import BROKER_ENV, DATABASE_ENV
 from tests.conftest import REPO
 from tests.unit.test_compose import COMPOSE, TEST_ENV, command_lines, render
@@ -78,9 +77,17 @@ def running_flower(redis_url: str, pg_url: str, tmp_path: Path) -> Iterator[tupl
     env[DATABASE_ENV] = pg_url
     log_path = tmp_path / "flower.log"
     command = [
-        sys.executable, "-m", "celery", "-A", "workers.app", "flower",
-        "--address=127.0.0.1", f"--port={port}", f"--basic-auth={auth[0]}:{auth[1]}",
-        "--persistent=False", "--inspect_timeout=3000",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.app",
+        "flower",
+        "--address=127.0.0.1",
+        f"--port={port}",
+        f"--basic-auth={auth[0]}:{auth[1]}",
+        "--persistent=False",
+        "--inspect_timeout=3000",
     ]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -161,7 +168,9 @@ def compose_workers(redis_url: str, pg_url: str, tmp_path: Path) -> Iterator[dic
     try:
         for pool, argv in commands.items():
             with open(tmp_path / f"worker-{pool}.log", "wb") as log:
-                started.append(subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+                started.append(
+                    subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                )
         yield commands
     finally:
         for process in started:

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -28,14 +27,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text
 
-from metarl.store.db import session_scope
 from metarl.learning.families import get_family
+from metarl.messaging.dispatch import send_stage
 from metarl.pools import stop_process_group, worker_command
 from metarl.runconfig import load_run
+from metarl.store.db import session_scope
+from metarl.store.records import Base, Episode, EpisodeGroup, ProbeAttempt, Stage
 from metarl.workspace import TRANSCRIPT_FILE, Workspace
 from orchestrator.loop import create_run
 from schemas.base import MAX_TOML_DEPTH
-from metarl.store.records import Base, Episode, EpisodeGroup, ProbeAttempt, Stage
 from schemas.task_spec import TaskSpec
 from tests.conftest import REPO
 from tests.integration.helpers import sim_config
@@ -43,7 +43,6 @@ from tests.unit.test_sandbox import CASES, HOSTILE, SECRET, abstract_listener, f
 from tests.unit.test_workspace_probe import JOB, dataset_text
 from tests.unprivileged import NOBODY, nobody_python, shared_folder
 from workers.app import make_app
-from metarl.messaging.dispatch import send_stage
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,10 @@ from functools import partial
 import pytest
 from sqlalchemy import func, select
 
+from metarl.domain.transitions import Transition
 from metarl.store.db import observing_statements, session_scope, sql_transaction
 from metarl.store.episodes import finish_and_move, stage_row_and_claim, train_row_and_claim
 from metarl.store.inner_jobs import InnerJobLimits, create_within_limits, inner_job_name, lost_record
-from metarl.domain.transitions import Transition
 from metarl.store.records import RUN_ROW_LOCK, ClaimStatus, CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, ProbeAttempt, Run, Stage, StageClaim
 from tests.integration.helpers import race
 
@@ -70,7 +70,15 @@ def test_budget_is_checked_before_capacity(pg_url):
     with session_scope(pg_url) as session:
         session.add(
             CostEntry(
-                run_id=run_id, source="pod", description="pod time", quantity=1.0, unit="h", unit_price_usd=1.5, amount_usd=1.5, simulated=True, idempotency_key="k1"
+                run_id=run_id,
+                source="pod",
+                description="pod time",
+                quantity=1.0,
+                unit="h",
+                unit_price_usd=1.5,
+                amount_usd=1.5,
+                simulated=True,
+                idempotency_key="k1",
             )
         )
     assert create(pg_url, run_id, second, capacity=1, max_usd=1.0) == "budget"
@@ -127,8 +135,9 @@ def test_a_train_stage_that_gives_up_frees_its_slot_with_its_move(pg_url):
         _, claim = stage_row_and_claim(sql, episode_id=second, stage=Stage.train, probe_attempt=1, worker="w", token=None)
         assert finish_and_move(sql, claim, ClaimStatus.failed, Transition(Stage.failed, 1), records=[lost_record(second, "abandoned")])
     with session_scope(pg_url) as session:
-        assert session.execute(select(InnerJob.status).where(InnerJob.episode_id == second)).scalar_one() == InnerJobStatus.succeeded, "an ended job keeps its outcome"
-
+        assert session.execute(select(InnerJob.status).where(InnerJob.episode_id == second)).scalar_one() == InnerJobStatus.succeeded, (
+            "an ended job keeps its outcome"
+        )
 
 
 def passed_run(url: str, episodes: int) -> tuple[InnerJobLimits, list[int]]:
@@ -174,7 +183,15 @@ def test_the_train_claim_says_when_the_budget_stops_the_job(pg_url):
     with session_scope(pg_url) as session:
         session.add(
             CostEntry(
-                run_id=limits.run_id, source="pod", description="pod time", quantity=1.0, unit="h", unit_price_usd=150.0, amount_usd=150.0, simulated=True, idempotency_key="k"
+                run_id=limits.run_id,
+                source="pod",
+                description="pod time",
+                quantity=1.0,
+                unit="h",
+                unit_price_usd=150.0,
+                amount_usd=150.0,
+                simulated=True,
+                idempotency_key="k",
             )
         )
     row, claim = train_claim(pg_url, episode_id, limits)

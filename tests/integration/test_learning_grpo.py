@@ -125,16 +125,12 @@ def learning_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_sensible_config_improves_hidden_eval_and_bad_config_does_not(
-    learning_model_dir: Path, tmp_path: Path
-) -> None:
+def test_sensible_config_improves_hidden_eval_and_bad_config_does_not(learning_model_dir: Path, tmp_path: Path) -> None:
     family = get_family(LEARNING_TEST_FAMILY)
     eval_items = family.hidden_eval(200)
     base = score_checkpoint(learning_model_dir, family, eval_items)
     dataset = generate_dataset(family, 1000, seed=0, difficulty=(0.0, 1.0))
-    sensible = sensible_config("local-s", family).model_copy(
-        update={"max_steps": LEARNING_TEST_STEPS, "time_budget_s": 600.0}
-    )
+    sensible = sensible_config("local-s", family).model_copy(update={"max_steps": LEARNING_TEST_STEPS, "time_budget_s": 600.0})
     trained = train(sensible, dataset, family, learning_model_dir, tmp_path / "sensible")
     after = score_checkpoint(trained.checkpoint_dir, family, eval_items)
     assert after.mean - base.mean >= LEARNING_TEST_MARGIN, (base.mean, after.mean)

@@ -11,8 +11,8 @@ import pytest
 import tomli_w
 from sqlalchemy import select
 
-from metarl.store.db import session_scope
 from metarl.learning.families import get_family
+from metarl.store.db import session_scope
 from metarl.store.records import Evaluation, InnerJob, InnerJobStatus, Run, RunStatus
 from tests.conftest import REPO, metarl_cli
 from tests.integration.helpers import assert_exactly_once
@@ -37,7 +37,7 @@ def local_config(tmp_path: Path) -> Path:
 name = "local-itest"
 seed = 3
 tasks = ["addition", "reversal"]
-task_specs_dir = "{tmp_path / 'specs'}"
+task_specs_dir = "{tmp_path / "specs"}"
 max_outer_steps = 1
 
 [backends.agent]
@@ -49,12 +49,12 @@ invalid_rate = 0.0
 type = "local"
 poll_interval_s = 0.5
 model_scale = 0.04
-model_cache_dir = "{tmp_path / 'models'}"
+model_cache_dir = "{tmp_path / "models"}"
 
 [backends.eval]
 type = "local"
 model_scale = 0.04
-model_cache_dir = "{tmp_path / 'models'}"
+model_cache_dir = "{tmp_path / "models"}"
 
 [backends.outer]
 type = "sim"
@@ -72,7 +72,7 @@ lease_s = 30
 redispatch_after_s = 30
 
 [artifacts]
-root = "{tmp_path / 'artifacts'}"
+root = "{tmp_path / "artifacts"}"
 """
     )
     return path
@@ -94,7 +94,9 @@ def test_local_train_and_eval_in_pools_leak_no_hidden_eval_item(tmp_path, servic
             assert (checkpoint / "config.json").exists() and (checkpoint / "model.safetensors").exists()
             rows = [json.loads(line) for line in Path(job.metrics_uri).read_text().splitlines()]
             assert rows and "reward_mean" in rows[0]
-        evaluations = session.execute(select(Evaluation).join(InnerJob, InnerJob.episode_id == Evaluation.episode_id).where(InnerJob.run_id == run_id)).scalars().all()
+        evaluations = (
+            session.execute(select(Evaluation).join(InnerJob, InnerJob.episode_id == Evaluation.episode_id).where(InnerJob.run_id == run_id)).scalars().all()
+        )
         assert evaluations and all(e.backend == "local" and not e.simulated and e.n_items == 200 for e in evaluations)
     assert_no_hidden_eval_item_in_artifacts(tmp_path)
 

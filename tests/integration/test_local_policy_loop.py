@@ -9,8 +9,8 @@ import pytest
 import torch
 from sqlalchemy import select
 
-from metarl.store.db import session_scope
 from metarl.policy.local_policy import LocalPolicy
+from metarl.store.db import session_scope
 from metarl.store.records import OuterStep, PolicyVersion, ProbeAttempt, Run, RunStatus
 from tests.conftest import metarl_cli
 from tests.integration.helpers import assert_exactly_once, sim_config
@@ -39,7 +39,9 @@ def test_local_policy_samples_jobs_and_outer_steps_change_its_weights(tmp_path, 
         assert session.get(Run, run_id).status == RunStatus.finished
         assert_exactly_once(session, run_id, tmp_path / "artifacts")
         attempts = session.execute(select(ProbeAttempt)).scalars().all()
-        assert attempts and all(a.agent_backend == "local" and a.policy_tokens and len(a.behaviour_logprobs) == len(a.policy_tokens) - a.prompt_length for a in attempts)
+        assert attempts and all(
+            a.agent_backend == "local" and a.policy_tokens and len(a.behaviour_logprobs) == len(a.policy_tokens) - a.prompt_length for a in attempts
+        )
         assert all(Path(a.workspace_uri, "job.toml").read_text() == a.job_toml for a in attempts)
         versions = session.execute(select(PolicyVersion).where(PolicyVersion.run_id == run_id).order_by(PolicyVersion.version)).scalars().all()
         assert [v.version for v in versions] == [0, 1, 2, 3]

@@ -16,17 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from metarl.pools import stop_process_group
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from metarl.store.db import session_scope
+from metarl.messaging.dispatch import send_outer, send_stage
 from metarl.metrics import LATENCY_BUCKETS, build_registry
+from metarl.pools import stop_process_group
+from metarl.store.db import session_scope
 from metarl.store.records import ClaimStatus, CostEntry, Episode, EpisodeGroup, Run, RunStatus, Stage, StageClaim
 from tests.conftest import REPO
 from workers.app import QUEUES, make_app
-from metarl.messaging.dispatch import send_outer, send_stage
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +47,9 @@ def add_episodes(session: Any, run_id: str, stages: list[Stage]) -> list[int]:
     group = EpisodeGroup(run_id=run_id, task_id="addition", policy_version=0, size=len(stages))
     session.add(group)
     session.flush()
-    episodes = [Episode(run_id=run_id, group_id=group.id, index_in_group=i, task_id="addition", policy_version=0, stage=stage) for i, stage in enumerate(stages)]
+    episodes = [
+        Episode(run_id=run_id, group_id=group.id, index_in_group=i, task_id="addition", policy_version=0, stage=stage) for i, stage in enumerate(stages)
+    ]
     session.add_all(episodes)
     session.flush()
     return [episode.id for episode in episodes]
@@ -57,8 +58,14 @@ def add_episodes(session: Any, run_id: str, stages: list[Stage]) -> list[int]:
 def add_claim(session: Any, run_id: str, episode_id: int, stage: Stage, status: ClaimStatus, duration: float | None, attempt: int = 1) -> None:
     session.add(
         StageClaim(
-            run_id=run_id, episode_id=episode_id, stage=stage, probe_attempt=attempt, token=str(uuid.uuid4()),
-            status=status, worker="test@host", duration_s=duration,
+            run_id=run_id,
+            episode_id=episode_id,
+            stage=stage,
+            probe_attempt=attempt,
+            token=str(uuid.uuid4()),
+            status=status,
+            worker="test@host",
+            duration_s=duration,
         )
     )
 
@@ -66,8 +73,15 @@ def add_claim(session: Any, run_id: str, episode_id: int, stage: Stage, status: 
 def add_cost(session: Any, run_id: str, source: str, amount: str, simulated: bool) -> None:
     session.add(
         CostEntry(
-            run_id=run_id, source=source, description="test", quantity=1.0, unit="job",
-            unit_price_usd=Decimal(amount), amount_usd=Decimal(amount), simulated=simulated, idempotency_key=str(uuid.uuid4()),
+            run_id=run_id,
+            source=source,
+            description="test",
+            quantity=1.0,
+            unit="job",
+            unit_price_usd=Decimal(amount),
+            amount_usd=Decimal(amount),
+            simulated=simulated,
+            idempotency_key=str(uuid.uuid4()),
         )
     )
 
@@ -306,7 +320,9 @@ def test_exporter_agrees_with_a_short_sim_run(service_env: dict[str, str], pg_ur
         ledger = session.execute(select(func.coalesce(func.sum(CostEntry.amount_usd), 0))).scalar_one()
         done_claims = dict(
             session.execute(
-                select(StageClaim.stage, func.count()).where(StageClaim.status == ClaimStatus.done, StageClaim.duration_s.is_not(None)).group_by(StageClaim.stage)
+                select(StageClaim.stage, func.count())
+                .where(StageClaim.status == ClaimStatus.done, StageClaim.duration_s.is_not(None))
+                .group_by(StageClaim.stage)
             ).all()
         )
         versions = {(("run", name),): float(version) for name, version in session.execute(select(Run.name, Run.policy_version)).all()}

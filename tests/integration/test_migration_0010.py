@@ -36,12 +36,20 @@ def test_upgrade_drops_unkeyed_scores_and_removed_spec_fields_and_downgrade_rest
     try:
         with engine.begin() as connection:
             connection.execute(
-                text("INSERT INTO runs (id, name, status, config, task_specs, policy_version, stop_requested) VALUES (:id, 'old', 'running', '{}', :specs, 0, false)"),
+                text(
+                    "INSERT INTO runs (id, name, status, config, task_specs, policy_version, stop_requested) VALUES (:id, 'old', 'running', '{}', :specs, 0, false)"
+                ),
                 {"id": "old-run", "specs": json.dumps(specs)},
             )
-            connection.execute(text("INSERT INTO runs (id, name, status, config, task_specs, policy_version, stop_requested) VALUES ('empty', 'e', 'running', '{}', '{}', 0, false)"))
             connection.execute(
-                text("INSERT INTO baseline_scores (task_id, model_name, eval_version, backend, score, n_items) VALUES ('addition', 'local-s', 1, 'local', 0.2, 200)")
+                text(
+                    "INSERT INTO runs (id, name, status, config, task_specs, policy_version, stop_requested) VALUES ('empty', 'e', 'running', '{}', '{}', 0, false)"
+                )
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO baseline_scores (task_id, model_name, eval_version, backend, score, n_items) VALUES ('addition', 'local-s', 1, 'local', 0.2, 200)"
+                )
             )
         db.upgrade(pg_url)
         with engine.connect() as connection:

@@ -23,12 +23,11 @@ from sqlalchemy import func, select
 
 from metarl.backends import registry
 from metarl.backends.local.agent import saved_states
+from metarl.pools import WorkerPools, signal_group
+from metarl.runconfig import load_run
 from metarl.store.claims import utcnow
 from metarl.store.db import session_scope
 from metarl.store.episodes import run_config_of
-from metarl.pools import WorkerPools, signal_group
-from metarl.runconfig import load_run
-from orchestrator.loop import create_run
 from metarl.store.reconcile import orphaned_outer_steps
 from metarl.store.records import (
     Episode,
@@ -42,6 +41,7 @@ from metarl.store.records import (
     RunStatus,
     Stage,
 )
+from orchestrator.loop import create_run
 from schemas.run_config import ArtifactsConfig
 from tests.conftest import REPO, metarl_cli
 from tests.integration.helpers import assert_exactly_once, sim_config
@@ -85,7 +85,12 @@ def start_outer_worker(env: dict[str, str], log_dir: Path, mode: str, concurrenc
     with open(log_dir / "worker-outer.log", "ab") as log_file:
         return subprocess.Popen(
             [sys.executable, "-m", "tests.integration.test_outer_crash", mode, str(concurrency)],
-            env=env, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env=env,
+            cwd=REPO,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
 
@@ -128,7 +133,12 @@ def start_orchestrator(args: list[str], env: dict[str, str]) -> subprocess.Popen
     """`metarl run|resume ... --no-workers` in its own process group (so it can be killed with -9)."""
     return subprocess.Popen(
         [sys.executable, "-m", "metarl_cli.main", *args, "--no-workers", "--quiet"],
-        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
 
 
@@ -148,7 +158,9 @@ def test_heartbeat_keeps_a_long_update_claimed_and_a_dead_one_is_taken_over(tmp_
     config, specs = load_run(sim_config(tmp_path, name="beat", lease_s=1.0, redispatch_after_s=1.0))
     run_id = create_run(pg_url, config, specs)
     with session_scope(pg_url) as session:
-        step = OuterStep(run_id=run_id, step=1, status=OuterStatus.pending, policy_version_before=0, n_groups=0, n_episodes=0, dispatched_at=utcnow(), metrics={})
+        step = OuterStep(
+            run_id=run_id, step=1, status=OuterStatus.pending, policy_version_before=0, n_groups=0, n_episodes=0, dispatched_at=utcnow(), metrics={}
+        )
         session.add(step)
         session.flush()
         step_id = step.id
@@ -233,9 +245,7 @@ def test_kill_orchestrator_and_outer_worker_mid_update_then_resume(tmp_path, ser
 
         # The policy continued from the last saved version: one chain 0 -> 1 -> 2 -> 3, old files untouched.
         steps = session.execute(select(OuterStep).where(OuterStep.run_id == run_id).order_by(OuterStep.step)).scalars().all()
-        assert [(s.step, s.status, s.policy_version_before, s.policy_version_after) for s in steps] == [
-            (k, OuterStatus.done, k - 1, k) for k in (1, 2, 3)
-        ]
+        assert [(s.step, s.status, s.policy_version_before, s.policy_version_after) for s in steps] == [(k, OuterStatus.done, k - 1, k) for k in (1, 2, 3)]
         assert [s.takeovers for s in steps] == [0, 1, 0], "only the killed step may be taken over; the heartbeat keeps the others"
         versions = session.execute(select(PolicyVersion).where(PolicyVersion.run_id == run_id).order_by(PolicyVersion.version)).scalars().all()
         assert [(v.version, v.outer_step_id) for v in versions] == [(0, None)] + [(s.step, s.id) for s in steps]
@@ -261,7 +271,11 @@ def test_kill_orchestrator_and_outer_worker_mid_update_then_resume(tmp_path, ser
         dropped = sum(1 for g in groups if g.status == GroupStatus.dropped)
         assert sum(s.dropped_stale_groups for s in steps) == dropped, "a stale group was dropped without being counted"
         rewarded = session.execute(
-            select(func.count()).select_from(Reward).join(Episode).join(EpisodeGroup).where(EpisodeGroup.run_id == run_id, EpisodeGroup.status == GroupStatus.batched)
+            select(func.count())
+            .select_from(Reward)
+            .join(Episode)
+            .join(EpisodeGroup)
+            .where(EpisodeGroup.run_id == run_id, EpisodeGroup.status == GroupStatus.batched)
         ).scalar_one()
         assert rewarded == len(batched_ids)
 

@@ -8,9 +8,9 @@ from sqlalchemy import update
 from metarl.backends.base import CostItem
 from metarl.store.db import session_scope, sql_transaction
 from metarl.store.episodes import record_costs
+from metarl.store.records import Episode, OuterStatus, OuterStep, Run, Stage
 from metarl_cli.progress import ProgressDisplay
 from orchestrator.loop import TickReport
-from metarl.store.records import Episode, OuterStatus, OuterStep, Run, Stage
 from tests.integration.helpers import new_episode
 
 pytestmark = pytest.mark.integration
@@ -20,8 +20,29 @@ def test_the_snapshot_is_the_run_s_records(pg_url: str) -> None:
     run_id, episode_id = new_episode(pg_url, Stage.done)
     with session_scope(pg_url) as session:
         session.execute(update(Run).where(Run.id == run_id).values(config={"run": {"max_outer_steps": 3}}))
-        session.add(Episode(run_id=run_id, group_id=session.get(Episode, episode_id).group_id, index_in_group=1, task_id="addition", policy_version=0, stage=Stage.train, probe_attempt=1))
-        session.add(OuterStep(run_id=run_id, step=1, status=OuterStatus.done, policy_version_before=0, policy_version_after=1, n_groups=1, n_episodes=1, metrics={"reward_mean": 0.25}))
+        session.add(
+            Episode(
+                run_id=run_id,
+                group_id=session.get(Episode, episode_id).group_id,
+                index_in_group=1,
+                task_id="addition",
+                policy_version=0,
+                stage=Stage.train,
+                probe_attempt=1,
+            )
+        )
+        session.add(
+            OuterStep(
+                run_id=run_id,
+                step=1,
+                status=OuterStatus.done,
+                policy_version_before=0,
+                policy_version_after=1,
+                n_groups=1,
+                n_episodes=1,
+                metrics={"reward_mean": 0.25},
+            )
+        )
     with sql_transaction(pg_url, autocommit=True) as session:
         record_costs(session, run_id, episode_id, [CostItem(source="sim", description="d", quantity=4, unit="s", unit_price_usd=0.5, key="c1")], simulated=True)
     snap = ProgressDisplay(pg_url, run_id).snapshot()
@@ -37,7 +58,9 @@ def test_the_snapshot_is_the_run_s_records(pg_url: str) -> None:
     }
 
 
-def test_off_a_terminal_a_line_is_printed_at_the_start_every_five_seconds_and_at_the_end(pg_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_off_a_terminal_a_line_is_printed_at_the_start_every_five_seconds_and_at_the_end(
+    pg_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_id, _ = new_episode(pg_url, Stage.agent)
     with session_scope(pg_url) as session:
         session.execute(update(Run).where(Run.id == run_id).values(config={"run": {"max_outer_steps": 2}}))

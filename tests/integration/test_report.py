@@ -103,8 +103,10 @@ def test_report_of_a_finished_sim_run(tmp_path: Path, service_env: dict[str, str
         steps = session.execute(select(OuterStep).where(OuterStep.run_id == run_id).order_by(OuterStep.step)).scalars().all()
         held_out = held_out_by_version(session, run_id)
         held_out_sizes = session.execute(
-            select(EpisodeGroup.size, func.count(Episode.id)).join(Episode, Episode.group_id == EpisodeGroup.id)
-            .where(EpisodeGroup.run_id == run_id, EpisodeGroup.held_out.is_(True)).group_by(EpisodeGroup.id)
+            select(EpisodeGroup.size, func.count(Episode.id))
+            .join(Episode, Episode.group_id == EpisodeGroup.id)
+            .where(EpisodeGroup.run_id == run_id, EpisodeGroup.held_out.is_(True))
+            .group_by(EpisodeGroup.id)
         ).all()
         assert held_out_sizes and all(tuple(row) == (3, 3) for row in held_out_sizes), held_out_sizes  # outer.held_out_group_size, not group_size 2
         expected = {step.step: dict(step.metrics) for step in steps}

@@ -87,8 +87,14 @@ def test_every_run_id_command_takes_a_unique_prefix(tmp_path: Path, service_env:
     assert "Traceback" not in resumed.stderr
 
     add_runs(pg_url, run_id[:6] + "00-0000-4000-8000-00000000000a", run_id[:6] + "11-1111-4000-8000-00000000000b")
-    for command in (["status", prefix], ["status", prefix, "--json"], ["status", prefix, "--episode", "1"], ["report", prefix],
-                    ["stop", prefix], ["resume", prefix, "--no-workers", "--quiet"]):
+    for command in (
+        ["status", prefix],
+        ["status", prefix, "--json"],
+        ["status", prefix, "--episode", "1"],
+        ["report", prefix],
+        ["stop", prefix],
+        ["resume", prefix, "--no-workers", "--quiet"],
+    ):
         refused = metarl_cli(command, env, timeout=120)
         assert refused.returncode == 2, (command, refused.stdout, refused.stderr)
         assert refused.stderr.startswith(f"error: run id prefix {prefix} is ambiguous") and run_id in refused.stderr, (command, refused.stderr)

@@ -9,12 +9,12 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import create_engine, text
 
-from metarl.store import db
 from metarl.backends.base import CostItem
+from metarl.store import db
 from metarl.store.db import session_scope, sql_transaction
 from metarl.store.episodes import record_costs
-from metarl.store.ledger import run_total_usd
 from metarl.store.exactly_once import spend_violations
+from metarl.store.ledger import run_total_usd
 from metarl.store.records import CostEntry, RunSpend
 from tests.integration.helpers import new_episode
 
@@ -97,7 +97,19 @@ def test_edits_and_deletes_of_ledger_lines_are_taken_back_out(pg_url: str) -> No
 def test_the_exactly_once_check_flags_a_total_that_disagrees(pg_url: str) -> None:
     run_id, episode_id = new_episode(pg_url)
     with session_scope(pg_url) as session:
-        session.add(CostEntry(run_id=run_id, episode_id=episode_id, source="sim", description="orm", quantity=2, unit="s", unit_price_usd=1.5, amount_usd=3, idempotency_key="orm-1"))
+        session.add(
+            CostEntry(
+                run_id=run_id,
+                episode_id=episode_id,
+                source="sim",
+                description="orm",
+                quantity=2,
+                unit="s",
+                unit_price_usd=1.5,
+                amount_usd=3,
+                idempotency_key="orm-1",
+            )
+        )
     with session_scope(pg_url) as session:
         assert spend_violations(session, run_id) == []
         session.execute(text("UPDATE run_spend SET amount_usd = 2 WHERE run_id = :r"), {"r": run_id})

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, text
 
-from metarl.store.db import session_scope
 from metarl.pools import WorkerPools, stop_process_group
+from metarl.store.db import session_scope
 from metarl.store.records import Base, BaselineScore, CostEntry, Evaluation, InnerJob, InnerJobStatus, Run, RunStatus
 from tests.conftest import REPO, metarl_cli
 from tests.fakes.runpod_server import FakeRunpod, Faults, GpuOffer
@@ -52,7 +52,14 @@ duration = { median_s = 0.05, sigma = 0.1, max_s = 1.0 }
 
 
 def write_config(
-    tmp_path: Path, name: str, *, budget: str = "", hang_timeout_s: float = 2.0, max_outer_steps: int = 2, evaluation: str = SIM_EVAL, specs: Path = REPO / "tasks_specs"
+    tmp_path: Path,
+    name: str,
+    *,
+    budget: str = "",
+    hang_timeout_s: float = 2.0,
+    max_outer_steps: int = 2,
+    evaluation: str = SIM_EVAL,
+    specs: Path = REPO / "tasks_specs",
 ) -> Path:
     path = tmp_path / f"{name}.toml"
     path.write_text(
@@ -104,7 +111,7 @@ lease_s = 3
 redispatch_after_s = 3
 
 [artifacts]
-root = "{tmp_path / 'artifacts'}"
+root = "{tmp_path / "artifacts"}"
 {budget}
 """
     )
@@ -153,7 +160,11 @@ def start_run(config: Path, env: dict[str, str], log_path: Path) -> tuple[subpro
     log_file = open(log_path, "wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "metarl_cli.main", "run", str(config), "--no-workers", "--quiet"],
-        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=log_file, start_new_session=True,
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=log_file,
+        start_new_session=True,
     )
     log_file.close()
     assert process.stdout is not None
@@ -182,8 +193,8 @@ def heartbeat_steps(artifacts: Path) -> list[int]:
 
 def launch_orphan(artifacts: Path, run_id: str) -> str:
     """A pod named like one of the run's jobs, assigned to a job that does not exist."""
-    from metarl.backends.runpod.train import POD_NAME_ENV, POD_ROOT_ENV, PodAssignment
     from metarl.backends.runpod.provider import LaunchRequest, RetryPolicy, RunpodProvider
+    from metarl.backends.runpod.train import POD_NAME_ENV, POD_ROOT_ENV, PodAssignment
 
     name = f"metarl-{run_id[:8]}-999999"
     assignment = artifacts / "runpod" / "pods" / name / "assignment.json"
@@ -197,7 +208,9 @@ def launch_orphan(artifacts: Path, run_id: str) -> str:
 def running_jobs(pg_url: str, run_id: str) -> int:
     with session_scope(pg_url) as session:
         return session.execute(
-            select(func.count()).select_from(InnerJob).where(InnerJob.run_id == run_id, InnerJob.status == InnerJobStatus.running, InnerJob.external_id.is_not(None))
+            select(func.count())
+            .select_from(InnerJob)
+            .where(InnerJob.run_id == run_id, InnerJob.status == InnerJobStatus.running, InnerJob.external_id.is_not(None))
         ).scalar_one()
 
 
@@ -213,7 +226,11 @@ def ledger_seconds_by_pod(pg_url: str, run_id: str) -> dict[str, float]:
 
 def ledger_usd(pg_url: str, run_id: str) -> float:
     with session_scope(pg_url) as session:
-        return float(session.execute(select(func.coalesce(func.sum(CostEntry.amount_usd), 0)).where(CostEntry.run_id == run_id, CostEntry.source == "runpod")).scalar_one())
+        return float(
+            session.execute(
+                select(func.coalesce(func.sum(CostEntry.amount_usd), 0)).where(CostEntry.run_id == run_id, CostEntry.source == "runpod")
+            ).scalar_one()
+        )
 
 
 def assert_billing_matches(cloud: FakeRunpod, pg_url: str, run_id: str) -> None:
@@ -266,7 +283,9 @@ def test_runpod_run_survives_faults_bills_exactly_and_leaves_nothing_running(tmp
     try:
         artifacts = tmp_path / "artifacts"
         # kill -9 of the train worker while a launched job is running on a pod; a look at a live pod's environment
-        wait_until(lambda: running_jobs(pg_url, run_id) and any(step >= 2 for step in heartbeat_steps(artifacts)), 90, "a launched job making progress on a pod")
+        wait_until(
+            lambda: running_jobs(pg_url, run_id) and any(step >= 2 for step in heartbeat_steps(artifacts)), 90, "a launched job making progress on a pod"
+        )
         for pid in cloud.pod_processes_alive():
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes()
@@ -312,7 +331,9 @@ def test_runpod_run_survives_faults_bills_exactly_and_leaves_nothing_running(tmp
 
 
 def test_run_budget_cap_with_on_cap_stop_terminates_running_pods_and_says_so(tmp_path, cloud, runpod_pools, pg_url, redis_url):
-    config = write_config(tmp_path, "runpod-capped", budget='[budget]\nmax_run_usd = 0.006\nmax_job_usd = 1.0\non_cap = "stop"\n', hang_timeout_s=5.0, max_outer_steps=20)
+    config = write_config(
+        tmp_path, "runpod-capped", budget='[budget]\nmax_run_usd = 0.006\nmax_job_usd = 1.0\non_cap = "stop"\n', hang_timeout_s=5.0, max_outer_steps=20
+    )
     env = run_env(pg_url, redis_url)
     orchestrator, run_id = start_run(config, env, tmp_path / "logs" / "orchestrator.log")
     try:
@@ -422,7 +443,9 @@ def test_runpod_run_scores_on_the_jobs_pods_after_training_and_bills_the_eval(tm
         assert_exactly_once(session, run_id)
         jobs = session.execute(select(InnerJob).where(InnerJob.run_id == run_id)).scalars().all()
         assert len(jobs) >= 2 and all(job.status == InnerJobStatus.succeeded for job in jobs), [(j.name, j.status, j.error) for j in jobs]
-        evaluations = session.execute(select(Evaluation).join(InnerJob, InnerJob.episode_id == Evaluation.episode_id).where(InnerJob.run_id == run_id)).scalars().all()
+        evaluations = (
+            session.execute(select(Evaluation).join(InnerJob, InnerJob.episode_id == Evaluation.episode_id).where(InnerJob.run_id == run_id)).scalars().all()
+        )
         # scores land: graded on the workers from the pods' completions, 8 hidden items each
         assert len(evaluations) == len(jobs) and all(e.backend == "pod_vllm" and not e.simulated and e.n_items == 8 for e in evaluations)
         # the fake pods' "trained" weights are the base model itself: the same completions, the same score
@@ -447,7 +470,9 @@ def test_runpod_run_scores_on_the_jobs_pods_after_training_and_bills_the_eval(tm
 
     # every pod second billed exactly once, training and eval together, as the fake billed it
     with session_scope(pg_url) as session:
-        rows = session.execute(select(CostEntry.idempotency_key, CostEntry.quantity).where(CostEntry.run_id == run_id, CostEntry.source.in_(("runpod", "runpod_eval")))).all()
+        rows = session.execute(
+            select(CostEntry.idempotency_key, CostEntry.quantity).where(CostEntry.run_id == run_id, CostEntry.source.in_(("runpod", "runpod_eval")))
+        ).all()
     seconds: dict[str, float] = {}
     for key, quantity in rows:
         seconds[key.split(":")[1]] = seconds.get(key.split(":")[1], 0.0) + quantity

@@ -38,7 +38,13 @@ def test_a_stage_claims_in_one_statement_the_claim_rules_in_one_more_and_a_takeo
 
     def work(worker: str, token: str | None = None, episode: int = episode_id):  # type: ignore[no-untyped-def]
         return claim_stage_work(
-            pg_url, stage=Stage.agent, episode_id=episode, probe_attempt=1, token=token, worker=worker, load=lambda reads, claimed: loaded.append(claimed) or "read"
+            pg_url,
+            stage=Stage.agent,
+            episode_id=episode,
+            probe_attempt=1,
+            token=token,
+            worker=worker,
+            load=lambda reads, claimed: loaded.append(claimed) or "read",
         )
 
     first = work("a")

@@ -79,6 +79,9 @@ def test_status_with_the_database_down_says_so(tmp_path: Path) -> None:
     env = status_env(tmp_path, "postgresql+psycopg://postgres@127.0.0.1:9/nothing")
     result = metarl_cli(["status", "00000000-0000-4000-8000-000000000000"], env, timeout=120)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert result.stderr.startswith("error: cannot read the run database postgresql+psycopg://postgres@127.0.0.1:9/nothing: ") and "METARL_DATABASE_URL" in result.stderr
+    assert (
+        result.stderr.startswith("error: cannot read the run database postgresql+psycopg://postgres@127.0.0.1:9/nothing: ")
+        and "METARL_DATABASE_URL" in result.stderr
+    )
     secret = metarl_cli(["status", "x"], status_env(tmp_path, "postgresql+psycopg://postgres:hunter2@127.0.0.1:9/nothing"), timeout=120)
     assert "hunter2" not in secret.stderr and ":***@" in secret.stderr

@@ -10,8 +10,8 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from metarl.store.db import session_scope
 from metarl.pools import stop_process_group
+from metarl.store.db import session_scope
 from metarl.store.records import Episode, Run, RunStatus, Stage
 from tests.conftest import REPO, metarl_cli
 from tests.integration.helpers import assert_exactly_once, sim_config
@@ -23,7 +23,12 @@ def test_stop_lets_in_flight_episodes_finish_and_resume_continues(tmp_path, serv
     config = sim_config(tmp_path, name="stoppable", max_outer_steps=6, train_median_s=0.8)
     process = subprocess.Popen(
         [sys.executable, "-m", "metarl_cli.main", "run", str(config), "--no-workers", "--quiet"],
-        env=service_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env=service_env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         run_id = process.stdout.readline().split()[1]

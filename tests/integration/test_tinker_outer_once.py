@@ -21,14 +21,14 @@ from sqlalchemy import select
 
 from metarl.backends.tinker import client as tinker_client
 from metarl.backends.tinker import outer as tinker_outer
-from metarl.store.claims import utcnow
-from metarl.store.db import session_scope
-from metarl.runconfig import load_run
-from metarl.settings import DATABASE_ENV
 from metarl.backends.tinker.client import TinkerPolicyRef
 from metarl.domain.retry import Backoff
-from orchestrator.loop import create_run
+from metarl.runconfig import load_run
+from metarl.settings import DATABASE_ENV
+from metarl.store.claims import utcnow
+from metarl.store.db import session_scope
 from metarl.store.records import Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, PolicyVersion, ProbeAttempt, Reward, Run, Stage
+from orchestrator.loop import create_run
 from schemas.run_config import RunConfig
 from tests.conftest import REPO
 from tests.unit.test_tinker_fakes import FakeService, server_failure
@@ -71,7 +71,9 @@ def batched_step(pg_url: str, run_id: str, step: int) -> int:
     """Outer step `step` (from version step - 1) with one batched group of two rewarded, sampled episodes."""
     before = step - 1
     with session_scope(pg_url) as session:
-        outer = OuterStep(run_id=run_id, step=step, status=OuterStatus.pending, policy_version_before=before, n_groups=1, n_episodes=2, dispatched_at=utcnow(), metrics={})
+        outer = OuterStep(
+            run_id=run_id, step=step, status=OuterStatus.pending, policy_version_before=before, n_groups=1, n_episodes=2, dispatched_at=utcnow(), metrics={}
+        )
         session.add(outer)
         session.flush()
         group = EpisodeGroup(run_id=run_id, task_id="addition", policy_version=before, size=2, status=GroupStatus.batched, outer_step_id=outer.id)
@@ -83,8 +85,15 @@ def batched_step(pg_url: str, run_id: str, step: int) -> int:
             session.flush()
             session.add(
                 ProbeAttempt(
-                    episode_id=episode.id, run_id=run_id, attempt=1, job_toml="", agent_backend="tinker", passed=True,
-                    policy_tokens=[11, 12, 13, 20 + index, 30 + index], behaviour_logprobs=[-0.5, -0.7], prompt_length=3,
+                    episode_id=episode.id,
+                    run_id=run_id,
+                    attempt=1,
+                    job_toml="",
+                    agent_backend="tinker",
+                    passed=True,
+                    policy_tokens=[11, 12, 13, 20 + index, 30 + index],
+                    behaviour_logprobs=[-0.5, -0.7],
+                    prompt_length=3,
                 )
             )
             session.add(Reward(episode_id=episode.id, run_id=run_id, total=reward, job=reward, validation=1.0, efficiency=0.0, speed=0.0, weights={}))
@@ -107,7 +116,9 @@ def published(pg_url: str, run_id: str) -> list[TinkerPolicyRef]:
 def assert_one_step_per_version(service: FakeService, refs: list[TinkerPolicyRef]) -> None:
     """Each published version is one Adam step on the previous published version's saved state."""
     assert [ref.version for ref in refs] == list(range(len(refs)))
-    assert [service.origin[ref.state_path] for ref in refs[1:]] == [(earlier.state_path, 1) for earlier in refs[:-1]], "a version carries another number of steps"
+    assert [service.origin[ref.state_path] for ref in refs[1:]] == [(earlier.state_path, 1) for earlier in refs[:-1]], (
+        "a version carries another number of steps"
+    )
     assert [service.saved[ref.sampler_path] for ref in refs] == list(range(len(refs)))
 
 
@@ -146,7 +157,9 @@ def test_a_step_retried_after_a_failure_past_the_optim_step_is_published_with_on
     assert_one_step_per_version(service, published(pg_url, run_id))
 
 
-def test_transient_errors_past_the_recoveries_are_retried_by_the_worker_from_the_saved_state(service: FakeService, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_transient_errors_past_the_recoveries_are_retried_by_the_worker_from_the_saved_state(
+    service: FakeService, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_id, _ = tinker_run(pg_url, tmp_path, max_recoveries=0)
     monkeypatch.setattr("workers.outer.WORKER_BACKOFF", Backoff(first_s=0.01, max_s=0.01))
     service.fail_after = {"optim_step": [server_failure("optim_step")], "save_state": [server_failure("save_state")]}
@@ -155,7 +168,9 @@ def test_transient_errors_past_the_recoveries_are_retried_by_the_worker_from_the
     assert_one_step_per_version(service, published(pg_url, run_id))
 
 
-def test_an_error_in_the_metrics_after_the_step_is_retried_with_one_step(service: FakeService, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_error_in_the_metrics_after_the_step_is_retried_with_one_step(
+    service: FakeService, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_id, _ = tinker_run(pg_url, tmp_path)
     first = batched_step(pg_url, run_id, 1)
     real, calls = tinker_outer.ratio_metrics, []

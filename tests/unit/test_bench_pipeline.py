@@ -9,27 +9,27 @@ import pytest
 from pydantic import ValidationError
 
 from bench.pipeline_overhead import (
-    BenchSettings,
     CHAIN_MODULES,
     CHAIN_TRANSPORT,
+    BenchSettings,
+    GroupCpu,
+    MachineCpu,
     PhaseResult,
     StageProfile,
     TaskStat,
+    chain_worker_command,
+    cpu_ms_per_episode,
+    cpu_ms_per_message,
     expected_tasks,
+    group_cpu_s,
+    machine_busy_ratio,
+    machine_cpu,
+    machine_cpu_of,
     merge_stats,
     overhead_ratio,
     pair_ratios,
     parse_worker_log,
     per_stage_ms,
-    chain_worker_command,
-    cpu_ms_per_episode,
-    cpu_ms_per_message,
-    GroupCpu,
-    MachineCpu,
-    group_cpu_s,
-    machine_busy_ratio,
-    machine_cpu,
-    machine_cpu_of,
     render,
     run_config_toml,
     stage_of,
@@ -148,9 +148,29 @@ def test_round_trips_and_report() -> None:
     profile = StageProfile(calls=8, statements=9.0, transactions=2.0, checkouts=2.0, wall_ms=70.0, cpu_ms=20.0)
     assert profile.round_trips == 13.0  # statements + BEGIN and COMMIT of each transaction
     settings = BenchSettings(episodes=40)
-    plain = PhaseResult(name="plain", episodes=40, outer_steps=5, wall_s=2.0, tasks=205, worker_cpu_s=2.0, driver_cpu_s=0.2, task_stats={"bench.plain.agent": TaskStat(received=40, succeeded=40, runtime_s=[0.01] * 40)})
+    plain = PhaseResult(
+        name="plain",
+        episodes=40,
+        outer_steps=5,
+        wall_s=2.0,
+        tasks=205,
+        worker_cpu_s=2.0,
+        driver_cpu_s=0.2,
+        task_stats={"bench.plain.agent": TaskStat(received=40, succeeded=40, runtime_s=[0.01] * 40)},
+    )
     ours = PhaseResult(
-        name="ours", episodes=40, outer_steps=5, wall_s=10.0, tasks=205, worker_cpu_s=8.0, driver_cpu_s=3.0, postgres_cpu_s=1.0, db_commits=2000, ticks=100, tick_ms_mean=80.0, tick_sql=2000
+        name="ours",
+        episodes=40,
+        outer_steps=5,
+        wall_s=10.0,
+        tasks=205,
+        worker_cpu_s=8.0,
+        driver_cpu_s=3.0,
+        postgres_cpu_s=1.0,
+        db_commits=2000,
+        ticks=100,
+        tick_ms_mean=80.0,
+        tick_sql=2000,
     )
     text = render(settings, [plain], [ours], {"agent": profile})
     assert "5.00x" in text and "MISSES" in text and "agent" in text
@@ -168,7 +188,18 @@ def test_cpu_per_message_splits_celery_consumer_from_task_process() -> None:
     assert cpu_ms_per_message(plain) == pytest.approx((7.5, 2.5))
     assert cpu_ms_per_message(plain.model_copy(update={"consumer_cpu_s": None})) == (0.0, 0.0)
     assert cpu_ms_per_message(plain.model_copy(update={"tasks": 0})) == (0.0, 0.0)
-    ours = plain.model_copy(update={"name": "ours", "worker_cpu_s": 4.0, "consumer_cpu_s": 1.6, "postgres_cpu_s": 1.0, "ticks": 10, "tick_ms_mean": 5.0, "tick_sql": 50, "db_commits": 100})
+    ours = plain.model_copy(
+        update={
+            "name": "ours",
+            "worker_cpu_s": 4.0,
+            "consumer_cpu_s": 1.6,
+            "postgres_cpu_s": 1.0,
+            "ticks": 10,
+            "tick_ms_mean": 5.0,
+            "tick_sql": 50,
+            "db_commits": 100,
+        }
+    )
     assert "plain 7.50 + 2.50 ms, ours 8.00 + 12.00 ms" in render(BenchSettings(episodes=40), [plain], [ours])
     assert "5 worker processes (-c 1)" in render(BenchSettings(episodes=40), [plain], [ours])
     assert "the train pool's -c 2, in every pass" in render(BenchSettings(episodes=40, train_processes=2), [plain], [ours])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from kombu.transport import TRANSPORT_ALIASES
 
 from metarl.messaging.celery_app import KOMBU_REDIS_TRANSPORT, REDIS_TRANSPORT, broker_transport, make_app

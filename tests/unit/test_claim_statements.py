@@ -36,7 +36,7 @@ def test_a_claimable_is_checked_against_its_table() -> None:
 
 def test_every_claim_statement_takes_the_lease_with_the_same_compare_and_set() -> None:
     take = claim_ctes(OUTER_STEPS)
-    compare_and_set = take[take.index("SET status"):take.index("WHERE")].strip()
+    compare_and_set = take[take.index("SET status") : take.index("WHERE")].strip()
     statements = (CLAIM_STAGE_SQL, TAKE_OUTER_STEP_SQL, STAGE_ROW_AND_CLAIM_SQL, TRAIN_ROW_CLAIM_AND_CREATE_SQL)
     assert all(compare_and_set in sql for sql in statements)
     assert "INSERT" not in TAKE_OUTER_STEP_SQL, "an outer step exists before it is claimed"
@@ -55,7 +55,12 @@ def test_claim_params_take_over_only_with_a_lease() -> None:
     assert rules["new_token"] != plain["new_token"]
     claim = stage_claim_of(rules, 11, 2, "Killed")
     assert claim is not None and (claim.claim_id, claim.token, claim.stage, claim.probe_attempt, claim.takeovers, claim.last_error) == (
-        11, rules["new_token"], Stage.probe, 2, 2, "Killed"
+        11,
+        rules["new_token"],
+        Stage.probe,
+        2,
+        2,
+        "Killed",
     )
     assert stage_claim_of(rules, None, None, None) is None
 

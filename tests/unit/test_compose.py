@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from metarl_cli.main import build_parser
 from workers.app import QUEUES
-
-import yaml  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
@@ -130,7 +129,7 @@ def app_services(services: dict[str, Any]) -> dict[str, Any]:
 
 def test_compose_parses_and_interpolates(raw: dict[str, Any]) -> None:
     assert isinstance(raw.get("services"), dict)
-    for path, value in walk(raw):
+    for _path, value in walk(raw):
         if isinstance(value, str):
             interpolate(value, TEST_ENV)  # raises on malformed ${...}
 
@@ -178,7 +177,7 @@ def test_outer_pool_runs_one_update_at_a_time(services: dict[str, Any]) -> None:
 def test_every_metarl_command_line_parses(services: dict[str, Any]) -> None:
     parser = build_parser()
     seen = 0
-    for name, service in services.items():
+    for _name, service in services.items():
         for argv in command_lines(service):
             if argv[0] == "metarl":
                 parser.parse_args(argv[1:])

@@ -277,7 +277,9 @@ def test_run_nan_is_rejected() -> None:
 
 
 def test_run_empty_task_list() -> None:
-    problem = only_problem(config_error(RunConfig, edit(quickstart_text(), 'tasks = ["addition", "reversal", "caesar", "max_of_list", "sorting", "date_format"]', "tasks = []")))
+    problem = only_problem(
+        config_error(RunConfig, edit(quickstart_text(), 'tasks = ["addition", "reversal", "caesar", "max_of_list", "sorting", "date_format"]', "tasks = []"))
+    )
     assert problem.field == "run.tasks"
     assert "at least 1" in problem.fix
 
@@ -358,7 +360,7 @@ def test_run_several_bad_fields_give_one_problem_each() -> None:
     [
         "[run\nname = 'x'",
         "[run]\nname = 'x'\nname = 'y'\n",  # duplicate key
-        "[run]\nname = \"unterminated\n",
+        '[run]\nname = "unterminated\n',
         "[run]\nseed = 01\n",  # leading zero
         "[run]\ntasks = [1, 2,,]\n",
         "= 1\n",
@@ -429,7 +431,7 @@ def test_huge_file_on_disk(tmp_path: Path) -> None:
     "raw",
     [
         b"\xff\xfe[run]\n",
-        b"[run]\nname = \"caf\xe9\"\n",  # latin-1
+        b'[run]\nname = "caf\xe9"\n',  # latin-1
         "[run]\nname = '\ud800'\n".encode("utf-8", "surrogatepass"),
         b"\xc0\xaf",  # overlong encoding
         b"[run]\n" + b"\x80" * 100,
@@ -781,11 +783,63 @@ PROPERTY = settings(
 )
 
 TOML_TOKENS = [
-    "[", "]", "[[", "]]", "{", "}", "=", ",", ".", '"', "'", '"""', "'''", "\n", " ", "#", "\\", "\\u0000",
-    "run", "backends", "agent", "train", "eval", "outer", "type", '"sim"', "name", "tasks", "model",
-    "training", "window", "reward", "speed", "id", "public", "data", "components",
-    "0", "1", "-1", "1.5", "1e999", "-0.0", "nan", "inf", "+inf", "true", "false", "0x1F", "0o7", "0b1",
-    "1979-05-27T07:32:00Z", "07:32:00", "1979-05-27", '"addition"', '"Qwen/Qwen3-0.6B"', "99999999999999999999",
+    "[",
+    "]",
+    "[[",
+    "]]",
+    "{",
+    "}",
+    "=",
+    ",",
+    ".",
+    '"',
+    "'",
+    '"""',
+    "'''",
+    "\n",
+    " ",
+    "#",
+    "\\",
+    "\\u0000",
+    "run",
+    "backends",
+    "agent",
+    "train",
+    "eval",
+    "outer",
+    "type",
+    '"sim"',
+    "name",
+    "tasks",
+    "model",
+    "training",
+    "window",
+    "reward",
+    "speed",
+    "id",
+    "public",
+    "data",
+    "components",
+    "0",
+    "1",
+    "-1",
+    "1.5",
+    "1e999",
+    "-0.0",
+    "nan",
+    "inf",
+    "+inf",
+    "true",
+    "false",
+    "0x1F",
+    "0o7",
+    "0b1",
+    "1979-05-27T07:32:00Z",
+    "07:32:00",
+    "1979-05-27",
+    '"addition"',
+    '"Qwen/Qwen3-0.6B"',
+    "99999999999999999999",
 ]
 
 toml_ish = st.lists(st.one_of(st.sampled_from(TOML_TOKENS), st.text(max_size=4)), max_size=60).map("".join)
@@ -796,7 +850,7 @@ toml_scalars = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=20),
     st.dates(),
-    st.datetimes(timezones=st.just(dt.timezone.utc)),
+    st.datetimes(timezones=st.just(dt.UTC)),
     st.times(),
 )
 toml_values = st.recursive(

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from metarl import dry_run
 from metarl.dry_run import (
     POD_STARTUP_S,
     POD_UPLOAD_S,
@@ -22,8 +21,8 @@ from metarl.dry_run import (
     episode_counts,
     estimate_costs,
     eval_cost_usd,
-    held_out_eval_points,
     eval_pod_seconds,
+    held_out_eval_points,
     inner_job_usd,
     job_costs,
     parse_gpu_prices,
@@ -162,7 +161,9 @@ def test_runpod_estimate_with_prices() -> None:
 
 def test_runpod_estimate_uses_each_tasks_budget() -> None:
     config, specs = example("runpod")
-    slow = specs["addition"].model_copy(update={"budget": specs["addition"].budget.model_copy(update={"max_gpu_train_seconds": 1200.0, "max_train_seconds": 5.0})})
+    slow = specs["addition"].model_copy(
+        update={"budget": specs["addition"].budget.model_copy(update={"max_gpu_train_seconds": 1200.0, "max_train_seconds": 5.0})}
+    )
     estimate = estimate_costs(config, {**specs, "addition": slow}, {"NVIDIA A40": 0.5})
     per_trainable, overhead = 320 / 5, POD_STARTUP_S + POD_UPLOAD_S
     expected = (per_trainable * (1200 + overhead) + (per_trainable * 4 + 84) * (600 + overhead)) / 3600 * 1.0
@@ -272,7 +273,15 @@ def test_sim_agent_with_a_token_price_has_no_bound() -> None:
 
 @pytest.mark.parametrize(
     ("total", "upper", "binds", "within"),
-    [(120.0, 150.0, "yes", 83), (80.0, 150.0, "may", None), (80.0, None, "may", None), (80.0, 90.0, "no", None), (None, 90.0, "no", None), (None, 150.0, "unknown", None), (None, None, "unknown", None)],
+    [
+        (120.0, 150.0, "yes", 83),
+        (80.0, 150.0, "may", None),
+        (80.0, None, "may", None),
+        (80.0, 90.0, "no", None),
+        (None, 90.0, "no", None),
+        (None, 150.0, "unknown", None),
+        (None, None, "unknown", None),
+    ],
 )
 def test_cap_check(total: float | None, upper: float | None, binds: str, within: int | None) -> None:
     check = cap_check(total, upper, 100, BudgetConfig(max_run_usd=100.0, max_job_usd=2.0, on_cap="stop"))

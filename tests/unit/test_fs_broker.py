@@ -11,8 +11,8 @@ import pytest
 from kombu import Connection, Exchange, Queue
 from kombu.transport import TRANSPORT_ALIASES
 
-import workers.app  # noqa: F401  (registers the transport for filesystem:// URLs)
 import metarl.messaging.fs_broker
+import workers.app  # noqa: F401  (registers the transport for filesystem:// URLs)
 from metarl.messaging.fs_broker import PART_SUFFIX, AtomicFilesystemTransport, message_name
 
 MESSAGES = 300
@@ -88,7 +88,7 @@ def test_concurrent_publishing_and_consuming_delivers_every_message_whole(tmp_pa
                     received.append(message.payload)
                     message.ack()
                 queue.close()
-        except BaseException as err:  # reported to the main thread below
+        except BaseException as err:  # noqa: BLE001 - reported to the main thread below, re-raised there
             errors.append(err)
 
     consumer = threading.Thread(target=consume)

@@ -25,7 +25,7 @@ def test_the_creation_answer_names_the_cap_that_stopped_it_budget_first():
 
 
 def test_the_limits_parameters_name_the_run_and_its_job_prefix():
-    created_at = dt.datetime(2026, 12, 3, tzinfo=dt.timezone.utc)
+    created_at = dt.datetime(2026, 12, 3, tzinfo=dt.UTC)
     limits = InnerJobLimits(run_id=RUN_ID, run_created_at=created_at, backend="runpod", simulated=False, max_usd=50.0, capacity=16, max_stage_attempts=3)
     params = limits.params()
     assert params["limits_run_id"] == RUN_ID and params["limits_run_created_at"] == created_at

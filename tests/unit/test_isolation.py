@@ -155,7 +155,14 @@ def test_bwrap_command_line(as_root: bool) -> None:
     assert ("/w/files", "/workspace") in binds and ("/repo/runner.py", "/sandbox/sandbox_runner.py") in binds
     assert ("/repo/graders.py", "/sandbox/metarl_graders.py") in binds  # the task families' graders, read-only
     assert all(source == target for source, target in binds if target not in ("/workspace", "/sandbox/sandbox_runner.py", "/sandbox/metarl_graders.py"))
-    assert {source for source, _ in binds} == {"/w/files", "/repo/runner.py", "/repo/graders.py", ROOT.interpreter, ROOT.stdlib, *ROOT.files}  # nothing else of the host
+    assert {source for source, _ in binds} == {
+        "/w/files",
+        "/repo/runner.py",
+        "/repo/graders.py",
+        ROOT.interpreter,
+        ROOT.stdlib,
+        *ROOT.files,
+    }  # nothing else of the host
     assert options[options.index("--seccomp") + 1] == "7"
     assert ("--chdir", "/workspace") == tuple(options[options.index("--chdir") : options.index("--chdir") + 2])
     assert options[-2:] == ["--seccomp", "7"] and options.index("--remount-ro") < options.index("--chdir")

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from metarl.graders import positional_similarity, right_aligned_similarity
 from metarl.learning.families import (
     FAMILIES,
     Example,
@@ -18,7 +19,6 @@ from metarl.learning.families import (
     in_eval_partition,
     is_hidden_eval_item,
 )
-from metarl.graders import positional_similarity, right_aligned_similarity
 
 FAMILY_NAMES = sorted(FAMILIES)
 
@@ -106,9 +106,7 @@ def test_set_based_overlap_finds_exactly_the_drawn_eval_items(name: str) -> None
     hidden = [item.prompt for item in family.hidden_eval(30)]
     clean = [item.prompt for item in generate_dataset(family, 200, seed=4, difficulty=(0.0, 1.0))]
     assert hidden_eval_overlap(family, clean + hidden, n=30) == hidden
-    assert hidden_eval_overlap(name, [prompt.replace(" ", "") for prompt in hidden[:3]], n=30, version=1) == [
-        prompt.replace(" ", "") for prompt in hidden[:3]
-    ]
+    assert hidden_eval_overlap(name, [prompt.replace(" ", "") for prompt in hidden[:3]], n=30, version=1) == [prompt.replace(" ", "") for prompt in hidden[:3]]
 
 
 def test_addition_key_is_order_insensitive() -> None:

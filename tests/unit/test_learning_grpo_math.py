@@ -135,9 +135,7 @@ def test_warmup_learning_rate() -> None:
 def test_rollout_reward_combines_components() -> None:
     family = get_family("addition")
     example = Example(prompt="add 15+27=", answer="42")
-    config = LocalTrainConfig(
-        max_tokens=4, rewards=RewardComponentWeights(correctness=1.0, exact=2.0, format=0.5, length_penalty=1.0)
-    )
+    config = LocalTrainConfig(max_tokens=4, rewards=RewardComponentWeights(correctness=1.0, exact=2.0, format=0.5, length_penalty=1.0))
     reward, exact = rollout_reward(family, example, "42", completion_tokens=3, config=config)
     assert exact
     assert reward == pytest.approx(1.0 + 2.0 + 0.5 - 0.75)

@@ -135,10 +135,7 @@ def test_ensure_base_model_builds_once_under_concurrency(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(models_module, "_build_into", counting_build)
     results: list[Path] = []
-    threads = [
-        threading.Thread(target=lambda: results.append(ensure_base_model("local-s", tmp_path, scale=TINY_SCALE)))
-        for _ in range(3)
-    ]
+    threads = [threading.Thread(target=lambda: results.append(ensure_base_model("local-s", tmp_path, scale=TINY_SCALE))) for _ in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -195,9 +192,7 @@ def test_sampled_logprobs_match_teacher_forced_logprobs(tiny_model_dir: Path) ->
         generator=torch.Generator().manual_seed(1),
     )
     with torch.no_grad():
-        logits = completion_logits(
-            model, prompts, completions.token_ids, completions.mask, (tokenizer.pad_token_id, tokenizer.bos_token_id)
-        )
+        logits = completion_logits(model, prompts, completions.token_ids, completions.mask, (tokenizer.pad_token_id, tokenizer.bos_token_id))
     recomputed = token_logprobs(logits, completions.token_ids, 0.8, completions.mask)
     assert torch.allclose(recomputed, completions.logprobs, atol=1e-3)
 
@@ -266,9 +261,7 @@ def test_perfect_model_scores_one(tiny_model_dir: Path, monkeypatch: pytest.Monk
     family = get_family("addition")
     items = family.hidden_eval(10)
     answers = {example.prompt: example.answer for example in items}
-    monkeypatch.setattr(
-        scoring, "generate_texts", lambda model, tokenizer, prompts, **kwargs: [answers[p] for p in prompts]
-    )
+    monkeypatch.setattr(scoring, "generate_texts", lambda model, tokenizer, prompts, **kwargs: [answers[p] for p in prompts])
     score = score_loaded_model(None, None, family, items)
     assert score.mean == 1.0 and score.partial_mean == 1.0
 

@@ -76,6 +76,9 @@ def test_update_with_retries_lets_other_errors_through_at_once() -> None:
 def test_the_lease_renewed_first_is_the_one_due_first() -> None:
     from workers.heartbeat import LeaseKeeper, next_due
 
-    early, late = LeaseKeeper("postgresql://unused", lambda session: True, interval_s=1.0), LeaseKeeper("postgresql://unused", lambda session: True, interval_s=1.0)
+    early, late = (
+        LeaseKeeper("postgresql://unused", lambda session: True, interval_s=1.0),
+        LeaseKeeper("postgresql://unused", lambda session: True, interval_s=1.0),
+    )
     assert next_due({late: 12.0, early: 10.5}) == (early, 10.5)
     assert next_due({}) == (None, float("inf"))

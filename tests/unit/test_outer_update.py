@@ -21,7 +21,6 @@ from metarl.outer_update import (
 from metarl.policy import job_language as jl
 from metarl.policy.local_policy import LocalPolicy
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

@@ -31,11 +31,11 @@ from metarl.backends.runpod.eval import (
     grade,
     hidden_items,
 )
-from metarl.backends.runpod.train import RunpodTrain, eval_refusal, eval_targets, judge_eval, pod_charges
-from metarl.errors import PermanentBackendError
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, EvalRequest, EvalResult, TargetOutput, items_digest
 from metarl.backends.runpod.pod.runner import ExitReport
 from metarl.backends.runpod.provider import PodState
+from metarl.backends.runpod.train import RunpodTrain, eval_refusal, eval_targets, judge_eval, pod_charges
+from metarl.errors import PermanentBackendError
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec
 from schemas.run_config import BudgetConfig, PodVllmEvalBackend, RunConfig, RunpodTrainBackend
@@ -191,10 +191,10 @@ class LLMStandIn:
 
 
 def test_pod_scoring_vllm_path_builds_the_same_engine_and_sampling_as_the_gpu_pool(tiny_model_dir: Path) -> None:
-    from metarl.learning.families import get_family
-    from metarl.learning.tokenizer import load_tokenizer
     from metarl.backends.runpod.pod.scoring import score_request
     from metarl.backends.vllm.scoring import engine_kwargs, sampling_kwargs
+    from metarl.learning.families import get_family
+    from metarl.learning.tokenizer import load_tokenizer
     from schemas.run_config import VllmEvalBackend
 
     task = small_task(6)
@@ -224,9 +224,9 @@ def test_pod_scoring_vllm_path_builds_the_same_engine_and_sampling_as_the_gpu_po
 
 
 def test_pod_scoring_torch_path_matches_the_cpu_scorer(tiny_model_dir: Path) -> None:
+    from metarl.backends.runpod.pod.scoring import score_request
     from metarl.learning.scoring import load_model, score_loaded_model
     from metarl.learning.tokenizer import load_tokenizer
-    from metarl.backends.runpod.pod.scoring import score_request
 
     task = small_task(12)
     request = eval_request(task, PodVllmEvalBackend(type="pod_vllm"), request_id="j:a0", targets=["trained"], published_at=1.0)
@@ -240,8 +240,8 @@ def test_pod_scoring_torch_path_matches_the_cpu_scorer(tiny_model_dir: Path) -> 
 
 
 def test_chat_formatted_prompts_and_think_blocks(tiny_model_dir: Path) -> None:
-    from metarl.learning.tokenizer import load_tokenizer
     from metarl.backends.runpod.pod.scoring import completion_text, prompt_token_rows, uses_chat
+    from metarl.learning.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dir)
     assert not uses_chat(tokenizer, True)
@@ -264,7 +264,10 @@ def test_the_merge_adds_the_scaled_adapter_to_the_targeted_weights(tmp_path: Pat
     weight = torch.randn(6, 4).to(torch.bfloat16)
     save_file({"model.layers.0.mlp.up_proj.weight": weight, "model.norm.weight": torch.ones(4)}, str(step / "model.safetensors"), metadata={"format": "pt"})
     lora_a, lora_b = torch.randn(2, 4), torch.randn(6, 2)
-    save_file({"base_model.model.model.layers.0.mlp.up_proj.lora_A.weight": lora_a, "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight": lora_b}, str(step / "lora_adapters" / "adapter_model.safetensors"))
+    save_file(
+        {"base_model.model.model.layers.0.mlp.up_proj.lora_A.weight": lora_a, "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight": lora_b},
+        str(step / "lora_adapters" / "adapter_model.safetensors"),
+    )
     (step / "lora_adapters" / "adapter_config.json").write_text(json.dumps({"r": 2, "lora_alpha": 4.0}))
     (step / "config.json").write_text("{}")
     (step / "STABLE").touch()
@@ -324,8 +327,17 @@ def timeline(tmp_path: Path) -> list[dict[str, Any]]:
 def test_backend_publishes_the_eval_after_training_and_the_pod_scores_it(cloud: FakeRunpod, tmp_path: Path) -> None:
     ledger: list[tuple[int | None, CostItem]] = []
     config = RunpodTrainBackend(
-        type="runpod", image="ghcr.io/metarl/inner:0.8.0", max_pods=2, warm_pool_size=1, poll_interval_s=0.1, startup_timeout_s=30, hang_timeout_s=30,
-        billing_interval_s=1, api_timeout_s=2.0, api_backoff_s=0.01, capacity_cooldown_s=0.0,
+        type="runpod",
+        image="ghcr.io/metarl/inner:0.8.0",
+        max_pods=2,
+        warm_pool_size=1,
+        poll_interval_s=0.1,
+        startup_timeout_s=30,
+        hang_timeout_s=30,
+        billing_interval_s=1,
+        api_timeout_s=2.0,
+        api_backoff_s=0.01,
+        capacity_cooldown_s=0.0,
     )
     pod_eval = PodVllmEvalBackend(type="pod_vllm", eval_timeout_s=150)
     artifacts = str(tmp_path / "artifacts")
@@ -430,7 +442,9 @@ def test_the_scoring_stack_is_checked_against_the_images_manifest(tmp_path: Path
     (venv / "libcuda.so.1").symlink_to(venv / "notes.json")
     problems = verify_manifest(manifest)
     assert len(problems) == 4 and any("vllm/__init__.py: content changed" in p for p in problems)
-    assert any("flash_attn.py: new importable file" in p for p in problems) and any("zz.pth" in p for p in problems) and any("link changed" in p for p in problems)
+    assert (
+        any("flash_attn.py: new importable file" in p for p in problems) and any("zz.pth" in p for p in problems) and any("link changed" in p for p in problems)
+    )
 
 
 def test_a_modified_stack_is_refused_and_the_prompts_still_deleted(tmp_path: Path) -> None:
@@ -446,7 +460,12 @@ def test_a_modified_stack_is_refused_and_the_prompts_still_deleted(tmp_path: Pat
     request = eval_request(small_task(8), PodVllmEvalBackend(type="pod_vllm"), request_id="j:a0", targets=["trained"], published_at=1.0)
     (results / "eval").mkdir(parents=True)
     (results / REQUEST_FILE).write_text(request.model_dump_json())
-    settings = EvalSettings(python_command=[sys.executable, "-c", "raise SystemExit('the scoring must not run')"], poll_s=0.05, wait_s=5, stack_manifest=str(tmp_path / "stack.json"))
+    settings = EvalSettings(
+        python_command=[sys.executable, "-c", "raise SystemExit('the scoring must not run')"],
+        poll_s=0.05,
+        wait_s=5,
+        stack_manifest=str(tmp_path / "stack.json"),
+    )
     served = EvalServer(Storage(str(results)), settings, tmp_path / "scratch", {}).serve(tmp_path, "Qwen/Qwen3-0.6B")
     assert served is not None and served.outputs == {} and "differs from the image" in (served.error or "")
     assert not (results / REQUEST_FILE).exists() and not (tmp_path / "scratch").exists()

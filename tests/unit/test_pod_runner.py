@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, items_digest
+from metarl.backends.runpod.pod.manifest import EXIT_FILE, MANIFEST_FILE, STATUS_FILE
+from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
 from metarl.backends.runpod.pod.runner import (
     ExitReport,
     Heartbeat,
@@ -42,9 +44,8 @@ from metarl.backends.runpod.pod.runner import (
     row_step,
     sweep_targets,
 )
-from metarl.backends.runpod.pod.manifest import EXIT_FILE, MANIFEST_FILE, STATUS_FILE
-from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
-from tests.fakes.primerl_bundle import DELETE, ENVIRONMENT, job_spec, make_bundle as compile_test_bundle, store_bundle
+from tests.fakes.primerl_bundle import DELETE, ENVIRONMENT, job_spec, store_bundle
+from tests.fakes.primerl_bundle import make_bundle as compile_test_bundle
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_RL = REPO / "tests" / "fixtures" / "primerl" / "fake_rl.py"
@@ -300,7 +301,13 @@ def test_missing_bundle_and_failed_install(tmp_path: Path) -> None:
 
 def test_bad_config_exits_2(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "metarl.backends.runpod.pod.runner", "--config-json", json.dumps({"job_url": "x", "result_url": "y", "heartbeat_interval_s": 0})],
+        [
+            sys.executable,
+            "-m",
+            "metarl.backends.runpod.pod.runner",
+            "--config-json",
+            json.dumps({"job_url": "x", "result_url": "y", "heartbeat_interval_s": 0}),
+        ],
         cwd=REPO,
         capture_output=True,
         timeout=60,
@@ -571,7 +578,13 @@ def test_the_on_pod_eval_answers_the_request_after_exit_json_and_deletes_the_ite
 
     job_url, _ = make_bundle(tmp_path, max_steps=2, rl={"ckpt": {"interval": 1}})
     config = runner_config(
-        tmp_path, job_url, eval_on_pod=True, eval_engine="torch", pod_python=[sys.executable], eval_poll_s=0.1, eval_model_aliases={"Qwen/Qwen3-0.6B": str(tiny_model_dir)}
+        tmp_path,
+        job_url,
+        eval_on_pod=True,
+        eval_engine="torch",
+        pod_python=[sys.executable],
+        eval_poll_s=0.1,
+        eval_model_aliases={"Qwen/Qwen3-0.6B": str(tiny_model_dir)},
     )
     config["extra_env"]["FAKE_RL_BASE_MODEL"] = str(tiny_model_dir)
     process = start_runner(config)
@@ -583,7 +596,15 @@ def test_the_on_pod_eval_answers_the_request_after_exit_json_and_deletes_the_ite
     assert report.succeeded and report.eval_on_pod and report.agent_stopped
     prompts = [example.prompt for example in get_family("addition").hidden_eval(8, 1)]
     request = EvalRequest(
-        request_id="job-1:a0", targets=["trained", "base"], prompts=prompts, digest=items_digest(prompts), max_tokens=8, pass_k=1, temperature=1.0, seed=0, published_at=time.time()
+        request_id="job-1:a0",
+        targets=["trained", "base"],
+        prompts=prompts,
+        digest=items_digest(prompts),
+        max_tokens=8,
+        pass_k=1,
+        temperature=1.0,
+        seed=0,
+        published_at=time.time(),
     )
     (results / "eval").mkdir()
     (results / REQUEST_FILE).write_text(request.model_dump_json())

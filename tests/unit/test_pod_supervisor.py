@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, items_digest
+from metarl.backends.runpod.pod.manifest import EXIT_FILE
 from metarl.backends.runpod.pod.runner import ExitReport, PodAssignment, RunnerConfig, decide_stop, decode_environ
 from metarl.backends.runpod.pod.supervisor import POD_NAME_ENV, POD_ROOT_ENV, assignment_path, job_config, job_to_run, parse_args, still_this_job
-from metarl.backends.runpod.pod.manifest import EXIT_FILE
 from metarl.backends.runpod.provider import encode_env_value
 from tests.fakes.primerl_bundle import job_spec, make_bundle, store_bundle
 from tests.unit.test_pod_runner import FAKE_RL, REPO, SECRETS
@@ -171,7 +171,10 @@ def test_bad_supervisor_configuration_exits_2(tmp_path: Path) -> None:
     bad_runner = json.dumps({"max_runtime_s": -1})
     done = subprocess.run(
         [sys.executable, "-m", "metarl.backends.runpod.pod.supervisor", "--pod-root", str(tmp_path), "--pod-name", POD, "--runner-config-json", bad_runner],
-        cwd=REPO, env=env, capture_output=True, timeout=60,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=60,
     )
     assert done.returncode == 2 and b"max_runtime_s" in done.stderr
 
@@ -246,7 +249,15 @@ def publish(result: Path, targets: list[str]) -> EvalRequest:
 
     prompts = [example.prompt for example in get_family("addition").hidden_eval(4, 1)]
     request = EvalRequest(
-        request_id="job:a0", targets=targets, prompts=prompts, digest=items_digest(prompts), max_tokens=6, pass_k=1, temperature=1.0, seed=0, published_at=time.time()
+        request_id="job:a0",
+        targets=targets,
+        prompts=prompts,
+        digest=items_digest(prompts),
+        max_tokens=6,
+        pass_k=1,
+        temperature=1.0,
+        seed=0,
+        published_at=time.time(),
     )
     (result / "eval").mkdir(exist_ok=True)
     (result / REQUEST_FILE).write_text(request.model_dump_json())

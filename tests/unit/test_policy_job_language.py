@@ -43,7 +43,7 @@ def random_walk(rng: random.Random) -> list[int]:
 
 def test_vocabulary_is_fixed_small_and_covers_models_families_and_rewards():
     assert jl.VOCAB_SIZE == len(set(jl.VOCAB)) < 128
-    assert jl.VOCAB[: 4] == ("<pad>", "<bos>", "<sep>", "<end>")
+    assert jl.VOCAB[:4] == ("<pad>", "<bos>", "<sep>", "<end>")
     assert set(jl.MODELS) == set(KNOWN_BASE_MODELS)
     assert set(jl.REWARD_COMPONENTS) == set(LOCAL_REWARD_COMPONENTS)
     shipped = {tomllib.loads(path.read_text())["family"] for path in (REPO / "tasks_specs").glob("*.toml")}

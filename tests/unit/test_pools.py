@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from metarl.pools import MAX_POOL_PROCESSES, WorkerPools, pool_processes
 from metarl.messaging.queues import QUEUES
+from metarl.pools import MAX_POOL_PROCESSES, WorkerPools, pool_processes
 
 
 def processes_flag(command: list[str]) -> str:

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from metarl.backends.local.train import compile_local_job
-from metarl.backends.sim.simulator import _valid_job
-from metarl.policy import job_language as jl
+from metarl.backends.runpod.pod.pin import PRIME_RL_COMMIT, PRIME_RL_TAG, VERIFIERS_COMMIT
 from metarl.backends.runpod.primerl.checks import primerl_compile_problems
 from metarl.backends.runpod.primerl.compiler import (
     MODEL_RENDERERS,
@@ -30,9 +29,10 @@ from metarl.backends.runpod.primerl.compiler import (
     render_rl_toml,
     seq_len_for,
 )
-from metarl.backends.runpod.pod.pin import PRIME_RL_COMMIT, PRIME_RL_TAG, VERIFIERS_COMMIT
 from metarl.backends.runpod.primerl.schema import SCHEMA_FILE, rl_config_problems, rl_schema, schema_provenance
 from metarl.backends.runpod.primerl.variants import checked_jobs, compiled, expected_resolved
+from metarl.backends.sim.simulator import _valid_job
+from metarl.policy import job_language as jl
 from metarl.probe import probe_job_text
 from schemas.base import load_toml_model
 from schemas.job import CPU_TRAIN_DEFAULTS, PRIME_RL_TRAIN_DEFAULTS, JobSpec, JobTraining

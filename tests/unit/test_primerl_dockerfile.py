@@ -124,5 +124,8 @@ def test_the_agent_cannot_sudo_or_rewrite_the_runner() -> None:
     envs = " ".join(rest for word, rest in instructions() if word == "ENV")
     assert "METARL_RUNNER_AGENT_SWEEP=uid" in envs
     manifest = "/opt/metarl-runner/scoring-stack.json"
-    assert f"-m metarl.backends.runpod.pod.eval_server --write-manifest {manifest} /app/.venv /app/src" in runs and f"METARL_RUNNER_EVAL_STACK_MANIFEST={manifest}" in envs
+    assert (
+        f"-m metarl.backends.runpod.pod.eval_server --write-manifest {manifest} /app/.venv /app/src" in runs
+        and f"METARL_RUNNER_EVAL_STACK_MANIFEST={manifest}" in envs
+    )
     assert runs.index("--write-manifest") > runs.index('"setuptools>=64"'), "the manifest must record the venv after the image's own installs"

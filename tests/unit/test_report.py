@@ -50,8 +50,15 @@ def metrics(step: int) -> dict[str, float | None]:
 
 
 def run_info(**changes: object) -> RunInfo:
-    fields: dict[str, object] = {"id": "0f0e0d0c-0000-4000-8000-000000000001", "name": "unit", "status": "finished", "policy_version": 3,
-                                 "created_at": "2026-01-01T00:00:00+00:00", "finished_at": None, "message": None}
+    fields: dict[str, object] = {
+        "id": "0f0e0d0c-0000-4000-8000-000000000001",
+        "name": "unit",
+        "status": "finished",
+        "policy_version": 3,
+        "created_at": "2026-01-01T00:00:00+00:00",
+        "finished_at": None,
+        "message": None,
+    }
     fields.update(changes)
     return RunInfo(**fields)  # type: ignore[arg-type]
 
@@ -113,8 +120,15 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def test_pick_metrics_keeps_report_keys_and_blanks_what_is_not_a_finite_number() -> None:
-    raw = {"reward_mean": 0.5, "large_model_share": 1, "first_try_pass_rate": True, "cost_usd_total": "3", "raw_improvement_mean": float("nan"),
-           "held_out_reward_mean": float("inf"), "backend_loss": 0.1}
+    raw = {
+        "reward_mean": 0.5,
+        "large_model_share": 1,
+        "first_try_pass_rate": True,
+        "cost_usd_total": "3",
+        "raw_improvement_mean": float("nan"),
+        "held_out_reward_mean": float("inf"),
+        "backend_loss": 0.1,
+    }
     picked = pick_metrics(raw)
     assert picked["reward_mean"] == 0.5 and picked["large_model_share"] == 1.0
     assert picked["first_try_pass_rate"] is None and picked["cost_usd_total"] is None
@@ -174,8 +188,12 @@ def test_change_reports_ratio_only_for_a_positive_start() -> None:
     found = change(table, "raw_improvement_mean")
     assert (found.first_step, found.last_step) == (1, 4)
     assert found.ratio == pytest.approx(8.0)
-    negative = step_table([StepRecord(step=1, status="done", n_episodes=1, metrics={"raw_improvement_mean": -0.1}),
-                           StepRecord(step=2, status="done", n_episodes=1, metrics={"raw_improvement_mean": 0.2})])
+    negative = step_table(
+        [
+            StepRecord(step=1, status="done", n_episodes=1, metrics={"raw_improvement_mean": -0.1}),
+            StepRecord(step=2, status="done", n_episodes=1, metrics={"raw_improvement_mean": 0.2}),
+        ]
+    )
     assert change(negative, "raw_improvement_mean").ratio is None
     assert change(step_table([]), "raw_improvement_mean").first is None
 
@@ -241,8 +259,7 @@ def test_report_files_link_valid_pngs_and_csvs_match_the_metrics(tmp_path: Path)
 def test_report_escapes_text_from_the_database(tmp_path: Path) -> None:
     hostile = '<script>alert("x")</script>'
     data = report_data(2, name=hostile, status="<b>done", message='"><img src=x onerror=alert(1)> & more')
-    data = data.model_copy(update={"costs": [CostLine(source="<i>gpu</i>", simulated=False, usd=1.0, entries=1)],
-                                   "episodes_by_stage": {"<u>done</u>": 3}})
+    data = data.model_copy(update={"costs": [CostLine(source="<i>gpu</i>", simulated=False, usd=1.0, entries=1)], "episodes_by_stage": {"<u>done</u>": 3}})
     index = write_report(data, tmp_path)
     source = index.read_text(encoding="utf-8")
     for raw in (hostile, "<b>done", "<img src=x", "<i>gpu</i>", "<u>done</u>"):

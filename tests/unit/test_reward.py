@@ -13,7 +13,9 @@ WEIGHTS = EpisodeRewardWeights()
 
 
 def inputs(**overrides):
-    values = dict(passed_on_attempt=1, max_probe_attempts=3, agent_tokens=1000, base_score=0.2, trained_score=0.6, train_seconds=60.0, train_budget_seconds=120.0)
+    values = dict(
+        passed_on_attempt=1, max_probe_attempts=3, agent_tokens=1000, base_score=0.2, trained_score=0.6, train_seconds=60.0, train_budget_seconds=120.0
+    )
     values.update(overrides)
     return RewardInputs(**values)
 
@@ -75,7 +77,8 @@ def test_fast_flat_job_never_beats_slower_real_improvement(base, gain, slow_seco
     trained = min(1.0, base + gain * (1.0 - base))
     if trained <= base:
         return
-    improved = compute_reward(inputs(base_score=base, trained_score=trained, train_seconds=slow_seconds, passed_on_attempt=attempt, agent_tokens=tokens), weights)
+    improved = compute_reward(
+        inputs(base_score=base, trained_score=trained, train_seconds=slow_seconds, passed_on_attempt=attempt, agent_tokens=tokens), weights
+    )
     flat = compute_reward(inputs(base_score=base, trained_score=base, train_seconds=fast_seconds, passed_on_attempt=attempt, agent_tokens=tokens), weights)
     assert improved.total > flat.total
-

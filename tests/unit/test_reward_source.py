@@ -13,9 +13,9 @@ import tomllib
 import pytest
 from pydantic import ValidationError
 
-from metarl.backends.local.train import REWARD_COMPONENTS, compile_local_job, reward_process_cpu_seconds
 from metarl import graders
 from metarl.backends.local.agent import effective_weights, environment_source
+from metarl.backends.local.train import REWARD_COMPONENTS, compile_local_job, reward_process_cpu_seconds
 from metarl.learning.families import FAMILIES
 from metarl.learning.grpo import LocalTrainConfig, RewardComponentWeights, rollout_reward
 from metarl.learning.tokenizer import CHARACTERS
@@ -171,7 +171,7 @@ def rendered_reward(weights: dict[str, float], family: str, max_tokens: int):  #
     namespace: dict[str, object] = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(sys.modules, graders.GRADERS_MODULE, graders)
-        exec(compile(environment_source(weights, family, max_tokens), "environment.py", "exec"), namespace)  # noqa: S102
+        exec(compile(environment_source(weights, family, max_tokens), "environment.py", "exec"), namespace)
     return namespace
 
 

@@ -12,8 +12,14 @@ from metarl.render import runs_table
 
 def test_the_runs_table_never_cuts_an_id() -> None:
     rows = [
-        {"id": str(uuid.uuid4()), "name": "a-rather-long-run-name-" * 2, "status": status, "policy_version": 123, "cost_usd": 12345.678901,
-         "created_at": "2026-12-04T08:15:42.123456+00:00"}
+        {
+            "id": str(uuid.uuid4()),
+            "name": "a-rather-long-run-name-" * 2,
+            "status": status,
+            "policy_version": 123,
+            "cost_usd": 12345.678901,
+            "created_at": "2026-12-04T08:15:42.123456+00:00",
+        }
         for status in ("running", "finished", "stopping")
     ]
     for width in (60, 80, 120):

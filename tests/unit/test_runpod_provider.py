@@ -14,8 +14,6 @@ import requests
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from metarl.domain.retry import backoff_delay
-from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
 from metarl.backends.runpod.pod.runner import decode_env_value
 from metarl.backends.runpod.provider import (
     ErrorKind,
@@ -31,8 +29,10 @@ from metarl.backends.runpod.provider import (
     map_status,
     pod_info_from,
 )
+from metarl.domain.retry import backoff_delay
+from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
 from tests.conftest import REPO
-from tests.fakes.runpod_server import CAPACITY_MESSAGE, FakeRunpod, Faults
+from tests.fakes.runpod_server import CAPACITY_MESSAGE, FakeRunpod
 
 A40, A6000, L40S = "NVIDIA A40", "NVIDIA RTX A6000", "NVIDIA L40S"
 
@@ -129,7 +129,16 @@ def test_pod_ids_are_checked_before_they_reach_the_sdk():
 
 
 def test_pod_answers_become_pod_info():
-    raw = {"id": "p1", "name": "metarl-x", "desiredStatus": "RUNNING", "runtime": {"ports": []}, "costPerHr": 0.88, "uptimeSeconds": 12, "gpuCount": 2, "machine": {"gpuDisplayName": "A40"}}
+    raw = {
+        "id": "p1",
+        "name": "metarl-x",
+        "desiredStatus": "RUNNING",
+        "runtime": {"ports": []},
+        "costPerHr": 0.88,
+        "uptimeSeconds": 12,
+        "gpuCount": 2,
+        "machine": {"gpuDisplayName": "A40"},
+    }
     info = pod_info_from(raw)
     assert (info.state, info.cost_per_hr, info.uptime_s, info.gpu_count, info.gpu_type) == (PodState.running, 0.88, 12, 2, "A40")
     assert pod_info_from({**raw, "runtime": None, "uptimeSeconds": None}).state == PodState.provisioning

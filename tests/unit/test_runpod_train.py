@@ -15,6 +15,9 @@ import pytest
 from pydantic import ValidationError
 
 from metarl.backends.base import CostItem, EpisodeContext
+from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, decode_env_value
+from metarl.backends.runpod.provider import PodState
+from metarl.backends.runpod.runs import ReapView, RunState
 from metarl.backends.runpod.train import (
     REAP_LOCK_KEY,
     PodAssignment,
@@ -22,11 +25,11 @@ from metarl.backends.runpod.train import (
     billable_chunks,
     chunks_after,
     final_uptime,
+    heartbeat_step,
     job_cost_usd,
     judge,
     keep_warm,
     pod_charges,
-    heartbeat_step,
     pod_name_for,
     reap_reason,
     run_key_of,
@@ -34,15 +37,11 @@ from metarl.backends.runpod.train import (
     settle_price,
     watchdog,
 )
-from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat
-from metarl.backends.runpod.pod.runner import decode_env_value
-from metarl.backends.runpod.provider import PodState
-from metarl.backends.runpod.runs import ReapView, RunState
 from metarl.runconfig import load_run
-from schemas.states import RunStatus
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec
 from schemas.run_config import BudgetConfig, RunpodTrainBackend
+from schemas.states import RunStatus
 from schemas.task_spec import TaskSpec
 from tests.conftest import REPO
 from tests.fakes.runpod_server import FakeRunpod, Faults
@@ -102,7 +101,16 @@ def test_runner_heartbeats_give_the_step():
 
 
 def report(succeeded: bool, reason: str = "completed") -> ExitReport:
-    return ExitReport(succeeded=succeeded, reason=reason, exit_code=0 if succeeded else 1, prime_rl_tag="v0.8.0", started_at=1.0, finished_at=2.0, duration_s=1.0, message="boom" if not succeeded else "")
+    return ExitReport(
+        succeeded=succeeded,
+        reason=reason,
+        exit_code=0 if succeeded else 1,
+        prime_rl_tag="v0.8.0",
+        started_at=1.0,
+        finished_at=2.0,
+        duration_s=1.0,
+        message="boom" if not succeeded else "",
+    )
 
 
 def verdict(**overrides):
@@ -135,7 +143,15 @@ def test_warm_pool_keeps_healthy_pods_up_to_its_size():
 
 def reap(**overrides):
     values = dict(
-        pod_state=PodState.running, uptime_s=5, assignment=None, job_live=False, run_final=False, run_accepting=True, now=1000.0, idle_timeout_s=60, orphan_grace_s=30
+        pod_state=PodState.running,
+        uptime_s=5,
+        assignment=None,
+        job_live=False,
+        run_final=False,
+        run_accepting=True,
+        now=1000.0,
+        idle_timeout_s=60,
+        orphan_grace_s=30,
     )
     values.update(overrides)
     return reap_reason(**values)
@@ -204,7 +220,14 @@ def cloud(tmp_path, monkeypatch) -> Iterator[FakeRunpod]:
 def context(episode: int, tmp_path) -> EpisodeContext:
     task = load_toml_model(TaskSpec, REPO / "tasks_specs" / "addition.toml")
     return EpisodeContext(
-        run_id=RUN_ID, episode_id=episode, task=task, policy_version=0, probe_attempt=1, seed=1, artifacts_root=str(tmp_path / "artifacts"), train_backend="runpod"
+        run_id=RUN_ID,
+        episode_id=episode,
+        task=task,
+        policy_version=0,
+        probe_attempt=1,
+        seed=1,
+        artifacts_root=str(tmp_path / "artifacts"),
+        train_backend="runpod",
     )
 
 
@@ -260,7 +283,12 @@ def test_backend_launch_poll_warm_reuse_preemption_hang_and_release(cloud, tmp_p
     assert "AWS_REGION" not in pod_env and "UNLISTED_TOKEN" not in pod_env
     assert "fake/secret+value" not in repr(backend._launch_request("metarl-0a1b2c3d-9", "metarl-0a1b2c3d-9", "a0"))
     first = run_to_end(backend, context(1, tmp_path), job, "metarl-0a1b2c3d-1", ledger)
-    assert first.status == "succeeded" and first.checkpoint_uri.endswith("a0/weights/step_4") and first.metrics_uri.endswith("a0/metrics/metrics.jsonl") and first.train_seconds > 0
+    assert (
+        first.status == "succeeded"
+        and first.checkpoint_uri.endswith("a0/weights/step_4")
+        and first.metrics_uri.endswith("a0/metrics/metrics.jsonl")
+        and first.train_seconds > 0
+    )
     assert cloud.capacity_refusals["NVIDIA A40"] == 1 and "A6000" in first.state["gpu_type"]
     second = run_to_end(backend, context(2, tmp_path), job, "metarl-0a1b2c3d-2", ledger)
     assert second.status == "succeeded" and second.state["pod_id"] == first.state["pod_id"], "the warm pod was not reused"
@@ -338,10 +366,14 @@ class InMemoryRuns:
 def test_the_reaper_and_the_ledger_go_through_the_injected_run_database(cloud, tmp_path):
     artifacts = tmp_path / "artifacts"
     text = (REPO / "examples" / "runpod.toml").read_text()
-    text = text.replace('task_specs_dir = "../tasks_specs"', f'task_specs_dir = "{REPO / "tasks_specs"}"').replace('root = "s3://your-bucket/metarl"', f'root = "{artifacts}"')
+    text = text.replace('task_specs_dir = "../tasks_specs"', f'task_specs_dir = "{REPO / "tasks_specs"}"').replace(
+        'root = "s3://your-bucket/metarl"', f'root = "{artifacts}"'
+    )
     (tmp_path / "run.toml").write_text(text)
     run_config, _ = load_run(tmp_path / "run.toml")
-    train = run_config.backends.train.model_copy(update={"poll_interval_s": 0.1, "billing_interval_s": 1, "api_timeout_s": 1.0, "api_backoff_s": 0.01, "capacity_cooldown_s": 0.0})
+    train = run_config.backends.train.model_copy(
+        update={"poll_interval_s": 0.1, "billing_interval_s": 1, "api_timeout_s": 1.0, "api_backoff_s": 0.01, "capacity_cooldown_s": 0.0}
+    )
     runs = InMemoryRuns(f"in-memory-{uuid.uuid4()}", run_config.model_copy(update={"backends": run_config.backends.model_copy(update={"train": train})}))
     backend = RunpodTrain(train, str(artifacts), BudgetConfig(), runs)
     job = JobSpec(model=JobModel(name="Qwen/Qwen3-0.6B"))

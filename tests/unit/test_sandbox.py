@@ -143,7 +143,12 @@ def assert_contained(
 
 @pytest.mark.parametrize("case", CASES)
 def test_hostile_corpus(
-    case: str, tmp_path: Path, secret_env: str, hidden_file: tuple[Path, list[str]], victim: subprocess.Popen[bytes], abstract_listener: tuple[str, socket.socket]
+    case: str,
+    tmp_path: Path,
+    secret_env: str,
+    hidden_file: tuple[Path, list[str]],
+    victim: subprocess.Popen[bytes],
+    abstract_listener: tuple[str, socket.socket],
 ) -> None:
     tag, listener = abstract_listener
     source, args, limits = case_setup(case, tmp_path, hidden_file[0], victim, tag)
@@ -165,7 +170,12 @@ def test_hostile_corpus(
 @pytest.mark.skipif(not FULL, reason=f"no full isolation on this host: {HOST.problem}")
 @pytest.mark.parametrize("case", KERNEL_CASES)
 def test_kernel_layers_hold_without_the_audit_hook(
-    case: str, tmp_path: Path, secret_env: str, hidden_file: tuple[Path, list[str]], victim: subprocess.Popen[bytes], abstract_listener: tuple[str, socket.socket]
+    case: str,
+    tmp_path: Path,
+    secret_env: str,
+    hidden_file: tuple[Path, list[str]],
+    victim: subprocess.Popen[bytes],
+    abstract_listener: tuple[str, socket.socket],
 ) -> None:
     """The audit hook switched off: bubblewrap's namespaces and root, seccomp and the rlimits alone contain each case."""
     tag, listener = abstract_listener
@@ -295,11 +305,7 @@ def test_batch_calls_and_exports(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not FULL, reason=f"no full isolation on this host: {HOST.problem}")
 def test_isolation_layers_reported(tmp_path: Path) -> None:
-    source = (
-        "import os\n"
-        "def reward(p, c, a):\n"
-        "    return [os.getcwd(), os.getuid(), os.getpid(), sorted(os.listdir('/workspace'))]\n"
-    )
+    source = "import os\ndef reward(p, c, a):\n    return [os.getcwd(), os.getuid(), os.getpid(), sorted(os.listdir('/workspace'))]\n"
     files = workspace_with(tmp_path, "env.py", source)
     result = run_in_sandbox(files, "env.py", "reward", ["p", "c", "a"], SandboxLimits(**BASE_LIMITS))
     assert result.ok, result.error
@@ -384,11 +390,7 @@ def test_sandbox_failures_are_raised_not_blamed_on_the_agent(tmp_path: Path, mon
 
 
 def test_agent_cannot_forge_a_setup_failure(tmp_path: Path) -> None:
-    source = (
-        "import os\n"
-        "os.write(3, b'{\"status\": \"error\", \"kind\": \"bootstrap\", \"message\": \"x\"}\\n')\n"
-        "os._exit(0)\n"
-    )
+    source = 'import os\nos.write(3, b\'{"status": "error", "kind": "bootstrap", "message": "x"}\\n\')\nos._exit(0)\n'
     result = run_in_sandbox(workspace_with(tmp_path, "env.py", source), "env.py", "reward", [], SandboxLimits(**BASE_LIMITS))
     assert not result.ok and result.error.kind == "bad_output"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from metarl.store.episodes import StageRow, episode_seed, stage_context
 from metarl.runconfig import load_run
+from metarl.store.episodes import StageRow, episode_seed, stage_context
 from metarl.store.records import RunStatus, Stage
 from tests.conftest import REPO
 
@@ -16,7 +16,7 @@ def row(probe_attempt: int, previous_errors: list | None) -> StageRow:
     return StageRow(
         episode_id=17,
         run_id="0a1b2c3d-0000-4000-8000-000000000000",
-        run_created_at=dt.datetime(2026, 11, 30, tzinfo=dt.timezone.utc),
+        run_created_at=dt.datetime(2026, 11, 30, tzinfo=dt.UTC),
         run_status=RunStatus.running,
         stage=Stage.agent,
         probe_attempt=probe_attempt,
@@ -71,7 +71,13 @@ def test_a_runpod_runs_context_workspace_and_speed_reward_use_the_tasks_gpu_trai
     assert f"training time: at most {task.budget.max_gpu_train_seconds:g} seconds" in task_md
     # half the GPU cap is a fast job there; measured against the 60 s CPU cap it would be over budget
     params = reward_params(
-        episode_id=17, run_id="run", config=config, task=task, attempts=(1, 100), base_score=0.2, trained_score=0.6,
+        episode_id=17,
+        run_id="run",
+        config=config,
+        task=task,
+        attempts=(1, 100),
+        base_score=0.2,
+        trained_score=0.6,
         train_seconds=task.budget.max_gpu_train_seconds / 2,
     )
     assert params["speed"] > 0

@@ -24,7 +24,7 @@ def test_libpq_uri_drops_the_driver_and_keeps_the_rest(url: str, uri: str) -> No
 
 
 def test_status_document_orders_stages_fills_zeros_and_prefers_the_recorded_held_out_reward() -> None:
-    created = dt.datetime(2026, 12, 2, 18, 0, tzinfo=dt.timezone.utc)
+    created = dt.datetime(2026, 12, 2, 18, 0, tzinfo=dt.UTC)
     document = status_document(
         run_row=("r1", "demo", "running", 3, None, False, created, None),
         stages={"done": 5, "agent": 2},

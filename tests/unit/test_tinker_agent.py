@@ -32,8 +32,8 @@ from metarl.backends.tinker.agent import (
     run_conversation,
     turn_seed,
 )
-from metarl.errors import PermanentBackendError, TransientBackendError
 from metarl.backends.tinker.client import SampledTurn, TinkerGateway, TinkerPolicyRef
+from metarl.errors import PermanentBackendError, TransientBackendError
 from metarl.workspace import Workspace, tool_specs
 from metarl.workspace_probe import probe_workspace
 from schemas.base import FieldProblem
@@ -113,16 +113,18 @@ def test_observation_continues_after_the_end_token_and_opens_the_next_turn() -> 
 
 
 def test_parse_reply_json_xml_thinking_and_unterminated() -> None:
-    parsed = parse_reply("<think>maybe <tool_call>{\"name\": \"submit\"}</tool_call></think>" + call("list_files") + "\ntext\n" + call("submit"))
+    parsed = parse_reply('<think>maybe <tool_call>{"name": "submit"}</tool_call></think>' + call("list_files") + "\ntext\n" + call("submit"))
     assert parsed.calls == ('{"name": "list_files", "arguments": {}}', '{"name": "submit", "arguments": {}}')
     assert not parsed.unterminated
     xml = "<tool_call>\n<function=read_file>\n<parameter=path>\njob.toml\n</parameter>\n<parameter=offset>\n12\n</parameter>\n</function>\n</tool_call>"
     assert parse_reply(xml).calls == ({"name": "read_file", "arguments": {"path": "job.toml", "offset": 12}},)
     content = "line 1\n\nline 3\n"
-    write = f"<tool_call>\n<function=write_file>\n<parameter=path>\na.txt\n</parameter>\n<parameter=content>\n{content}\n</parameter>\n</function>\n</tool_call>"
+    write = (
+        f"<tool_call>\n<function=write_file>\n<parameter=path>\na.txt\n</parameter>\n<parameter=content>\n{content}\n</parameter>\n</function>\n</tool_call>"
+    )
     assert parse_reply(write).calls[0]["arguments"]["content"] == content
     assert parse_reply("no calls here").calls == ()
-    cut = parse_reply(call("list_files") + "\n<tool_call>\n{\"name\": \"write_file\", \"argu")
+    cut = parse_reply(call("list_files") + '\n<tool_call>\n{"name": "write_file", "argu')
     assert cut.unterminated and len(cut.calls) == 1
     assert parse_reply("<think>long thought cut off <tool_call>").calls == ()
     assert parse_xml_call("{}") is None
@@ -179,7 +181,13 @@ def test_multi_turn_episode_writes_a_workspace_that_passes_the_probe(tmp_path: P
     assert {p.stop[0] for p in sampler.params} == {IM_END} and all(p.max_tokens == 8192 and p.temperature == 1.0 for p in sampler.params)
     assert len({p.seed for p in sampler.params}) == 4
     transcript = [json.loads(line) for line in (files.parent / "transcript.jsonl").read_text().splitlines()]
-    assert [(e["tool"], e["ok"]) for e in transcript] == [("list_files", True), ("write_file", True), ("write_file", True), ("write_file", True), ("submit", True)]
+    assert [(e["tool"], e["ok"]) for e in transcript] == [
+        ("list_files", True),
+        ("write_file", True),
+        ("write_file", True),
+        ("write_file", True),
+        ("submit", True),
+    ]
 
 
 def test_policy_sample_is_one_sequence_with_behaviour_logprobs_only_on_sampled_tokens(tmp_path: Path) -> None:
@@ -202,7 +210,9 @@ def test_policy_sample_is_one_sequence_with_behaviour_logprobs_only_on_sampled_t
     cached = sum(len(earlier) + len(tok.encode(text)) + 1 for earlier, text in zip(prompts[:-1], GOOD_SCRIPT[:-1]))
     assert cached > 0
     assert [(c.key.rsplit(":", 1)[1], c.quantity) for c in submission.costs] == [
-        ("prompt", prompt_tokens - cached), ("cached_prompt", cached), ("sample", len(sampled)),
+        ("prompt", prompt_tokens - cached),
+        ("cached_prompt", cached),
+        ("sample", len(sampled)),
     ]
 
 
@@ -211,7 +221,12 @@ def test_xml_tool_calls_of_qwen3_5(tmp_path: Path) -> None:
         params = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in arguments.items())
         return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
 
-    script = [xml("write_file", path="job.toml", content=JOB), xml("write_file", path="environment.py", content=GOOD_ENV), xml("write_file", path="dataset.jsonl", content=dataset_text()), xml("submit")]
+    script = [
+        xml("write_file", path="job.toml", content=JOB),
+        xml("write_file", path="environment.py", content=GOOD_ENV),
+        xml("write_file", path="dataset.jsonl", content=dataset_text()),
+        xml("submit"),
+    ]
     submission, _ = run_agent(tmp_path, script, renderer="qwen3_5")
     assert submission.job_toml == JOB
     assert probe_workspace(Path(submission.workspace_uri), make_task(), limits=LIMITS).passed
@@ -220,11 +235,11 @@ def test_xml_tool_calls_of_qwen3_5(tmp_path: Path) -> None:
 def test_malformed_calls_get_feedback_and_are_recorded(tmp_path: Path) -> None:
     script = [
         "I think I am done.",  # no tool call
-        "<tool_call>\n{\"name\": \"write_file\", \"arguments\": {\"path\": \"job.toml\"\n</tool_call>",  # bad JSON
+        '<tool_call>\n{"name": "write_file", "arguments": {"path": "job.toml"\n</tool_call>',  # bad JSON
         call("delete_everything"),  # unknown tool
         call("read_file", path="../secrets"),  # path out of the workspace
         call("submit"),  # nothing written yet
-        call("write_file", path="job.toml", content=JOB) + "\n<tool_call>\n{\"name\": \"submit\"",  # unterminated second call
+        call("write_file", path="job.toml", content=JOB) + '\n<tool_call>\n{"name": "submit"',  # unterminated second call
         call("submit"),
     ]
     submission, service = run_agent(tmp_path, script)
@@ -331,7 +346,11 @@ def test_probe_feedback_of_the_previous_attempt_is_in_the_first_prompt(tmp_path:
 
 def test_bad_policy_state_is_a_permanent_error(tmp_path: Path) -> None:
     agent = TinkerAgent(agent_config(), connect_to=lambda: TinkerGateway(service=FakeService()))
-    for state, needle in [(None, "no saved state"), ("/tmp/v00001.pt", "not a Tinker policy reference"), (REF.model_copy(update={"base_model": "other/model"}).encode(), "LoRA of other/model")]:
+    for state, needle in [
+        (None, "no saved state"),
+        ("/tmp/v00001.pt", "not a Tinker policy reference"),
+        (REF.model_copy(update={"base_model": "other/model"}).encode(), "LoRA of other/model"),
+    ]:
         with pytest.raises(PermanentBackendError, match=needle):
             agent.run_attempt(context(tmp_path, state=state))
 
@@ -340,13 +359,19 @@ def test_sdk_errors_while_sampling_are_classified(tmp_path: Path) -> None:
     cases = [
         (server_failure("sample"), TransientBackendError),
         (user_failure("sample"), PermanentBackendError),
-        (tinker.RateLimitError("slow down", response=httpx.Response(429, request=httpx.Request("POST", "http://127.0.0.1/")), body=None), TransientBackendError),
-        (tinker.AuthenticationError("bad key", response=httpx.Response(401, request=httpx.Request("POST", "http://127.0.0.1/")), body=None), PermanentBackendError),
+        (
+            tinker.RateLimitError("slow down", response=httpx.Response(429, request=httpx.Request("POST", "http://127.0.0.1/")), body=None),
+            TransientBackendError,
+        ),
+        (
+            tinker.AuthenticationError("bad key", response=httpx.Response(401, request=httpx.Request("POST", "http://127.0.0.1/")), body=None),
+            PermanentBackendError,
+        ),
         (tinker.APITimeoutError(request=httpx.Request("POST", "http://127.0.0.1/")), TransientBackendError),
     ]
     for exc, kind in cases:
         service = FakeService(script=[call("submit")], fail_next={"sample": [exc]})
-        agent = TinkerAgent(agent_config(), connect_to=lambda: TinkerGateway(service=service))
+        agent = TinkerAgent(agent_config(), connect_to=lambda service=service: TinkerGateway(service=service))
         with pytest.raises(kind):
             agent.run_attempt(context(tmp_path))
 

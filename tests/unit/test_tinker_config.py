@@ -11,9 +11,9 @@ import pytest
 import tinker
 import tomli_w
 
-from metarl.backends.tinker import client as tinker_client
 from metarl.backends import registry
 from metarl.backends.base import EpisodeContext, OuterBatchEpisode
+from metarl.backends.tinker import client as tinker_client
 from metarl.backends.tinker.agent import TinkerAgent
 from metarl.backends.tinker.outer import TinkerOuter
 from metarl.errors import PermanentBackendError, TransientBackendError
@@ -72,7 +72,11 @@ def test_example_loads_and_the_registry_builds_tinker_backends_without_a_key(mon
         ("outer", {"type": "sim"}, "must both be `tinker`"),
         ("agent", {"type": "sim"}, "must both be `tinker`"),
         ("outer", {"type": "local"}, "must both be `local`"),
-        ("outer", {"type": "tinker", "usd_per_million_train_tokens": 1.0, "base_url": "https://tinker.example"}, "backends.outer.base_url must equal backends.agent.base_url"),
+        (
+            "outer",
+            {"type": "tinker", "usd_per_million_train_tokens": 1.0, "base_url": "https://tinker.example"},
+            "backends.outer.base_url must equal backends.agent.base_url",
+        ),
     ],
 )
 def test_tinker_agent_and_outer_come_together(stage: str, table: dict, needle: str) -> None:
@@ -88,13 +92,31 @@ def test_tinker_agent_and_outer_come_together(stage: str, table: dict, needle: s
         ("max_turns = 24", "max_turns = 0", "backends.agent.max_turns", "use a value >= 1"),
         ("max_context_tokens = 32768", "max_context_tokens = 65536", "backends.agent.max_context_tokens", "use a value <= 32768"),
         ("max_context_tokens = 32768", "max_context_tokens = 300000", "backends.agent.max_context_tokens", "use a value <= 262144"),
-        ('base_model = "Qwen/Qwen3-30B-A3B"\nrenderer = "qwen3"\nmax_turns = 24\nmax_tokens_per_turn = 4096\nmax_context_tokens = 32768',
-         'base_model = "acme/Unlisted-7B"\nrenderer = "qwen3"\nmax_turns = 24\nmax_tokens_per_turn = 4096',
-         "backends.agent.max_context_tokens", "add this key"),
+        (
+            'base_model = "Qwen/Qwen3-30B-A3B"\nrenderer = "qwen3"\nmax_turns = 24\nmax_tokens_per_turn = 4096\nmax_context_tokens = 32768',
+            'base_model = "acme/Unlisted-7B"\nrenderer = "qwen3"\nmax_turns = 24\nmax_tokens_per_turn = 4096',
+            "backends.agent.max_context_tokens",
+            "add this key",
+        ),
         ("max_tokens_per_turn = 4096", "max_tokens_per_turn = 40000", "backends.agent.max_context_tokens", "correct the value"),
-        ("usd_per_million_cached_prompt_tokens = 0.125", "usd_per_million_cached_prompt_tokens = 0.75", "backends.agent.usd_per_million_cached_prompt_tokens", "use a value <= 0.5"),
-        ("usd_per_million_cached_prompt_tokens = 0.125", "usd_per_million_cached_prompt_tokens = 2000.0", "backends.agent.usd_per_million_cached_prompt_tokens", "use a value <= 1000"),
-        ("usd_per_million_cached_prompt_tokens = 0.125   # prompt tokens the service reports as prefix-cache hits\n", "", "backends.agent.usd_per_million_cached_prompt_tokens", "add this key"),
+        (
+            "usd_per_million_cached_prompt_tokens = 0.125",
+            "usd_per_million_cached_prompt_tokens = 0.75",
+            "backends.agent.usd_per_million_cached_prompt_tokens",
+            "use a value <= 0.5",
+        ),
+        (
+            "usd_per_million_cached_prompt_tokens = 0.125",
+            "usd_per_million_cached_prompt_tokens = 2000.0",
+            "backends.agent.usd_per_million_cached_prompt_tokens",
+            "use a value <= 1000",
+        ),
+        (
+            "usd_per_million_cached_prompt_tokens = 0.125   # prompt tokens the service reports as prefix-cache hits\n",
+            "",
+            "backends.agent.usd_per_million_cached_prompt_tokens",
+            "add this key",
+        ),
         ("temperature = 1.0", "temperature = 0.0", "backends.agent.temperature", "use a value > 0"),
         ('base_model = "Qwen/Qwen3-30B-A3B"', 'base_model = "../../etc/passwd"', "backends.agent.base_model", "match the pattern"),
         ("usd_per_million_prompt_tokens = 0.5", "usd_per_million_prompt_tokens = -1.0", "backends.agent.usd_per_million_prompt_tokens", "use a value >= 0"),
@@ -151,7 +173,9 @@ def test_the_api_key_reaches_the_sdk_and_nothing_else(monkeypatch: pytest.Monkey
     config, _ = load_run(EXAMPLE)
     outer, agent = registry.outer_backend(config), registry.agent_backend(config)
     state = outer.initial_state("run-1", config)
-    ctx = EpisodeContext(run_id="run-1", episode_id=1, task=make_task(), policy_version=0, probe_attempt=1, seed=0, artifacts_root=str(tmp_path), policy_state_uri=state)
+    ctx = EpisodeContext(
+        run_id="run-1", episode_id=1, task=make_task(), policy_version=0, probe_attempt=1, seed=0, artifacts_root=str(tmp_path), policy_state_uri=state
+    )
     submission = agent.run_attempt(ctx)
     batch = [
         OuterBatchEpisode(episode_id=1, group_id=1, policy_version=0, reward=1.0, samples=[submission.sample]),
@@ -159,14 +183,23 @@ def test_the_api_key_reaches_the_sdk_and_nothing_else(monkeypatch: pytest.Monkey
     ]
     result = outer.update("run-1", 1, 1, batch, config, state)
     assert len(services) == 1 and services[0].api_key == SECRET  # one client per process, given the key
-    leaked_error = tinker.RequestFailedError(f"upstream said: bad header Authorization: Bearer {SECRET}", request_id="r", category=tinker.types.request_error_category.RequestErrorCategory.Server)
+    leaked_error = tinker.RequestFailedError(
+        f"upstream said: bad header Authorization: Bearer {SECRET}", request_id="r", category=tinker.types.request_error_category.RequestErrorCategory.Server
+    )
     services[0].fail_next = {"sample": [leaked_error]}
     with pytest.raises(TransientBackendError) as info:
         agent.run_attempt(ctx.model_copy(update={"probe_attempt": 2}))
     assert "***" in str(info.value)
     texts = [
-        caplog.text, str(info.value), repr(config), config.model_dump_json(), repr(agent), repr(outer),
-        repr(tinker_client.connect(None, config.backends.agent.timeout_s)), submission.model_dump_json(), result.model_dump_json(),
+        caplog.text,
+        str(info.value),
+        repr(config),
+        config.model_dump_json(),
+        repr(agent),
+        repr(outer),
+        repr(tinker_client.connect(None, config.backends.agent.timeout_s)),
+        submission.model_dump_json(),
+        result.model_dump_json(),
     ]
     texts += [path.read_text() for path in tmp_path.rglob("*") if path.is_file()]
     assert all(SECRET not in text for text in texts)

@@ -13,8 +13,8 @@ method's signature, and every answer must be the SDK's type.
 from __future__ import annotations
 
 import concurrent.futures
-import math
 import inspect
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +83,9 @@ CISPO_DEFAULT_CONFIG = {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}
 """The cispo clip without a loss_fn_config (tinker-cookbook tutorials/202_loss_functions.py)."""
 
 
-def server_gradients(loss_fn: str, config: dict[str, float] | None, new: list[float], behaviour: list[float], advantages: list[float]) -> tuple[float, list[float]]:
+def server_gradients(
+    loss_fn: str, config: dict[str, float] | None, new: list[float], behaviour: list[float], advantages: list[float]
+) -> tuple[float, list[float]]:
     """(loss, d loss / d new logprob per target) of a built-in RL loss, as the Tinker service computes it.
 
     importance_sampling: -sum(r * A), r = exp(lp - sampling_lp) (the SDK's built-in loss). cispo: the clipped
@@ -125,17 +127,31 @@ class FakeService:
         self.training_clients.append(client)
         return client
 
-    def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None, train_mlp: bool = True, train_attn: bool = True, train_unembed: bool = True, user_metadata: dict | None = None, optimizer: Any = None) -> AwaitableConcurrentFuture:
+    def create_lora_training_client(
+        self,
+        base_model: str,
+        rank: int = 32,
+        seed: int | None = None,
+        train_mlp: bool = True,
+        train_attn: bool = True,
+        train_unembed: bool = True,
+        user_metadata: dict | None = None,
+        optimizer: Any = None,
+    ) -> AwaitableConcurrentFuture:
         self.log.append(("create_lora_training_client", base_model, rank, seed))
         return done(self._new_training(0, None))
 
-    def create_training_client_from_state_with_optimizer(self, path: str, base_model: str | None = None, user_metadata: dict | None = None, weights_access_token: str | None = None) -> AwaitableConcurrentFuture:
+    def create_training_client_from_state_with_optimizer(
+        self, path: str, base_model: str | None = None, user_metadata: dict | None = None, weights_access_token: str | None = None
+    ) -> AwaitableConcurrentFuture:
         self.log.append(("create_training_client_from_state_with_optimizer", path))
         if path not in self.saved:
             return failed(user_failure(f"no checkpoint {path}"))
         return done(self._new_training(self.saved[path], path))
 
-    def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None, retry_config: Any = None, record_stability_info: bool = False) -> AwaitableConcurrentFuture:
+    def create_sampling_client(
+        self, model_path: str | None = None, base_model: str | None = None, retry_config: Any = None, record_stability_info: bool = False
+    ) -> AwaitableConcurrentFuture:
         self.log.append(("create_sampling_client", model_path))
         client = FakeSamplingClient(self, model_path)
         self.sampling_clients.append(client)
@@ -200,7 +216,9 @@ class FakeTrainingClient:
             total += loss
             self.grads.append(torch.tensor(grads))
             outputs.append({"logprobs": types.TensorData(data=new, dtype="float32", shape=[len(new)])})
-        return self._answer("forward_backward", types.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics={"loss:sum": total}))
+        return self._answer(
+            "forward_backward", types.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics={"loss:sum": total})
+        )
 
     def optim_step(self, optim_params: Any = None, *, adam_params: Any = None) -> AwaitableConcurrentFuture:
         failure = self._maybe_fail("optim_step")
@@ -251,7 +269,18 @@ class FakeSamplingClient:
     params: list[types.SamplingParams] = field(default_factory=list)
     last: list[int] | None = None
 
-    def sample(self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams, include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0, topk_sample_logprobs: int = 0, target_prompt_logprobs: Any = None, prompt_alt_tokens_k: int = 0, prompt_logprobs_last_n: int | None = None) -> AwaitableConcurrentFuture:
+    def sample(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int,
+        sampling_params: types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: Any = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
+    ) -> AwaitableConcurrentFuture:
         assert isinstance(prompt, types.ModelInput) and isinstance(sampling_params, types.SamplingParams) and num_samples == 1
         tokens = prompt.to_ints()
         self.prompts.append(tokens)

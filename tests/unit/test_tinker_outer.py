@@ -14,13 +14,13 @@ import pytest
 import tinker
 from tinker import types
 
-from metarl.backends.tinker import outer as tinker_outer
 from metarl.backends.base import OuterBatchEpisode, PolicySample
+from metarl.backends.tinker import outer as tinker_outer
 from metarl.backends.tinker.agent import NOT_SAMPLED
+from metarl.backends.tinker.client import TinkerGateway, TinkerPolicyRef
 from metarl.backends.tinker.outer import TinkerOuter, batch_datums, ratio_metrics, sample_datum
 from metarl.errors import PermanentBackendError, TransientBackendError
 from metarl.outer_update import build_datum, to_tinker_datum
-from metarl.backends.tinker.client import TinkerGateway, TinkerPolicyRef
 from schemas.base import load_toml_model
 from schemas.run_config import RunConfig
 from tests.unit.test_tinker_fakes import FakeService, http_error, server_failure, user_failure
@@ -132,7 +132,10 @@ def test_initial_state_creates_the_lora_and_saves_version_zero() -> None:
         ("save_weights_for_sampler", "run0", "metarl-run-1-v00000", 7 * 86_400),
     ]
     assert ref == TinkerPolicyRef(
-        base_model="Qwen/Qwen3-30B-A3B", version=0, state_path="tinker://run0/weights/metarl-run-1-v00000", sampler_path="tinker://run0/sampler_weights/metarl-run-1-v00000"
+        base_model="Qwen/Qwen3-30B-A3B",
+        version=0,
+        state_path="tinker://run0/weights/metarl-run-1-v00000",
+        sampler_path="tinker://run0/sampler_weights/metarl-run-1-v00000",
     )
 
 
@@ -155,7 +158,11 @@ def test_update_calls_forward_backward_optim_step_and_saves_in_order() -> None:
     assert (adam.learning_rate, adam.beta1, adam.beta2, adam.grad_clip_norm, adam.weight_decay) == (config.outer.learning_rate, 0.9, 0.95, 1.0, 0.0)
     assert service.log[2][2] == service.log[3][2] == "metarl-run-1-v00001"
     ref = TinkerPolicyRef.parse(result.state_uri)
-    assert (ref.version, ref.state_path, ref.sampler_path) == (1, "tinker://run0/weights/metarl-run-1-v00001", "tinker://run0/sampler_weights/metarl-run-1-v00001")
+    assert (ref.version, ref.state_path, ref.sampler_path) == (
+        1,
+        "tinker://run0/weights/metarl-run-1-v00001",
+        "tinker://run0/sampler_weights/metarl-run-1-v00001",
+    )
     assert service.saved[ref.sampler_path] == 1  # the sampler weights hold the step
     assert result.metrics["skipped"] == 0.0 and result.metrics["datums"] == 2.0 and result.metrics["recoveries"] == 0.0
     assert result.metrics["ratio_mean"] == pytest.approx(math.exp(0.1), rel=1e-4) and result.metrics["frac_truncated"] == 0.0
@@ -192,7 +199,10 @@ def test_a_failed_training_client_is_recreated_from_the_last_saved_state(failing
     assert len(on_failed) <= 1 and all(entry[-1] == "refused" for entry in on_failed), "the poisoned client got another request"
     assert ("create_training_client_from_state_with_optimizer", base.state_path) in after
     assert [entry[0] for entry in after if entry[0] != "create_training_client_from_state_with_optimizer" and entry[1] != "run0"] == [
-        "forward_backward", "optim_step", "save_state", "save_weights_for_sampler",
+        "forward_backward",
+        "optim_step",
+        "save_state",
+        "save_weights_for_sampler",
     ]
     ref = TinkerPolicyRef.parse(v2.state_uri)
     assert ref.state_path.startswith("tinker://run1/") and ref.sampler_path.startswith("tinker://run1/")
@@ -265,9 +275,12 @@ def test_every_version_expires_after_the_ttl_and_the_last_one_after_its_own() ->
         state = outer.update("run-1", version, version, batch(), config, state).state_uri
     saves = [(entry[0], entry[2][-6:], entry[3]) for entry in service.log if entry[0].startswith("save")]
     assert saves == [
-        ("save_state", "v00000", 3600), ("save_weights_for_sampler", "v00000", 3600),
-        ("save_state", "v00001", 3600), ("save_weights_for_sampler", "v00001", 3600),
-        ("save_state", "v00002", 30 * 86_400), ("save_weights_for_sampler", "v00002", 30 * 86_400),
+        ("save_state", "v00000", 3600),
+        ("save_weights_for_sampler", "v00000", 3600),
+        ("save_state", "v00001", 3600),
+        ("save_weights_for_sampler", "v00001", 3600),
+        ("save_state", "v00002", 30 * 86_400),
+        ("save_weights_for_sampler", "v00002", 30 * 86_400),
     ]
     assert tinker_outer.checkpoint_ttl(config.backends.outer.model_copy(update={"final_checkpoint_ttl_s": None}), 2, 2) is None
 
@@ -313,7 +326,11 @@ def test_a_failure_after_any_request_never_puts_two_steps_in_a_version(after: st
     else:
         with pytest.raises((RuntimeError, TimeLimit)):
             outer.update("run-1", 2, 2, batch(), config, refs[1].encode())
-        retrying = outer if retry_in == "same process" else TinkerOuter(config.backends.outer, config.backends.agent, connect_to=lambda: TinkerGateway(service=service))
+        retrying = (
+            outer
+            if retry_in == "same process"
+            else TinkerOuter(config.backends.outer, config.backends.agent, connect_to=lambda: TinkerGateway(service=service))
+        )
         result = retrying.update("run-1", 2, 2, batch(), config, refs[1].encode())  # the worker's retry of step 2
     refs.append(TinkerPolicyRef.parse(result.state_uri))
     refs.append(TinkerPolicyRef.parse(outer.update("run-1", 3, 3, batch(), config, refs[2].encode()).state_uri))
@@ -337,7 +354,9 @@ def test_an_error_in_our_own_code_after_the_step_drops_the_stepped_client(retry_
     with pytest.raises(ValueError, match="another length"):
         outer.update("run-1", 1, 1, batch(), config, refs[0].encode())
     assert "run-1" not in gateway.training_clients
-    retrying = outer if retry_in == "same process" else TinkerOuter(config.backends.outer, config.backends.agent, connect_to=lambda: TinkerGateway(service=service))
+    retrying = (
+        outer if retry_in == "same process" else TinkerOuter(config.backends.outer, config.backends.agent, connect_to=lambda: TinkerGateway(service=service))
+    )
     refs.append(TinkerPolicyRef.parse(retrying.update("run-1", 1, 1, batch(), config, refs[0].encode()).state_uri))
     refs.append(TinkerPolicyRef.parse(retrying.update("run-1", 2, 2, batch(), config, refs[1].encode()).state_uri))
     published_chain(service, refs)

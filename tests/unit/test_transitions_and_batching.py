@@ -6,9 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metarl.domain.batching import GroupView, groups_to_open, is_stale, oldest_fresh_version, plan_batch, staleness, tasks_to_open
-from metarl.store.tick_counts import TickCounts
 from metarl.domain.transitions import after_agent, after_eval, after_probe, after_train
 from metarl.store.records import Stage
+from metarl.store.tick_counts import TickCounts
 
 
 def test_probe_pass_goes_to_train():

@@ -20,6 +20,14 @@ import torch
 from metarl.backends import registry
 from metarl.backends.local.train import LocalEval
 from metarl.backends.vllm.eval import VllmEval, checkpoint_folder
+from metarl.backends.vllm.scoring import (
+    completions_from_outputs,
+    engine_kwargs,
+    resolve_model_len,
+    sampling_kwargs,
+    score_with_llm,
+    vllm_prompts,
+)
 from metarl.errors import PermanentBackendError
 from metarl.learning import scoring
 from metarl.learning.families import get_family
@@ -34,14 +42,6 @@ from metarl.learning.scoring import (
     score_loaded_model,
 )
 from metarl.learning.tokenizer import load_tokenizer
-from metarl.backends.vllm.scoring import (
-    completions_from_outputs,
-    engine_kwargs,
-    resolve_model_len,
-    sampling_kwargs,
-    score_with_llm,
-    vllm_prompts,
-)
 from schemas.base import ConfigError, load_toml_model
 from schemas.run_config import LocalEvalBackend, RunConfig, VllmEvalBackend
 from schemas.task_spec import TaskSpec
@@ -151,18 +151,13 @@ def record_torch_run(monkeypatch: pytest.MonkeyPatch, model, tokenizer, family, 
     score = score_loaded_model(model, tokenizer, family, items, pass_k=pass_k, seed=7)
     monkeypatch.setattr(scoring, "sample_completions", real)
     assert len(calls) == pass_k, "one batch per round (the eval is smaller than EVAL_BATCH_SIZE)"
-    prompt_ids = [
-        [token for token, keep in zip(row, mask) if keep]
-        for row, mask in zip(calls[0][0].input_ids.tolist(), calls[0][0].attention_mask.tolist())
-    ]
+    prompt_ids = [[token for token, keep in zip(row, mask) if keep] for row, mask in zip(calls[0][0].input_ids.tolist(), calls[0][0].attention_mask.tolist())]
     rounds = [[vllm_style(row, tokenizer.eos_token_id) for row in result.token_ids.tolist()] for _, result in calls]
     per_item = [[rounds[index][item] for index in range(pass_k)] for item in range(len(items))]
     return score, prompt_ids, per_item, calls
 
 
-@pytest.mark.parametrize(
-    "family_name, pass_k, answer_every", [("addition", 1, None), ("reversal", 1, 3), ("date_format", 1, 2), ("sorting", 3, 4)]
-)
+@pytest.mark.parametrize("family_name, pass_k, answer_every", [("addition", 1, None), ("reversal", 1, 3), ("date_format", 1, 2), ("sorting", 3, 4)])
 def test_vllm_path_scores_the_torch_completions_exactly_like_the_local_scorer(
     monkeypatch: pytest.MonkeyPatch, loaded, family_name: str, pass_k: int, answer_every: int | None
 ) -> None:
@@ -351,9 +346,7 @@ FAKE_VLLM = textwrap.dedent(
 )
 
 
-def test_backend_scores_in_a_subprocess_and_matches_the_local_backend(
-    monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, tmp_path: Path
-) -> None:
+def test_backend_scores_in_a_subprocess_and_matches_the_local_backend(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, tmp_path: Path) -> None:
     """End to end through `python -m metarl.backends.vllm.scoring`, with a fake vllm package on PYTHONPATH."""
     fake_root = tmp_path / "fake-site"
     (fake_root / "vllm").mkdir(parents=True)

@@ -82,7 +82,16 @@ def outside_entries(tmp_path: Path) -> list[str]:
 def test_task_md_has_public_part_and_never_hidden_eval(ws: Workspace, task: TaskSpec) -> None:
     text = ws.read_file(TASK_FILE).result["content"]
     assert text == render_task_md(task, limits=ws.limits)
-    for needle in ("Add two numbers", "Teach the model to add.", "add 1+2=", "Qwen/Qwen3-0.6B", "123456", "def reward(prompt: str, completion: str, answer: str) -> float", "COMPONENTS", "[dataset]"):
+    for needle in (
+        "Add two numbers",
+        "Teach the model to add.",
+        "add 1+2=",
+        "Qwen/Qwen3-0.6B",
+        "123456",
+        "def reward(prompt: str, completion: str, answer: str) -> float",
+        "COMPONENTS",
+        "[dataset]",
+    ):
         assert needle in text
     for value in HIDDEN_VALUES.values():
         assert str(value) not in text
@@ -408,10 +417,16 @@ def test_property_paths_never_escape(tmp_path_factory: pytest.TempPathFactory, p
 
 
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20))
-json_values = st.recursive(json_scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=12)
+json_values = st.recursive(
+    json_scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=12
+)
 tool_calls = st.one_of(
     st.text(max_size=80),
-    st.builds(lambda name, args: json.dumps({"name": name, "arguments": args}), st.sampled_from(["list_files", "read_file", "write_file", "baseline_score", "submit", "x"]), json_values),
+    st.builds(
+        lambda name, args: json.dumps({"name": name, "arguments": args}),
+        st.sampled_from(["list_files", "read_file", "write_file", "baseline_score", "submit", "x"]),
+        json_values,
+    ),
     st.builds(lambda data: json.dumps(data), json_values),
 )
 

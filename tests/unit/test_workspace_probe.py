@@ -141,10 +141,10 @@ def test_missing_environment_module(ws: Workspace) -> None:
 
 
 def test_components_checked(ws: Workspace) -> None:
-    assert ws.write_file("job.toml", JOB.replace("format = 0.1", "format = 0.1\n\"odd name\" = 0.2")).ok
+    assert ws.write_file("job.toml", JOB.replace("format = 0.1", 'format = 0.1\n"odd name" = 0.2')).ok
     verdict = probe(ws)
     assert fields(verdict) == ['reward.components."odd name"']
-    broken = GOOD_ENV.replace('return float(completion.strip().isdigit())', 'raise KeyError("boom")')
+    broken = GOOD_ENV.replace("return float(completion.strip().isdigit())", 'raise KeyError("boom")')
     assert ws.write_file("environment.py", broken).ok
     assert ws.write_file("job.toml", JOB).ok
     problem = probe(ws).errors[0]
@@ -257,7 +257,12 @@ PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples
 
 
 @PROPERTY
-@given(data=st.one_of(st.binary(max_size=300), st.lists(st.one_of(st.text(max_size=40), st.just('{"prompt": "add 1+1=", "answer": "2"}')), max_size=8).map("\n".join).map(str.encode)))
+@given(
+    data=st.one_of(
+        st.binary(max_size=300),
+        st.lists(st.one_of(st.text(max_size=40), st.just('{"prompt": "add 1+1=", "answer": "2"}')), max_size=8).map("\n".join).map(str.encode),
+    )
+)
 def test_property_dataset_problems_never_raise(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
     files = tmp_path_factory.mktemp("ds")
     (files / "dataset.jsonl").write_bytes(data)

@@ -140,7 +140,9 @@ def write_workspace(ctx: EpisodeContext, job_toml: str, baseline: Callable[[str]
         dataset = parsed.get("dataset", {})
         size = int(dataset.get("size", 1000))
         if 0 < size <= MAX_RENDERED_DATASET:
-            workspace.write_file(str(dataset.get("path", "dataset.jsonl")), dataset_text(ctx.task.family, size, float(dataset.get("difficulty", 0.5)), ctx.seed))
+            workspace.write_file(
+                str(dataset.get("path", "dataset.jsonl")), dataset_text(ctx.task.family, size, float(dataset.get("difficulty", 0.5)), ctx.seed)
+            )
         module_source = environment_source(weights, ctx.task.family, rollout_max_tokens(parsed))
         workspace.write_file(str(parsed.get("environment", {}).get("module", "environment.py")), module_source)
     workspace.submit()
@@ -204,9 +206,7 @@ class LocalOuter:
             LocalPolicy(PolicyConfig(init_seed=self.agent.init_seed, default_bias=self.agent.prior_default_bias)).save_state(path)
         return str(path)
 
-    def update(
-        self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None
-    ) -> OuterResult:
+    def update(self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None) -> OuterResult:
         import torch
 
         from metarl.domain.advantages import group_advantages

@@ -230,8 +230,12 @@ class LocalTrain:
             status = json.loads(status_file.read_text(encoding="utf-8"))
             metrics = str(job_dir / "metrics.jsonl")
             if status["status"] == "succeeded":
-                return PollResult(status="succeeded", state=state, checkpoint_uri=str(job_dir / "checkpoint"), metrics_uri=metrics, train_seconds=status["train_seconds"])
-            return PollResult(status="failed", state=state, metrics_uri=metrics, train_seconds=status.get("train_seconds"), error=status.get("error", "trainer failed"))
+                return PollResult(
+                    status="succeeded", state=state, checkpoint_uri=str(job_dir / "checkpoint"), metrics_uri=metrics, train_seconds=status["train_seconds"]
+                )
+            return PollResult(
+                status="failed", state=state, metrics_uri=metrics, train_seconds=status.get("train_seconds"), error=status.get("error", "trainer failed")
+            )
         if process_alive(int(state["pid"]), float(state["create_time"])):
             return PollResult(status="running", state=state)
         if status_file.exists():

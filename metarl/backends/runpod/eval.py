@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from metarl.backends.base import BaseModelIdentity, EpisodeContext, Score
+from metarl.backends.runpod.pod.eval_server import EngineSettings, EvalRequest, EvalResult, Target, TargetOutput, items_digest
 from metarl.errors import PermanentBackendError, TransientBackendError
 from metarl.learning.families import Example, get_family
-from metarl.backends.runpod.pod.eval_server import EngineSettings, EvalRequest, EvalResult, Target, TargetOutput, items_digest
 from schemas.job import JobSpec
 from schemas.run_config import PodVllmEvalBackend
 from schemas.task_spec import TaskSpec
@@ -88,7 +88,7 @@ def eval_request(task: TaskSpec, config: PodVllmEvalBackend, *, request_id: str,
     )
 
 
-def grade(task: TaskSpec, output: TargetOutput, digest: str) -> "EvalScore":
+def grade(task: TaskSpec, output: TargetOutput, digest: str) -> EvalScore:
     """Grade a pod's completions against the task's hidden answers (refused when they answer other prompts)."""
     from metarl.learning.scoring import score_completions
 
@@ -98,23 +98,29 @@ def grade(task: TaskSpec, output: TargetOutput, digest: str) -> "EvalScore":
     return score_completions(get_family(task.family), items, output.completions, pass_k=task.hidden_eval.pass_k)
 
 
-def as_score(result: "EvalScore") -> Score:
+def as_score(result: EvalScore) -> Score:
     return Score(score=result.mean, ci_low=result.ci_low, ci_high=result.ci_high, n_items=max(1, result.n))
 
 
-def baseline_path(store: "Store", task: TaskSpec, model_name: str) -> str:
+def baseline_path(store: Store, task: TaskSpec, model_name: str) -> str:
     """Where a pod's base-model completions for (task, model, eval version) are kept."""
     model_key = hashlib.sha256(model_name.encode("utf-8")).hexdigest()[:16]
     return store.path(BASELINES_DIR, task.id, model_key, f"v{task.hidden_eval.version}.json")
 
 
-def keep_baseline(store: "Store", task: TaskSpec, model_name: str, output: TargetOutput, digest: str, job_name: str) -> bool:
+def keep_baseline(store: Store, task: TaskSpec, model_name: str, output: TargetOutput, digest: str, job_name: str) -> bool:
     """Keep a pod's base-model completions unless some are kept already (same inputs; the first wins). True when written."""
     path = baseline_path(store, task, model_name)
     if store.read(path) is not None:
         return False
     record = BaselineCompletions(
-        task_id=task.id, model_name=model_name, eval_version=task.hidden_eval.version, pass_k=task.hidden_eval.pass_k, digest=digest, output=output, job_name=job_name
+        task_id=task.id,
+        model_name=model_name,
+        eval_version=task.hidden_eval.version,
+        pass_k=task.hidden_eval.pass_k,
+        digest=digest,
+        output=output,
+        job_name=job_name,
     )
     store.write_model(path, record)
     return True
@@ -152,7 +158,7 @@ class PodVllmEval:
         record = self._baseline(task, model_name)
         if record is None:
             raise PermanentBackendError(
-                f"no pod has scored base model {model_name} on task {task.id} yet: with backends.eval.type = \"pod_vllm\" base scores "
+                f'no pod has scored base model {model_name} on task {task.id} yet: with backends.eval.type = "pod_vllm" base scores '
                 "are measured on the pod of the first job that needs one"
             )
         return as_score(grade(task, record.output, record.digest))
@@ -163,7 +169,7 @@ class PodVllmEval:
             return self.score_base(ctx.task, job.model.name)
         uri = train_state.get("eval_result_uri")
         if not uri:
-            raise PermanentBackendError("the inner job's pod left no eval result (was it trained with backends.eval.type = \"pod_vllm\"?)")
+            raise PermanentBackendError('the inner job\'s pod left no eval result (was it trained with backends.eval.type = "pod_vllm"?)')
         try:
             data = self.store.read(self.store_path(uri))
         except OSError as err:
@@ -187,7 +193,7 @@ class PodVllmEval:
         return self.store.read_model(baseline_path(self.store, task, model_name), BaselineCompletions)
 
 
-def result_uri(store: "Store", attempt_dir: str) -> str:
+def result_uri(store: Store, attempt_dir: str) -> str:
     """The URI of an attempt's eval result (recorded in the job's state for the eval stage)."""
     from metarl.backends.runpod.pod.eval_server import RESULT_FILE
 

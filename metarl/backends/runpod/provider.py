@@ -31,9 +31,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from metarl.backends.runpod.pod.runner import ENCODED_PREFIX
 from metarl.domain.retry import Backoff, backoff_delay
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
-from metarl.backends.runpod.pod.runner import ENCODED_PREFIX
 from schemas.run_config import RUNPOD_API_KEY_ENV
 
 log = logging.getLogger("metarl.runpod")
@@ -165,7 +165,6 @@ def classify_message(message: str) -> ErrorKind:
 def sdk_errors() -> tuple[type[BaseException], ...]:
     """The exceptions an SDK call can raise (its own, `requests`, odd bodies, our deadline)."""
     import requests
-
     from runpod import error as sdk_error
 
     return (sdk_error.RunPodError, requests.RequestException, KeyError, TypeError, ValueError, concurrent.futures.TimeoutError)
@@ -174,7 +173,6 @@ def sdk_errors() -> tuple[type[BaseException], ...]:
 def classify_exception(err: BaseException) -> ErrorKind:
     """An exception raised by an SDK call -> what it means."""
     import requests
-
     from runpod import error as sdk_error
 
     if isinstance(err, sdk_error.AuthenticationError):

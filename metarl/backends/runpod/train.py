@@ -53,14 +53,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from metarl.backends.base import CostItem, EpisodeContext, LaunchResult, PollResult
-from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
+from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, Target
+from metarl.backends.runpod.pod.manifest import EXIT_FILE, METRICS_DIR, STATUS_FILE
 from metarl.backends.runpod.pod.runner import ENV_PREFIX as RUNNER_ENV_PREFIX
 from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment
 from metarl.backends.runpod.pod.supervisor import POD_NAME_ENV, POD_ROOT_ENV, assignment_path
-from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, Target
-from metarl.backends.runpod.pod.manifest import EXIT_FILE, METRICS_DIR, STATUS_FILE
 from metarl.backends.runpod.provider import LaunchRequest, PodInfo, PodState, RetryPolicy, RunpodProvider
 from metarl.backends.runpod.runs import RunpodRuns
+from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
 from schemas.job import JobSpec
 from schemas.run_config import BudgetConfig, PodVllmEvalBackend, RunpodTrainBackend
 from schemas.states import ENDED_RUN_STATUSES, RunStatus
@@ -215,7 +215,9 @@ def heartbeat_step(beat: Heartbeat | None) -> int | None:
     return beat.step if beat.step is not None else -1
 
 
-def watchdog(now: float, step: int | None, last_step: int, last_progress_at: float, assigned_at: float, startup_timeout_s: float, hang_timeout_s: float) -> Progress:
+def watchdog(
+    now: float, step: int | None, last_step: int, last_progress_at: float, assigned_at: float, startup_timeout_s: float, hang_timeout_s: float
+) -> Progress:
     """Progress bookkeeping and the watchdog's decision (a pod that stops moving is hung)."""
     if step is not None and step > last_step:
         last_step, last_progress_at = step, now
@@ -224,7 +226,9 @@ def watchdog(now: float, step: int | None, last_step: int, last_progress_at: flo
     if last_step < 0:
         waited = now - assigned_at
         if waited > startup_timeout_s:
-            return Progress(last_step=last_step, last_progress_at=last_progress_at, hung=f"no progress within {startup_timeout_s:.0f}s of start ({waited:.0f}s)")
+            return Progress(
+                last_step=last_step, last_progress_at=last_progress_at, hung=f"no progress within {startup_timeout_s:.0f}s of start ({waited:.0f}s)"
+            )
         return Progress(last_step=last_step, last_progress_at=last_progress_at)
     stalled = now - last_progress_at
     if stalled > hang_timeout_s:
@@ -532,13 +536,24 @@ class RunpodTrain:
             moved = self._place(ctx.run_id, current.job_name, attempt=current.attempt + 1, prior_usd=current.prior_usd + spent, restarts=restarts)
         except CapacityError as err:
             log.warning("runpod job %s waits for a pod after a restart: %s", current.job_name, err)
-            moved = JobState(job_name=current.job_name, attempt=current.attempt + 1, prior_usd=current.prior_usd + spent, restarts=restarts, waiting_since=self.clock())
+            moved = JobState(
+                job_name=current.job_name, attempt=current.attempt + 1, prior_usd=current.prior_usd + spent, restarts=restarts, waiting_since=self.clock()
+            )
         return PollResult(status="running", state=moved.model_dump(mode="json"), costs=costs)
 
     # the on-pod hidden eval
 
     def _poll_eval(
-        self, ctx: EpisodeContext, job: JobSpec, current: JobState, pod: PodInfo | None, exit_report: ExitReport, attempt_dir: str, costs: list[CostItem], uptime: int, now: float
+        self,
+        ctx: EpisodeContext,
+        job: JobSpec,
+        current: JobState,
+        pod: PodInfo | None,
+        exit_report: ExitReport,
+        attempt_dir: str,
+        costs: list[CostItem],
+        uptime: int,
+        now: float,
     ) -> PollResult:
         """Training ended well on the pod: publish the hidden prompts (once), wait for the pod's completions, then release the pod."""
         assert self.pod_eval is not None
@@ -705,7 +720,14 @@ class RunpodTrain:
             seq = previous.seq + 1 if previous else 1
             self.store.write_model(
                 assignment_path,
-                PodAssignment(pod_name=name, seq=seq, job_name=job_name, **self._urls(job_name, attempt_dir), assigned_at=self.clock(), eval_on_pod=self.pod_eval is not None),
+                PodAssignment(
+                    pod_name=name,
+                    seq=seq,
+                    job_name=job_name,
+                    **self._urls(job_name, attempt_dir),
+                    assigned_at=self.clock(),
+                    eval_on_pod=self.pod_eval is not None,
+                ),
             )
         self.store.write_model(pointer_path, AttemptPointer(pod_name=name))
         pod = self.provider.launch(self._launch_request(name, job_name, attempt_dir))
@@ -843,7 +865,13 @@ class RunpodTrain:
         chunks = billable_chunks(uptime, chunk_s, current.billed_chunks, final=False)
         current.billed_chunks = chunks_after(uptime, chunk_s, current.billed_chunks, final=False)
         return pod_charges(
-            current.pod_id, self._gpu_label(current.gpu_count, current.gpu_type), current.cost_per_hr, chunks, chunk_s, current.eval_uptime_start, current.job_name
+            current.pod_id,
+            self._gpu_label(current.gpu_count, current.gpu_type),
+            current.cost_per_hr,
+            chunks,
+            chunk_s,
+            current.eval_uptime_start,
+            current.job_name,
         )
 
     def _gpu_label(self, gpu_count: int, gpu_type: str | None) -> str:
@@ -864,7 +892,9 @@ class RunpodTrain:
         uptime = final_uptime(after.uptime_s if after else None, seen)
         cost_per_hr = settle_price(current.cost_per_hr if current else None, after.cost_per_hr if after else None, pod.cost_per_hr if pod else None)
         chunk_s = self.config.billing_interval_s
-        label = self._gpu_label(current.gpu_count if current else (pod.gpu_count if pod else 0), current.gpu_type if current else (pod.gpu_type if pod else None))
+        label = self._gpu_label(
+            current.gpu_count if current else (pod.gpu_count if pod else 0), current.gpu_type if current else (pod.gpu_type if pod else None)
+        )
         items = pod_charges(
             pod_id,
             label,

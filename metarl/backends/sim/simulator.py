@@ -97,7 +97,9 @@ def _invalid_job_text(kind: str, valid: JobSpec) -> str:
     if kind == "unknown_model":
         return text.replace(valid.model.name, "gpt-17-ultra")
     if kind == "over_budget":
-        return dump_toml_model(valid.model_copy(update={"training": valid.training.model_copy(update={"max_steps": 100_000, "batch_size": 512, "group_size": 8})}))
+        return dump_toml_model(
+            valid.model_copy(update={"training": valid.training.model_copy(update={"max_steps": 100_000, "batch_size": 512, "group_size": 8})})
+        )
     return text + "\n[extras]\nturbo = true\n"
 
 
@@ -256,9 +258,7 @@ class SimOuter:
     def initial_state(self, run_id: str, config: RunConfig) -> str | None:
         return None
 
-    def update(
-        self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None
-    ) -> OuterResult:
+    def update(self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None) -> OuterResult:
         rng = seeded_rng("outer", run_id, step)
         time.sleep(sample_duration(self.config.duration, rng))
         rewards = [episode.reward for episode in batch]

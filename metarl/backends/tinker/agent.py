@@ -38,8 +38,8 @@ from functools import lru_cache
 from typing import Any, Literal, Protocol
 
 from metarl.backends.base import AgentSubmission, CostItem, EpisodeContext, PolicySample
-from metarl.errors import PermanentBackendError
 from metarl.backends.tinker.client import SampledTurn, TinkerGateway, TinkerPolicyRef, connect
+from metarl.errors import PermanentBackendError
 from metarl.workspace import JOB_FILE, TASK_FILE, Workspace, WorkspaceError, read_workspace_text, tool_specs
 from schemas.run_config import TinkerAgentBackend
 
@@ -117,11 +117,7 @@ def system_text(fmt: ChatFormat, tools: Sequence[dict[str, Any]]) -> str:
 def first_prompt_text(fmt: ChatFormat, task_md: str, tools: Sequence[dict[str, Any]]) -> str:
     """System and user turns, then the open assistant turn the policy continues."""
     user = f"{task_md.rstrip()}\n\n(This is {TASK_FILE}, already in your workspace. Write your files with the tools, then call submit.)"
-    return (
-        f"{fmt.start}system\n{system_text(fmt, tools)}{fmt.end}\n"
-        f"{fmt.start}user\n{user}{fmt.end}\n"
-        f"{fmt.start}assistant\n{fmt.assistant_prefill}"
-    )
+    return f"{fmt.start}system\n{system_text(fmt, tools)}{fmt.end}\n{fmt.start}user\n{user}{fmt.end}\n{fmt.start}assistant\n{fmt.assistant_prefill}"
 
 
 def defang(text: str) -> str:
@@ -166,10 +162,7 @@ class ParsedReply:
 @lru_cache(maxsize=1)
 def _integer_parameters() -> dict[str, frozenset[str]]:
     """Per tool, the arguments whose JSON-schema type is integer (XML-style values are text)."""
-    return {
-        spec["name"]: frozenset(name for name, prop in spec["parameters"]["properties"].items() if prop.get("type") == "integer")
-        for spec in tool_specs()
-    }
+    return {spec["name"]: frozenset(name for name, prop in spec["parameters"]["properties"].items() if prop.get("type") == "integer") for spec in tool_specs()}
 
 
 def _xml_value(raw: str) -> str:
@@ -313,8 +306,7 @@ def run_conversation(workspace: Workspace, fmt: ChatFormat, tokenizer: Tokenizer
     if turn_max_tokens(len(prompt), limits) is None:
         needed = len(prompt) + 1 + min(limits.max_tokens_per_turn, MIN_TURN_TOKENS)
         raise PermanentBackendError(
-            f"the first prompt has {len(prompt)} tokens; raise backends.agent.max_context_tokens to at least {needed} "
-            "(within the base model's context window)"
+            f"the first prompt has {len(prompt)} tokens; raise backends.agent.max_context_tokens to at least {needed} (within the base model's context window)"
         )
     convo = Conversation(tokens=list(prompt), prompt_length=len(prompt))
     for turn in range(limits.max_turns):
@@ -421,7 +413,9 @@ class TinkerAgent:
 
         ref = TinkerPolicyRef.parse(ctx.policy_state_uri)
         if ref.base_model != self.config.base_model:
-            raise PermanentBackendError(f"policy version {ctx.policy_version} is a LoRA of {ref.base_model}, not backends.agent.base_model {self.config.base_model}")
+            raise PermanentBackendError(
+                f"policy version {ctx.policy_version} is a LoRA of {ref.base_model}, not backends.agent.base_model {self.config.base_model}"
+            )
         gateway = self._connect()
         sampler = gateway.sampling_client(ref.sampler_path)
         tokenizer = gateway.tokenizer(sampler, ref.base_model)
@@ -444,12 +438,19 @@ class TinkerAgent:
             job_toml = ""
         log.info(
             "tinker agent: run %s episode %s attempt %s ended (%s) after %s turns, %s sampled tokens",
-            ctx.run_id, ctx.episode_id, ctx.probe_attempt, convo.ended, convo.turns, convo.sampled_tokens,
+            ctx.run_id,
+            ctx.episode_id,
+            ctx.probe_attempt,
+            convo.ended,
+            convo.turns,
+            convo.sampled_tokens,
         )
         return AgentSubmission(
             job_toml=job_toml,
             agent_tokens=convo.sampled_tokens,
             workspace_uri=str(workspace.files_dir),
-            costs=agent_costs(self.config, ctx.run_id, ctx.episode_id, ctx.probe_attempt, convo.prompt_tokens, convo.sampled_tokens, convo.cached_prompt_tokens),
+            costs=agent_costs(
+                self.config, ctx.run_id, ctx.episode_id, ctx.probe_attempt, convo.prompt_tokens, convo.sampled_tokens, convo.cached_prompt_tokens
+            ),
             sample=convo.policy_sample(),
         )

@@ -77,9 +77,7 @@ def classified(what: str, timeout_s: float | None = None) -> Iterator[None]:
     try:
         yield
     except (tinker.AuthenticationError, tinker.PermissionDeniedError, tinker.BillingError) as exc:
-        raise PermanentBackendError(
-            f"tinker {what}: {type(exc).__name__} (HTTP {exc.status_code}); check {TINKER_API_KEY_ENV} and the account"
-        ) from None
+        raise PermanentBackendError(f"tinker {what}: {type(exc).__name__} (HTTP {exc.status_code}); check {TINKER_API_KEY_ENV} and the account") from None
     except (tinker.RateLimitError, tinker.InternalServerError, tinker.APIConnectionError) as exc:
         raise TransientBackendError(f"tinker {what}: {type(exc).__name__}: {redact(str(exc))}") from None
     except tinker.APIStatusError as exc:
@@ -127,9 +125,7 @@ class TinkerPolicyRef(BaseModel):
         try:
             return cls.model_validate(json.loads(text))
         except (ValueError, ValidationError):
-            raise PermanentBackendError(
-                "the policy state is not a Tinker policy reference (was this run started with another outer backend?)"
-            ) from None
+            raise PermanentBackendError("the policy state is not a Tinker policy reference (was this run started with another outer backend?)") from None
 
     def at_version(self, version: int) -> TinkerPolicyRef:
         """The same weights published as another version (an update that took no step)."""
@@ -269,9 +265,7 @@ class TinkerGateway:
                 self.tokenizers[base_model] = sampler.get_tokenizer()
         return self.tokenizers[base_model]
 
-    def sample(
-        self, sampler: Any, prompt: Sequence[int], *, max_tokens: int, temperature: float, stop: Sequence[int], seed: int | None
-    ) -> SampledTurn:
+    def sample(self, sampler: Any, prompt: Sequence[int], *, max_tokens: int, temperature: float, stop: Sequence[int], seed: int | None) -> SampledTurn:
         """One completion of `prompt` with its per-token behaviour logprobs."""
         from tinker import types
 

@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 from metarl.backends.base import CostItem, OuterBatchEpisode, OuterResult, PolicySample
 from metarl.backends.tinker.agent import is_sampled
-from metarl.errors import PermanentBackendError, TransientBackendError
 from metarl.backends.tinker.client import AdamSettings, HeldTrainingClient, TinkerGateway, TinkerPolicyRef, checkpoint_name, connect
+from metarl.errors import PermanentBackendError, TransientBackendError
 from schemas.run_config import RunConfig, TinkerAgentBackend, TinkerOuterBackend
 
 if TYPE_CHECKING:
@@ -189,9 +189,7 @@ class TinkerOuter:
         held = gateway.training_clients.pop(run_id, None)
         return held.client if held is not None and held.state_path == ref.state_path else None
 
-    def update(
-        self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None
-    ) -> OuterResult:
+    def update(self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None) -> OuterResult:
         """Train on the batch from the base version's state and publish `version` (see the module docstring)."""
         from metarl.outer_update import to_tinker_datum
 

@@ -54,7 +54,13 @@ class VllmEval:
         if not vllm_available():
             raise ConfigError(
                 "run config",
-                [FieldProblem(field="backends.eval.type", message="`vllm` needs the vllm package, which is not installed on this host", fix=f"{VLLM_EXTRA_FIX}, or use type = \"local\"")],
+                [
+                    FieldProblem(
+                        field="backends.eval.type",
+                        message="`vllm` needs the vllm package, which is not installed on this host",
+                        fix=f'{VLLM_EXTRA_FIX}, or use type = "local"',
+                    )
+                ],
             )
         self.config = config
 

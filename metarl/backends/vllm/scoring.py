@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from metarl.backends.runpod.pod.scoring import engine_kwargs as pod_engine_kwargs
+from metarl.backends.runpod.pod.scoring import generation_kwargs
 from metarl.learning.families import Example, TaskFamily, get_family
 from metarl.learning.scoring import (
     PASS_K_TEMPERATURE,
@@ -39,8 +41,6 @@ from metarl.learning.scoring import (
     prompt_token_ids,
     score_completions,
 )
-from metarl.backends.runpod.pod.scoring import engine_kwargs as pod_engine_kwargs
-from metarl.backends.runpod.pod.scoring import generation_kwargs
 from schemas.run_config import VLLM_EXTRA_FIX, VllmEvalBackend
 
 
@@ -121,13 +121,9 @@ def completions_with_llm(
     return completions_from_outputs(tokenizer, outputs, n_items=len(eval_items), pass_k=pass_k)
 
 
-def score_with_llm(
-    llm, tokenizer, family: TaskFamily, eval_items: list[Example], *, pass_k: int = 1, seed: int = 0, sampling_params_class=None
-) -> EvalScore:
+def score_with_llm(llm, tokenizer, family: TaskFamily, eval_items: list[Example], *, pass_k: int = 1, seed: int = 0, sampling_params_class=None) -> EvalScore:
     """Score ``eval_items`` with a loaded ``vllm.LLM``: its completions, graded by the local scorer's ``score_completions``."""
-    completions = completions_with_llm(
-        llm, tokenizer, family, eval_items, pass_k=pass_k, seed=seed, sampling_params_class=sampling_params_class
-    )
+    completions = completions_with_llm(llm, tokenizer, family, eval_items, pass_k=pass_k, seed=seed, sampling_params_class=sampling_params_class)
     return score_completions(family, eval_items, completions, pass_k=pass_k)
 
 

@@ -95,7 +95,7 @@ class EvalRequest(BaseModel):
     published_at: float = Field(ge=0, description="Unix time the worker published it")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "EvalRequest":
+    def _consistent(self) -> EvalRequest:
         if len(set(self.targets)) != len(self.targets):
             raise ValueError("targets must not repeat")
         if items_digest(self.prompts) != self.digest:
@@ -239,7 +239,7 @@ class EvalServer:
 
     def __init__(
         self,
-        results: "Storage",
+        results: Storage,
         settings: EvalSettings,
         scratch: Path,
         environment: Mapping[str, str],
@@ -323,7 +323,18 @@ class EvalServer:
 
     def generate(self, request_path: Path, model: str, target: str) -> TargetOutput:
         out = self.scratch / f"{target}.json"
-        command = [*self.settings.python_command, str(SCORING_SCRIPT), "--request", str(request_path), "--model", model, "--out", str(out), "--engine", self.settings.engine]
+        command = [
+            *self.settings.python_command,
+            str(SCORING_SCRIPT),
+            "--request",
+            str(request_path),
+            "--model",
+            model,
+            "--out",
+            str(out),
+            "--engine",
+            self.settings.engine,
+        ]
         download = self.settings.base_source == "download" and not Path(model).is_dir()
         if download:
             command += ["--download-to", str(self.scratch / "base-model")]

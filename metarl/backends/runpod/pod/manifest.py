@@ -70,13 +70,16 @@ class BundleManifest(BaseModel):
     max_train_seconds: float | None = Field(
         default=None, gt=0, le=7 * 24 * 3600, description="The task's training-time cap, enforced by the pod runner from the first metrics row (None: no cap)"
     )
-    files: dict[str, str] = Field(
-        min_length=1, max_length=64, description="Relative path -> sha256 of every bundle file except the manifest"
-    )
+    files: dict[str, str] = Field(min_length=1, max_length=64, description="Relative path -> sha256 of every bundle file except the manifest")
     model_name: str | None = Field(default=None, min_length=1, max_length=200, description="Base model (rl.toml [model] name); a LoRA adapter applies to it")
-    lora_rank: int = Field(default=0, ge=0, le=256, description="LoRA rank ([trainer.model.lora] rank); 0: full fine-tuning, weights/step_N holds the trained model")
+    lora_rank: int = Field(
+        default=0, ge=0, le=256, description="LoRA rank ([trainer.model.lora] rank); 0: full fine-tuning, weights/step_N holds the trained model"
+    )
     lora_alpha: float | None = Field(
-        default=None, gt=0, le=4096, description="LoRA alpha ([trainer.model.lora] alpha) when lora_rank > 0; the adapter is under weights/step_N/lora_adapters/"
+        default=None,
+        gt=0,
+        le=4096,
+        description="LoRA alpha ([trainer.model.lora] alpha) when lora_rank > 0; the adapter is under weights/step_N/lora_adapters/",
     )
     ckpt_interval: int | None = Field(
         default=None, ge=1, le=100_000, description="rl.toml [ckpt] interval: weights/step_N is written at every multiple of it and after the last step"
@@ -97,7 +100,5 @@ class BundleManifest(BaseModel):
         """Files missing, unexpected or not matching their digest (empty when the bundle is intact)."""
         problems = [f"{path}: missing" for path in sorted(set(self.files) - set(actual))]
         problems += [f"{path}: not in the manifest" for path in sorted(set(actual) - set(self.files))]
-        problems += [
-            f"{path}: sha256 mismatch" for path in sorted(set(self.files) & set(actual)) if sha256_hex(actual[path]) != self.files[path]
-        ]
+        problems += [f"{path}: sha256 mismatch" for path in sorted(set(self.files) & set(actual)) if sha256_hex(actual[path]) != self.files[path]]
         return problems

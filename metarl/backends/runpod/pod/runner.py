@@ -189,7 +189,10 @@ class RunnerConfig(BaseModel):
         description="What is killed once rl stops: rl's session, or (on a pod, where nothing else runs as this user) every other process of this user",
     )
     pod_python: list[str] = Field(
-        default_factory=lambda: [PRIME_RL_VENV_PYTHON], min_length=1, max_length=8, description="The image's Python with torch, safetensors and vLLM (LoRA merge, eval)"
+        default_factory=lambda: [PRIME_RL_VENV_PYTHON],
+        min_length=1,
+        max_length=8,
+        description="The image's Python with torch, safetensors and vLLM (LoRA merge, eval)",
     )
     merge_timeout_s: float = Field(default=1800.0, gt=0, le=86_400, description="Cap on merging a LoRA adapter into the weights")
     eval_on_pod: bool = Field(default=False, description="After exit.json, serve the job's hidden-eval request on this pod (set from the assignment)")
@@ -794,7 +797,12 @@ class PodRunner:
         base_model = str((self.rl_config.get("model") or {}).get("name") or "")
         env = child_environment(self.environ, self.config.passthrough_env, (), self.config.eval_extra_env)
         server = EvalServer(
-            self.results, self.config.eval_settings(), self.work / "eval", env, self.still_assigned, lambda state, note: self.heartbeat(state, note)  # type: ignore[arg-type]
+            self.results,
+            self.config.eval_settings(),
+            self.work / "eval",
+            env,
+            self.still_assigned,
+            lambda state, note: self.heartbeat(state, note),  # type: ignore[arg-type]
         )
         trained = None if report.trained_is_base else self.trained_dir
         if trained is None and not report.trained_is_base and report.weights_url:
@@ -852,7 +860,7 @@ class PodRunner:
         return {
             "completed": f"rl finished; weights of step {weights} uploaded",
             "no_signal": (
-                f"no learning signal: the orchestrator stopped after batches whose rewards were identical within every group; "
+                "no learning signal: the orchestrator stopped after batches whose rewards were identical within every group; "
                 + (f"weights of step {weights} kept" if weights is not None else "no weights were saved: the trained model is the base")
             ),
             "rl_failed": f"rl exited with code {exit_code}",

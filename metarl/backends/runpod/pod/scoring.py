@@ -83,9 +83,7 @@ def prompt_token_rows(tokenizer: Any, prompts: Sequence[str], chat: bool) -> lis
         return [list(ids) for ids in tokenizer(list(prompts))["input_ids"]]
     rows = []
     for prompt in prompts:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True, enable_thinking=False
-        )
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True, enable_thinking=False)
         rows.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
     return rows
 
@@ -191,7 +189,9 @@ def score_request(request: dict[str, Any], model: str, engine: str, *, llm_class
             llm_class = LLM
         max_model_len = needed_model_len(prompt_rows, kwargs["max_tokens"], settings.get("max_model_len"))
         llm = llm_class(
-            **engine_kwargs(model, dtype=settings["dtype"], gpu_memory_utilization=settings["gpu_memory_utilization"], max_model_len=max_model_len, seed=settings["seed"])
+            **engine_kwargs(
+                model, dtype=settings["dtype"], gpu_memory_utilization=settings["gpu_memory_utilization"], max_model_len=max_model_len, seed=settings["seed"]
+            )
         )
         loaded = time.perf_counter()
         token_rows = generate_vllm(llm, prompt_rows, kwargs, sampling_params_class)

@@ -38,6 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from metarl.backends.runpod.pod.manifest import EXIT_FILE
 from metarl.backends.runpod.pod.runner import (
     ExitReport,
     PodAssignment,
@@ -48,7 +49,6 @@ from metarl.backends.runpod.pod.runner import (
     decode_env_value,
     decode_environ,
 )
-from metarl.backends.runpod.pod.manifest import EXIT_FILE
 
 POD_ROOT_ENV, POD_NAME_ENV = "METARL_RUNPOD_ROOT", "METARL_POD_NAME"
 ASSIGNMENT_FILE = "assignment.json"

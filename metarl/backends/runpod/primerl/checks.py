@@ -7,8 +7,8 @@ the task (the environment module and dataset are checked by the workspace probe)
 
 from __future__ import annotations
 
-from metarl.backends.runpod.primerl.compiler import MODEL_RENDERERS, PROBE_ENV_ID, RL_TO_JOB_FIELD, CompileOptions, compile_rl_config
 from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
+from metarl.backends.runpod.primerl.compiler import MODEL_RENDERERS, PROBE_ENV_ID, RL_TO_JOB_FIELD, CompileOptions, compile_rl_config
 from metarl.backends.runpod.primerl.schema import SchemaProblem, rl_config_problems
 from schemas.base import FieldProblem
 from schemas.job import JobSpec

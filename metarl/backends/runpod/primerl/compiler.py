@@ -51,6 +51,7 @@ from typing import Any
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field
 
+from metarl import graders
 from metarl.backends.runpod.pod.manifest import (
     AGENT_MODULE,
     DATASET_FILE,
@@ -61,7 +62,6 @@ from metarl.backends.runpod.pod.manifest import (
     BundleManifest,
     sha256_hex,
 )
-from metarl import graders
 from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
 from schemas.job import PRIME_RL_TRAIN_DEFAULTS, JobSpec
 
@@ -118,13 +118,22 @@ class CompileOptions(BaseModel):
         default=None, gt=0, le=7 * 24 * 3600, description="The task's training-time cap on the pod, written to the manifest for the pod runner (None: no cap)"
     )
     checkpoints_per_job: int = Field(
-        default=4, ge=1, le=100, description="Weight saves aimed for over a job's horizon (max_steps, or the steps expected within the time cap), besides the final one"
+        default=4,
+        ge=1,
+        le=100,
+        description="Weight saves aimed for over a job's horizon (max_steps, or the steps expected within the time cap), besides the final one",
     )
     expected_step_seconds: float = Field(
-        default=10.0, gt=0, le=3600, description="Seconds per trainer step assumed when sizing the save interval to the time cap; steps up to checkpoints_per_job times slower still save once"
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="Seconds per trainer step assumed when sizing the save interval to the time cap; steps up to checkpoints_per_job times slower still save once",
     )
     ckpt_keep_last: int = Field(
-        default=2, ge=1, le=100, description="[ckpt] keep_last: weight steps kept on the pod's disk (prime-rl deletes older ones only after a newer save is complete)"
+        default=2,
+        ge=1,
+        le=100,
+        description="[ckpt] keep_last: weight steps kept on the pod's disk (prime-rl deletes older ones only after a newer save is complete)",
     )
 
 

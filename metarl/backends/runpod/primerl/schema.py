@@ -175,7 +175,9 @@ def _error_problems(error: Any) -> list[SchemaProblem]:
     validator, instance, schema = error.validator, error.instance, error.schema
     if validator == "additionalProperties":
         allowed = set(schema.get("properties", {}))
-        return [SchemaProblem(path=_join(path, key), kind="extra_forbidden", message="Extra inputs are not permitted") for key in instance if key not in allowed]
+        return [
+            SchemaProblem(path=_join(path, key), kind="extra_forbidden", message="Extra inputs are not permitted") for key in instance if key not in allowed
+        ]
     if validator == "required":
         return [SchemaProblem(path=_join(path, key), kind="missing", message="Field required") for key in error.validator_value if key not in instance]
     if validator == "discriminator":

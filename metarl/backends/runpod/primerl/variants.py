@@ -47,7 +47,12 @@ def checked_jobs(tasks: Iterable[TaskSpec], gpu_count: int = 2) -> list[CheckedJ
     cap = first.budget.train_seconds_for(TRAIN_BACKEND)
     out += [
         CheckedJob(name="lora", task_id=first.id, job=JobSpec(model=JobModel(name=model, lora_rank=16)), options=pod_compile_options(gpu_count, cap)),
-        CheckedJob(name="kl", task_id=first.id, job=JobSpec(model=JobModel(name=model), training=JobTraining(kl_coef=0.05)), options=pod_compile_options(gpu_count, cap)),
+        CheckedJob(
+            name="kl",
+            task_id=first.id,
+            job=JobSpec(model=JobModel(name=model), training=JobTraining(kl_coef=0.05)),
+            options=pod_compile_options(gpu_count, cap),
+        ),
         CheckedJob(name="gpu4", task_id=first.id, job=JobSpec(model=JobModel(name=model)), options=pod_compile_options(4, cap)),
         CheckedJob(
             name="lora-gpu4-long",
