@@ -335,8 +335,8 @@ def inner_job_usd(seconds: float, usd_per_hour: float, max_job_usd: float) -> fl
 
 def tinker_attempt_tokens(agent: TinkerAgentBackend) -> tuple[int, int]:
     """(prompt, sampled) tokens of one attempt at most: every turn re-sends a full context and samples its cap."""
-    prompt = agent.max_turns * agent.max_context_tokens
-    sampled = min(agent.max_turns * agent.max_tokens_per_turn, agent.max_context_tokens)
+    prompt = agent.max_turns * agent.context_window()
+    sampled = min(agent.max_turns * agent.max_tokens_per_turn, agent.context_window())
     return prompt, sampled
 
 
@@ -348,7 +348,7 @@ def tinker_attempt_usd(agent: TinkerAgentBackend) -> float:
 
 def tinker_update_tokens(outer: TinkerOuterBackend, agent: TinkerAgentBackend, batch_episodes: int, max_attempts: int) -> int:
     """Most tokens one outer update sends through the model: every attempt a full context (the built-in loss needs one pass)."""
-    return batch_episodes * max_attempts * agent.max_context_tokens
+    return batch_episodes * max_attempts * agent.context_window()
 
 
 def eval_pod_seconds(config: RunConfig, task: TaskSpec) -> float:
@@ -546,24 +546,26 @@ def eval_line(config: RunConfig, specs: dict[str, TaskSpec], tasks: list[TaskLin
 def cap_check(total_usd: float | None, upper_usd: float | None, episodes: int, budget: BudgetConfig) -> CapCheck:
     """Whether budget.max_run_usd would stop the run early, and after about how many episodes."""
     cap = budget.max_run_usd
-    base = {"max_run_usd": cap, "max_job_usd": budget.max_job_usd, "on_cap": budget.on_cap}
+
+    def verdict(binds: Literal["yes", "may", "no", "unknown"], message: str, within: int | None = None) -> CapCheck:
+        return CapCheck(max_run_usd=cap, max_job_usd=budget.max_job_usd, on_cap=budget.on_cap, binds=binds, episodes_within_cap=within, message=message)
+
     action = "running inner jobs are stopped" if budget.on_cap == "stop" else "running inner jobs finish"
     if total_usd is None:
         if upper_usd is not None and upper_usd <= cap:
-            return CapCheck(**base, binds="no", message=f"the cap does not bind: even the worst case ${upper_usd:.2f} is within budget.max_run_usd ${cap:.2f}")
-        return CapCheck(**base, binds="unknown", message=f"unknown whether budget.max_run_usd ${cap:.2f} binds: part of the estimate is unavailable")
+            return verdict("no", message=f"the cap does not bind: even the worst case ${upper_usd:.2f} is within budget.max_run_usd ${cap:.2f}")
+        return verdict("unknown", message=f"unknown whether budget.max_run_usd ${cap:.2f} binds: part of the estimate is unavailable")
     if total_usd > cap:
         within = math.floor(cap / (total_usd / episodes)) if episodes and total_usd > 0 else 0
-        return CapCheck(
-            **base,
-            binds="yes",
-            episodes_within_cap=within,
+        return verdict(
+            "yes",
+            within=within,
             message=f"the cap would bind: the estimate ${total_usd:.2f} is over budget.max_run_usd ${cap:.2f}; new episodes stop after about {within} of {episodes} ({action})",
         )
     if upper_usd is None or upper_usd > cap:
         worst = "has no known bound" if upper_usd is None else f"${upper_usd:.2f} is over it"
-        return CapCheck(**base, binds="may", message=f"the estimate ${total_usd:.2f} is within budget.max_run_usd ${cap:.2f}, but the worst case {worst}")
-    return CapCheck(**base, binds="no", message=f"the cap does not bind: even the worst case ${upper_usd:.2f} is within budget.max_run_usd ${cap:.2f}")
+        return verdict("may", message=f"the estimate ${total_usd:.2f} is within budget.max_run_usd ${cap:.2f}, but the worst case {worst}")
+    return verdict("no", message=f"the cap does not bind: even the worst case ${upper_usd:.2f} is within budget.max_run_usd ${cap:.2f}")
 
 
 def estimate_costs(config: RunConfig, specs: dict[str, TaskSpec], prices: dict[str, float]) -> CostEstimate:
@@ -688,14 +690,14 @@ def local_models(config: RunConfig, specs: dict[str, TaskSpec]) -> tuple[list[Lo
     for who, cache_dir, scale in users:
         root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         for name in names:
-            spec = BASE_MODELS[name]
-            path = root / f"{spec.name}-{build_key(spec, scale)}"
+            model_spec = BASE_MODELS[name]
+            path = root / f"{model_spec.name}-{build_key(model_spec, scale)}"
             key = (str(path), name, scale)
             if key in found:
                 found[key] = found[key].model_copy(update={"used_by": f"{found[key].used_by}, {who}"})
                 continue
             found[key] = LocalModel(
-                name=name, stands_in_for=spec.stands_in_for, scale=scale, path=str(path), built=(path / BUILD_INFO_FILE).is_file(), used_by=who
+                name=name, stands_in_for=model_spec.stands_in_for, scale=scale, path=str(path), built=(path / BUILD_INFO_FILE).is_file(), used_by=who
             )
     return list(found.values()), notes
 

@@ -22,7 +22,7 @@ class MetarlCollector:
         self.database_url = database_url
         self.broker_url = broker_url
 
-    def collect(self):  # type: ignore[no-untyped-def]
+    def collect(self):
         depth = GaugeMetricFamily("metarl_queue_depth", "Messages waiting per queue", labels=["queue"])
         for queue, value in queue_depths(self.broker_url).items():
             if value is not None:

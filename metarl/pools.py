@@ -157,7 +157,7 @@ class WorkerPools:
 
     def restart_exited(self) -> list[str]:
         """Restart every pool whose worker exited on its own; returns their names."""
-        restarted = []
+        restarted: list[str] = []
         with self._lock:
             if self._stopping.is_set():
                 return restarted

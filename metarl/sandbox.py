@@ -402,8 +402,8 @@ def _run_child(host: isolation.HostIsolation | None, workspace: Path, payload: b
     selector = selectors.DefaultSelector()
     try:
         assert process.stdin and process.stdout and process.stderr
-        for stream in (process.stdin, process.stdout, process.stderr):
-            os.set_blocking(stream.fileno(), False)
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            os.set_blocking(pipe.fileno(), False)
         pending = memoryview(payload)
         if pending:
             selector.register(process.stdin, selectors.EVENT_WRITE)
@@ -418,6 +418,7 @@ def _run_child(host: isolation.HostIsolation | None, workspace: Path, payload: b
                 break
             for key, _ in selector.select(timeout=min(remaining, 0.5)):
                 stream = key.fileobj
+                assert not isinstance(stream, int), "only the child's pipes are registered"
                 if stream is process.stdin:
                     try:
                         written = os.write(process.stdin.fileno(), pending[: 1 << 16])
@@ -431,7 +432,7 @@ def _run_child(host: isolation.HostIsolation | None, workspace: Path, payload: b
                         process.stdin.close()
                     continue
                 try:
-                    chunk = os.read(stream.fileno(), 1 << 16)  # type: ignore[union-attr]
+                    chunk = os.read(stream.fileno(), 1 << 16)
                 except BlockingIOError:
                     continue
                 if not chunk:
@@ -451,9 +452,9 @@ def _run_child(host: isolation.HostIsolation | None, workspace: Path, payload: b
     finally:
         selector.close()
         _end_sandbox(process.pid, grace=0.0 if run.timed_out or run.overflow else 1.0)
-        for stream in (process.stdin, process.stdout, process.stderr):
-            if stream is not None and not stream.closed:
-                stream.close()
+        for opened in (process.stdin, process.stdout, process.stderr):
+            if opened is not None and not opened.closed:
+                opened.close()
         try:
             _, status, usage = os.wait4(process.pid, 0)
             process.returncode = os.waitstatus_to_exitcode(status)
@@ -625,7 +626,7 @@ def _outcome(item: Any) -> CallOutcome:
         if isinstance(value, float) and not math.isfinite(value):
             return CallOutcome(ok=False, error=_error("bad_output", "the function returned NaN or infinity"))
         return CallOutcome(ok=True, value=value)
-    kind = item.get("kind") if item.get("kind") in ("crash", "bad_output") else "crash"
+    kind: Literal["crash", "bad_output"] = "bad_output" if item.get("kind") == "bad_output" else "crash"
     return CallOutcome(
         ok=False,
         error=_error(kind, str(item.get("message", "")), exception_type=_opt_str(item.get("type")), line=_opt_int(item.get("line"))),

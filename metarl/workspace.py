@@ -494,7 +494,7 @@ def job_reference() -> str:
             if field.is_required():
                 default = "required"
             elif field.default_factory is not None:
-                default = f"default {json.dumps(field.default_factory())}"
+                default = f"default {json.dumps(field.get_default(call_default_factory=True, validated_data={}))}"
             elif field.default is None:
                 default = "default: backend's choice"
             elif field.default is not PydanticUndefined:

@@ -255,12 +255,12 @@ def _reward_problems(
                 )
                 continue
             outcomes = result.calls[offset + index * len(items) : offset + (index + 1) * len(items)]
-            failures = [outcome for outcome in outcomes if _number(outcome) is None]
-            if failures:
+            failed_calls = [outcome for outcome in outcomes if _number(outcome) is None]
+            if failed_calls:
                 problems.append(
                     FieldProblem(
                         field=component_field,
-                        message=f"component {_show(name)} failed on {len(failures)} of {len(items)} sample items; first: {_call_failure(failures[0])}",
+                        message=f"component {_show(name)} failed on {len(failed_calls)} of {len(items)} sample items; first: {_call_failure(failed_calls[0])}",
                         fix=f"return a finite float of magnitude at most {TRAINER_BOUNDS.reject_above:g} for every (prompt, completion, answer)",
                     )
                 )

@@ -23,7 +23,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 EXIT_VALID = 0
 EXIT_REFUSED = 1
@@ -48,13 +48,14 @@ def _usage(message: str) -> int:
     return EXIT_USAGE
 
 
-def load_task(task: str, config_path: Path | None) -> tuple[Any, list[Any], str, str]:
+def load_task(task: str, config_path: Path | None) -> tuple[Any, list[Any], str, Literal["process", "full"]]:
     """(task spec, backend checks, their name, min_isolation) for the arguments; ConfigError on a bad file."""
     from schemas.base import ConfigError, FieldProblem, load_toml_model
     from schemas.task_spec import TaskSpec
 
     checks: list[Any] = []
-    check_name, minimum = "none", "full"
+    check_name = "none"
+    minimum: Literal["process", "full"] = "full"
     if config_path is not None:
         from metarl.backends import registry
         from metarl.runconfig import load_run

@@ -281,6 +281,12 @@ class TinkerAgentBackend(StrictModel):
             raise PydanticCustomError("less_than_equal", "the cached prompt price is above the prompt price {le}", {"le": full})
         return value
 
+    def context_window(self) -> int:
+        """``max_context_tokens`` as validated: the validator puts the base model's window in place of None."""
+        if self.max_context_tokens is None:
+            raise ValueError("backends.agent.max_context_tokens was never validated: build the config with model_validate")
+        return self.max_context_tokens
+
 
 CHECKPOINT_TTL_S = 7 * 86_400
 """Expiry of each version's saved state and sampler weights: the 7 days of tinker-cookbook 0.6.1's periodic checkpoints (rl/train.py `ttl_seconds`)."""

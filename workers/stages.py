@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from celery import Task
 from celery.signals import task_failure
@@ -260,7 +260,7 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     return "passed" if verdict.passed else "rejected"
 
 
-def probe_workspace_or_fail(workspace_uri: str, task, checks, seed: int, min_isolation: str = "full"):  # type: ignore[no-untyped-def]
+def probe_workspace_or_fail(workspace_uri: str, task, checks, seed: int, min_isolation: Literal["process", "full"] = "full"):
     """The whole-workspace probe; a sandbox that cannot start is a transient infrastructure error, a
     host that cannot give the run's ``[sandbox] min_isolation`` a permanent one (never the agent's fault)."""
     from metarl.sandbox import IsolationUnavailable, SandboxLimits, SandboxUnavailable

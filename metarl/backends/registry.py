@@ -25,6 +25,7 @@ from schemas.run_config import (
     PodVllmEvalBackend,
     RunConfig,
     RunpodTrainBackend,
+    SimOuterBackend,
     TinkerAgentBackend,
     TinkerOuterBackend,
     VllmEvalBackend,
@@ -77,7 +78,11 @@ def eval_backend(config: RunConfig) -> EvalBackend:
     backend = config.backends.eval
     if isinstance(backend, PodVllmEvalBackend):
         return PodVllmEval(backend, config.artifacts.root)
-    return eval_backend_class(config)(backend)  # type: ignore[arg-type]
+    if isinstance(backend, LocalEvalBackend):
+        return LocalEval(backend)
+    if isinstance(backend, VllmEvalBackend):
+        return VllmEval(backend)
+    return SimEval(backend)
 
 
 def base_score_key(config: RunConfig, task: TaskSpec, model_name: str) -> BaseScoreKey:
@@ -93,7 +98,9 @@ def outer_backend(config: RunConfig) -> OuterBackend:
         return LocalOuter(backend, agent)
     if isinstance(backend, TinkerOuterBackend) and isinstance(agent, TinkerAgentBackend):
         return TinkerOuter(backend, agent)
-    return SimOuter(backend)
+    if isinstance(backend, SimOuterBackend):
+        return SimOuter(backend)
+    raise ValueError(f"backends.outer = {backend.type!r} needs backends.agent of the same type (RunConfig validates the pair)")
 
 
 def probe_checks(config: RunConfig) -> list[BackendCheck]:

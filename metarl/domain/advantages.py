@@ -28,7 +28,7 @@ def centred_rewards(rewards: Sequence[float], normalize_std: bool, eps: float) -
     return centred
 
 
-def group_advantages(rewards_by_group, normalize_std: bool = False, eps: float = 1e-6):  # type: ignore[no-untyped-def]
+def group_advantages(rewards_by_group, normalize_std: bool = False, eps: float = 1e-6):
     """Group-relative advantages (:func:`centred_rewards` per group).
 
     `rewards_by_group` is a sequence of reward lists (returns a list of lists) or a mapping

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -39,6 +39,9 @@ from metarl.learning.sampling import (
 from metarl.learning.scoring import format_prompt, load_model
 from metarl.learning.tokenizer import load_tokenizer
 from metarl.reward_source import BatchRewardFn, RewardBounds, RewardFunctionError, checked_rewards
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 ADVANTAGE_EPS = 1e-6
 METRICS_FILE = "metrics.jsonl"
@@ -237,7 +240,7 @@ class PromptSampler:
 
     def next_batch(self, size: int) -> list[Example]:
         """The next ``size`` examples, reshuffling at every epoch boundary."""
-        batch = []
+        batch: list[Example] = []
         while len(batch) < size:
             if not self._order:
                 self._order = list(range(len(self._dataset)))
@@ -257,11 +260,11 @@ def _copy_tokenizer_files(source: Path, target: Path) -> None:
 class TrainerState:
     """Everything one GRPO step needs besides the config and the batch."""
 
-    model: torch.nn.Module
+    model: PreTrainedModel
     reference_model: torch.nn.Module | None
     optimizer: torch.optim.Optimizer
     parameters: list[torch.nn.Parameter]
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     generator: torch.Generator
     forbidden_ids: tuple[int, ...]
 

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from metarl.learning.families import TaskFamily
 from metarl.learning.grpo import LocalTrainConfig
 from metarl.learning.models import resolve_model_name
 
-SENSIBLE_OVERRIDES: dict[str, dict[str, float | int]] = {
-    "local-s": {"learning_rate": 3e-4, "max_steps": 300, "time_budget_s": 55.0},
-    "local-l": {"learning_rate": 2e-4, "max_steps": 300, "time_budget_s": 240.0},
+
+class SensibleSettings(NamedTuple):
+    """The per-model part of the sensible config."""
+
+    learning_rate: float
+    max_steps: int
+    time_budget_s: float
+
+
+SENSIBLE_SETTINGS: dict[str, SensibleSettings] = {
+    "local-s": SensibleSettings(learning_rate=3e-4, max_steps=300, time_budget_s=55.0),
+    "local-l": SensibleSettings(learning_rate=2e-4, max_steps=300, time_budget_s=240.0),
 }
 """Per-model settings of the sensible config; the larger model wants a lower rate and more time.
 
@@ -25,6 +36,7 @@ BAD_MAX_STEPS = 50
 def sensible_config(base_model: str, family: TaskFamily, *, seed: int = 0) -> LocalTrainConfig:
     """A config that reliably improves the base model on ``family`` (B=32 prompts x G=8, one update per batch)."""
     local_name = resolve_model_name(base_model)
+    settings = SENSIBLE_SETTINGS[local_name]
     return LocalTrainConfig(
         base_model=local_name,
         batch_size=32,
@@ -33,7 +45,9 @@ def sensible_config(base_model: str, family: TaskFamily, *, seed: int = 0) -> Lo
         temperature=1.0,
         max_tokens=family.max_answer_chars + 1,
         seed=seed,
-        **SENSIBLE_OVERRIDES[local_name],
+        learning_rate=settings.learning_rate,
+        max_steps=settings.max_steps,
+        time_budget_s=settings.time_budget_s,
     )
 
 

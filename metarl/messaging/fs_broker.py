@@ -38,7 +38,7 @@ def message_name(queue: str, now_ms: int, unique: str) -> str:
 class AtomicFilesystemChannel(filesystem.Channel):
     """Publishes each message file whole: written aside, then renamed into the folder consumers read."""
 
-    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]  # kombu's own bases disagree on the name
         final = os.path.join(self.data_folder_out, message_name(queue, int(round(monotonic() * 1000)), str(uuid.uuid4())))
         partial = final + PART_SUFFIX
         try:

@@ -305,8 +305,8 @@ def feedback_kind(field_path: str) -> str:
         return "model"
     if parts[0] in ("reward", "rewards"):
         return "reward"
-    if len(parts) >= 2 and tuple(parts[:2]) in _FEEDBACK_BY_FIELD:
-        return _FEEDBACK_BY_FIELD[tuple(parts[:2])]
+    if len(parts) >= 2 and (parts[0], parts[1]) in _FEEDBACK_BY_FIELD:
+        return _FEEDBACK_BY_FIELD[(parts[0], parts[1])]
     if len(parts) == 1 and parts[0] in _FEEDBACK_BY_KEY:
         return _FEEDBACK_BY_KEY[parts[0]]
     return "other"
@@ -361,7 +361,7 @@ class JobChoice:
             data.setdefault("training", {})["seed"] = int(seed) % 2**31
         if self.reward is not None:
             data["reward"] = {"components": dict(self.reward)}
-        dataset = {}
+        dataset: dict[str, float] = {}
         if self.dataset_size is not None:
             dataset["size"] = self.dataset_size
         if self.difficulty is not None:

@@ -234,7 +234,9 @@ def statement_target(session: SqlTarget) -> Connection | SqlTransaction:
 
 def driver_connection(connection: Connection | SqlTransaction) -> psycopg.Connection:
     """The psycopg connection under a SQLAlchemy connection or a :class:`SqlTransaction`."""
-    return connection.dbapi_connection if isinstance(connection, SqlTransaction) else connection.connection.dbapi_connection
+    driver = connection.dbapi_connection if isinstance(connection, SqlTransaction) else connection.connection.dbapi_connection
+    assert isinstance(driver, psycopg.Connection), "the engine's driver is psycopg"
+    return driver
 
 
 def psycopg_connection(session: SqlTarget) -> psycopg.Connection:
@@ -251,7 +253,7 @@ def database_identity(session: SqlTarget) -> tuple[str, int, str]:
 def database_error(connection: Connection | SqlTransaction, err: psycopg.Error, statement: str, params: Mapping[str, Any]) -> BaseException:
     """SQLAlchemy's exception for a driver error of :func:`run_sql`; a dropped connection is invalidated (not pooled again)."""
     dialect = connection.dialect
-    disconnected = dialect.is_disconnect(err, driver_connection(connection), None)
+    disconnected = dialect.is_disconnect(err, driver_connection(connection), None)  # type: ignore[arg-type]  # psycopg's types are the DB-API's
     if disconnected:
         connection.invalidate(err)
     return exc.DBAPIError.instance(statement, dict(params), err, psycopg.Error, connection_invalidated=disconnected, dialect=dialect)

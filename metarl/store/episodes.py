@@ -40,7 +40,7 @@ _parsed_configs: dict[tuple[str, object], RunConfig] = {}
 _parsed_tasks: dict[tuple[str, object, str], TaskSpec] = {}
 
 
-def _remember(cache: dict, key: object, value: object) -> None:  # type: ignore[type-arg]
+def _remember(cache: dict, key: object, value: object) -> None:
     if len(cache) >= PARSED_ENTRIES_KEPT:
         cache.clear()
     cache[key] = value

@@ -54,9 +54,9 @@ def exactly_once_violations(session: Session, run_id: str, artifacts_root: Path 
         if episode.stage not in (Stage.done, Stage.failed):
             problems.append(f"episode {episode.id} is stuck at {episode.stage.value}")
         claims = claims_of.get(episode.id, [])
-        keys = [(c.stage.value, c.probe_attempt) for c in claims]
-        if len(keys) != len(set(keys)):
-            problems.append(f"episode {episode.id} has duplicate claims {sorted(keys)}")
+        claim_keys = [(c.stage.value, c.probe_attempt) for c in claims]
+        if len(claim_keys) != len(set(claim_keys)):
+            problems.append(f"episode {episode.id} has duplicate claims {sorted(claim_keys)}")
         open_claims = [(c.stage.value, c.probe_attempt, c.status.value) for c in claims if c.status not in (ClaimStatus.done, ClaimStatus.failed)]
         if open_claims:
             problems.append(f"episode {episode.id} has open claims {open_claims}")

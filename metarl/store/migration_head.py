@@ -51,7 +51,8 @@ def head_revision() -> str | None:
 
 def revision_of(connection: psycopg.Connection) -> str | None:
     """The revision a database is at, on a psycopg connection (None: never migrated)."""
-    if connection.execute("SELECT to_regclass('alembic_version')").fetchone()[0] is None:
+    registered = connection.execute("SELECT to_regclass('alembic_version')").fetchone()
+    if registered is None or registered[0] is None:
         return None
     row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
     return row[0] if row else None

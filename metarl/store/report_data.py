@@ -68,7 +68,7 @@ def stage_durations(session: Session, run_id: str) -> list[StageDuration]:
         )
         .order_by(OuterStep.step, StageClaim.id)
     ).all()
-    return [StageDuration(step=step, stage=stage.value, seconds=max(0.0, seconds)) for step, stage, seconds in rows]
+    return [StageDuration(step=step, stage=stage.value, seconds=max(0.0, seconds or 0.0)) for step, stage, seconds in rows]  # type: ignore[arg-type]  # the query keeps STAGES only
 
 
 def is_simulated(session: Session, run_id: str) -> bool:

@@ -39,7 +39,7 @@ def saved_states(artifacts_root: str, run_id: str, version: int) -> list[Path]:
     return sorted((Path(artifacts_root) / "policy" / run_id).glob(f"v{version:05d}-*.pt"))
 
 
-def load_policy(state_uri: str):  # type: ignore[no-untyped-def]
+def load_policy(state_uri: str):
     """Load a saved policy version (cached per process: versions are immutable once saved)."""
     from metarl.policy.local_policy import LocalPolicy
 

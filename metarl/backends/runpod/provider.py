@@ -313,7 +313,7 @@ class RunpodProvider:
     def query(self, pod_id: str) -> PodInfo | None:
         """The pod now, or None when it no longer exists."""
         pod_id = checked_pod_id(pod_id)
-        raw = self._call(f"query pod {pod_id}", lambda sdk: sdk.get_pod(pod_id), not_found={})
+        raw: dict[str, Any] = self._call(f"query pod {pod_id}", lambda sdk: sdk.get_pod(pod_id), not_found={})
         if not raw:
             return None
         return pod_info_from(raw)

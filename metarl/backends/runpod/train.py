@@ -628,7 +628,7 @@ class RunpodTrain:
 
         if self.store.read(baseline_path(self.store, task, model_name)) is not None:
             return True
-        if self.runs is None:
+        if self.runs is None or self.pod_eval is None:
             return False
         from metarl.backends.runpod.eval import PodVllmEval
 
@@ -724,7 +724,8 @@ class RunpodTrain:
                     pod_name=name,
                     seq=seq,
                     job_name=job_name,
-                    **self._urls(job_name, attempt_dir),
+                    job_url=self._urls(job_name, attempt_dir)["job_url"],
+                    result_url=self._urls(job_name, attempt_dir)["result_url"],
                     assigned_at=self.clock(),
                     eval_on_pod=self.pod_eval is not None,
                 ),

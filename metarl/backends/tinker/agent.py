@@ -250,7 +250,7 @@ class ConversationLimits:
         return cls(
             max_turns=config.max_turns,
             max_tokens_per_turn=config.max_tokens_per_turn,
-            max_context_tokens=int(config.max_context_tokens or 0),
+            max_context_tokens=config.context_window(),
             max_observation_chars=config.max_observation_chars,
             max_tool_calls_per_turn=config.max_tool_calls_per_turn,
         )

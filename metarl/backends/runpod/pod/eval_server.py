@@ -277,7 +277,7 @@ class EvalServer:
         self.on_state("evaluating", f"scoring {', '.join(request.targets)} on {len(request.prompts)} hidden items")
         self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
         request_path = self.scratch / "request.json"
-        outputs: dict[str, TargetOutput] = {}
+        outputs: dict[Target, TargetOutput] = {}
         error = None
         try:
             self.verify_stack()

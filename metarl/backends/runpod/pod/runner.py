@@ -549,7 +549,7 @@ class Storage:
 
     def upload_tree(self, local: Path, relative: str) -> list[str]:
         """Upload every file under ``local`` to ``relative``/...; returns the uploaded relative paths."""
-        uploaded = []
+        uploaded: list[str] = []
         if not local.is_dir():
             return uploaded
         for path in sorted(p for p in local.rglob("*") if p.is_file() and not p.is_symlink()):

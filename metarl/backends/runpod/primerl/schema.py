@@ -273,7 +273,8 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[SchemaProblem]:
         return problems
 
     # configs/rl.py SingleNodeDeploymentConfig.validate_gpu_count
-    deployment = data.get("deployment") if isinstance(data.get("deployment"), Mapping) else {}
+    deployment_table = data.get("deployment")
+    deployment: Mapping[str, Any] = deployment_table if isinstance(deployment_table, Mapping) else {}
     single_node = deployment.get("type", "single_node") == "single_node"
     train_gpus, infer_gpus = deployment.get("num_train_gpus", 1), deployment.get("num_infer_gpus", 1)
     per_node = deployment.get("gpus_per_node", DEFAULT_GPUS_PER_NODE)
@@ -294,7 +295,8 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[SchemaProblem]:
         semantic("trainer.ckpt.weights.save_adapter_separately", "save_adapter_separately=True requires LoRA to be enabled (trainer.model.lora)")
 
     # configs/orchestrator.py OrchestratorConfig.resolve_batching
-    orchestrator = data.get("orchestrator") if isinstance(data.get("orchestrator"), Mapping) else {}
+    orchestrator_table = data.get("orchestrator")
+    orchestrator: Mapping[str, Any] = orchestrator_table if isinstance(orchestrator_table, Mapping) else {}
     batch, token_batch, group = orchestrator.get("batch_size"), orchestrator.get("token_batch_size"), orchestrator.get("group_size", 1)
     if batch is not None and token_batch is not None:
         semantic("orchestrator.batch_size", "Set exactly one of batch_size or token_batch_size")
