@@ -158,6 +158,22 @@ class DataFamily(TaskFamily):
         return self.generator.hidden_eval(n, version, secret)
 
 
+class GradingFamily(TaskFamily):
+    """A family that only grades (the local trainer's subprocess, given the grader by job.json): no items, no hidden eval."""
+
+    def __init__(self, name: str, grader: graders.Grader, max_answer_chars: int) -> None:
+        self.name = name
+        self.description = name
+        self.grader = grader
+        self.max_answer_chars = max_answer_chars
+
+    def sample_item(self, rng: random.Random, difficulty: float) -> Example:
+        raise RuntimeError(f"family {self.name!r} only grades here")
+
+    def item_key(self, prompt: str) -> str:
+        return normalised_prompt(prompt)
+
+
 def is_data_defined(task: TaskSpec) -> bool:
     """True when the spec defines its family by files (items, a hidden-eval file or its own grader)."""
     return task.items is not None or task.hidden_eval.path is not None or task.grader is not None
@@ -249,7 +265,7 @@ def build_family(task: TaskSpec, task_dir: Path | None = None) -> tuple[TaskFami
 def overlap_problems(pool: list[Example], lines: list[int], hidden: list[Example], shown: str) -> list[FieldProblem]:
     """One problem per pool item whose prompt is a hidden-eval prompt (exactly or after normalisation)."""
     hidden_prompts = {normalised_prompt(item.prompt) for item in hidden}
-    problems = []
+    problems: list[FieldProblem] = []
     for index, item in zip(lines, pool):
         if normalised_prompt(item.prompt) in hidden_prompts and len(problems) < MAX_LINE_PROBLEMS:
             problems.append(
@@ -265,7 +281,7 @@ def overlap_problems(pool: list[Example], lines: list[int], hidden: list[Example
 def duplicate_problems(items: list[Example], lines: list[int], shown: str) -> list[FieldProblem]:
     """One problem per hidden-eval prompt that repeats an earlier one (after normalisation)."""
     seen: dict[str, int] = {}
-    problems = []
+    problems: list[FieldProblem] = []
     for index, item in zip(lines, items):
         key = normalised_prompt(item.prompt)
         if key in seen and len(problems) < MAX_LINE_PROBLEMS:
@@ -278,7 +294,7 @@ def duplicate_problems(items: list[Example], lines: list[int], shown: str) -> li
 
 def answer_problems(grader: graders.Grader, items: list[Example], lines: list[int], shown: str, field: str) -> list[FieldProblem]:
     """One problem per reference answer its own grader would not give full marks (for example not one of the choices)."""
-    problems = []
+    problems: list[FieldProblem] = []
     for index, item in zip(lines, items):
         if graders.grade(grader, item.answer, item.answer) == 1.0 and graders.is_well_formed(grader, item.answer):
             continue

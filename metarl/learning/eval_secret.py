@@ -66,7 +66,10 @@ def install_eval_secret(artifacts_root: str | Path) -> None:
     if value:
         secret = _checked(value, EVAL_SECRET_ENV)
     else:
-        path = secret_path(artifacts_root)
+        try:
+            path = secret_path(artifacts_root)
+        except EvalSecretMissing:
+            return  # a remote artifacts root: the secret must come from the environment (active_eval_secret says so)
         secret = read_or_create_secret_file(path)
         os.environ[EVAL_SECRET_FILE_ENV] = str(path.resolve())
     _installed[:] = [secret]
