@@ -11,20 +11,24 @@ from schemas.task_spec import TaskSpec
 
 
 def load_task_spec(path: Path) -> TaskSpec:
-    """Read one task spec file; besides the schema, its `family` must be one the learning backends implement.
+    """Read one task spec file and the data files it names; its family must be one the learning backends can build.
 
-    A spec naming another family would pass the schema, start a run and then fail every probe
+    A spec naming an unknown family would pass the schema, start a run and then fail every probe
     (blamed on the agent), so it is a ConfigError naming the file, the field and the families,
-    reported together with the schema's problems.
+    reported together with the schema's problems and every problem of the data files (file, line
+    and field). The returned spec holds the data files' paths resolved against the spec's folder.
     """
-    from metarl.learning.families import FAMILIES
+    from metarl.learning.data_families import build_family, resolved_path
+    from metarl.learning.registry import registered_families
 
+    families = registered_families()
     data = read_toml_file(path)
     family = data.get("family")
     family_problems: list[FieldProblem] = []
-    if isinstance(family, str) and family not in FAMILIES:
+    defines_family = any(key in data for key in ("items", "grader")) or (isinstance(data.get("hidden_eval"), dict) and "path" in data["hidden_eval"])
+    if isinstance(family, str) and family not in families and not defines_family:
         message = f"unknown task family {printable(family)!r}"
-        family_problems.append(FieldProblem(field="family", message=message, fix=f"use one of {', '.join(sorted(FAMILIES))}"))
+        family_problems.append(FieldProblem(field="family", message=message, fix=f"use one of {', '.join(sorted(families))}"))
     try:
         spec = validate_model(TaskSpec, data, str(path))
     except ConfigError as err:
@@ -32,6 +36,14 @@ def load_task_spec(path: Path) -> TaskSpec:
         raise ConfigError(str(path), family_problems + schema_problems) from None
     if family_problems:
         raise ConfigError(str(path), family_problems)
+    folder = Path(path).resolve().parent
+    _, data_problems = build_family(spec, folder)
+    if data_problems:
+        raise ConfigError(str(path), data_problems)
+    if spec.items is not None and spec.items.pool is not None:
+        spec.items.pool = str(resolved_path(folder, spec.items.pool))
+    if spec.hidden_eval.path is not None:
+        spec.hidden_eval.path = str(resolved_path(folder, spec.hidden_eval.path))
     return spec
 
 

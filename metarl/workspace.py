@@ -507,11 +507,12 @@ def job_reference() -> str:
 
 def _is_hidden_item(task: TaskSpec, prompt: str) -> bool:
     """True when a public example happens to be a hidden-eval item (then it is left out of TASK.md)."""
-    from metarl.learning.families import is_hidden_eval_item
+    from metarl.learning.data_families import family_for
+    from metarl.learning.eval_secret import EvalSecretMissing
 
     try:
-        return is_hidden_eval_item(task.family, prompt)
-    except KeyError:
+        return family_for(task).is_hidden_eval_item(prompt)
+    except (KeyError, EvalSecretMissing):
         return True
 
 

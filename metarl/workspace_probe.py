@@ -38,11 +38,11 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from metarl.isolation import IsolationLevel
+from metarl.learning.data_families import family_for
 from metarl.learning.families import (
     Example,
     TaskFamily,
     contaminated_prompts,
-    get_family,
 )
 from metarl.probe import BackendCheck, ProbeVerdict, capped, probe_job_text
 from metarl.reward_source import RewardBounds, reward_problem
@@ -377,7 +377,7 @@ def workspace_problems(
 ) -> list[FieldProblem]:
     """Every workspace-level problem of a parsed job: environment module, dataset, contamination."""
     try:
-        family = get_family(task.family)
+        family = family_for(task)
     except KeyError:
         return [FieldProblem(field="(task)", message=f"task family {task.family!r} is unknown to the probe", fix="fix the task spec (an operator problem)")]
     problems = environment_problems(files_dir, job, family, limits=limits, samples=samples, seed=seed)
@@ -410,7 +410,7 @@ def probe_workspace(
     if verdict.job is None:
         return verdict
     try:
-        family = get_family(task.family)
+        family = family_for(task)
     except KeyError:
         problem = FieldProblem(field="(task)", message=f"task family {task.family!r} is unknown to the probe", fix="fix the task spec (an operator problem)")
         return ProbeVerdict(passed=False, errors=[problem], job=verdict.job)

@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     from metarl_cli.probe_command import add_parser as add_probe_parser
 
     add_probe_parser(sub)
+    from metarl_cli.tasks_command import add_parser as add_tasks_parser
+
+    add_tasks_parser(sub)
     return parser
 
 
@@ -444,6 +447,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return probe(args)
 
 
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from metarl_cli.tasks_command import cmd_tasks as tasks
+
+    return tasks(args)
+
+
 class Services:
     """Database and broker for one command: the configured services, or the embedded default."""
 
@@ -502,6 +511,7 @@ COMMANDS = {
     "db": cmd_db,
     "metrics": cmd_metrics,
     "probe": cmd_probe,
+    "tasks": cmd_tasks,
 }
 
 

@@ -50,11 +50,12 @@ def _fix_for(error_type: str, ctx: dict[str, Any] | None) -> str:
         "too_long": f"use at most {ctx.get('max_length')} items",
         "too_short": f"use at least {ctx.get('min_length')} items",
         "literal_error": f"use one of {ctx.get('expected')}",
-        "union_tag_invalid": f"set `type` to one of {ctx.get('expected_tags')}",
-        "union_tag_not_found": "add a `type` key naming the backend",
+        "union_tag_invalid": f"set `{str(ctx.get('discriminator', 'type')).strip(chr(39))}` to one of {ctx.get('expected_tags')}",
+        "union_tag_not_found": f"add a `{str(ctx.get('discriminator', 'type')).strip(chr(39))}` key naming the kind",
         "string_pattern_mismatch": f"match the pattern {ctx.get('pattern')}",
         "control_character": "remove control characters and escape sequences (plain text only; a description may use newlines and tabs)",
         "dataset_size_range": "make min_dataset_size at most max_dataset_size",
+        "items_source": 'set either pool = "<file>.jsonl" or generator = "<family>" in [items], not both',
     }
     if error_type in fixes:
         return fixes[error_type]
@@ -71,7 +72,7 @@ def field_path(loc: tuple[Any, ...], data: Any) -> str:
     parts: list[str] = []
     node = data
     for part in loc:
-        if isinstance(node, dict) and isinstance(part, str) and part not in node and node.get("type") == part:
+        if isinstance(node, dict) and isinstance(part, str) and part not in node and part in (node.get("type"), node.get("kind")):
             continue  # the discriminated-union tag pydantic adds to the location
         if isinstance(part, int) or _BARE_KEY.match(str(part)):
             parts.append(str(part))

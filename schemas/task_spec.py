@@ -1,21 +1,26 @@
 """Task spec: one task family as the run sees it (`tasks_specs/<family>.toml`).
 
 The `[public]` table is what the trainer agent is shown; `[hidden_eval]` is never copied into a
-workspace.
+workspace. A family defined by files alone adds `[items]` (a JSONL pool of training items, or a
+registered generator), `hidden_eval.path` (a JSONL hidden eval) and `[grader]` (a built-in grader,
+schemas/graders.py); paths are relative to the spec file (metarl.runconfig.load_task_spec checks
+the data files and resolves the paths).
 """
 
 from __future__ import annotations
 
 import unicodedata
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from schemas.base import StrictModel
+from schemas.graders import GraderSpec
 
 KNOWN_BASE_MODELS = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B")
 
 IDENTIFIER = r"^[a-z][a-z0-9_\-]{0,63}$"
+MAX_PATH_CHARS = 1000
 
 MULTILINE_WHITESPACE = frozenset("\n\t")
 """The only non-printable characters a task description may hold (it is rendered into TASK.md)."""
@@ -82,6 +87,25 @@ class HiddenEval(StrictModel):
     max_tokens: int = Field(default=32, ge=1, le=32768, description="Generation length at eval time")
     pass_k: int = Field(default=1, ge=1, le=64, description="k of pass@k (1 = greedy)")
     solved_improvement: float = Field(default=0.5, gt=0.0, le=1.0, description="Absolute improvement that counts as `solved` when normalising the job reward")
+    path: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_PATH_CHARS,
+        description="JSONL file of hidden-eval items ({prompt, answer} per line), relative to the spec; none: drawn from the generator's secret partition",
+    )
+
+
+class TaskItems(StrictModel):
+    """Where a data-defined family's training items come from: a JSONL pool or a registered generator (exactly one)."""
+
+    pool: str | None = Field(default=None, min_length=1, max_length=MAX_PATH_CHARS, description="JSONL file of training items, relative to the spec")
+    generator: str | None = Field(default=None, pattern=IDENTIFIER, description="A registered family whose generator draws the items")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TaskItems:
+        if (self.generator is None) == (self.pool is None):
+            raise PydanticCustomError("items_source", "give exactly one of pool and generator", {})
+        return self
 
 
 GPU_TRAIN_BACKENDS = frozenset({"runpod"})
@@ -123,6 +147,8 @@ class TaskSpec(StrictModel):
     public: TaskPublic
     data: TaskData
     hidden_eval: HiddenEval = Field(default_factory=HiddenEval)
+    items: TaskItems | None = Field(default=None, description="Training items of a family defined by files (none: `family` is a registered family)")
+    grader: GraderSpec | None = Field(default=None, description="Built-in grader and its options (none: the registered family's own, or exact match)")
     budget: TaskBudget = Field(default_factory=TaskBudget)
 
     @field_validator("budget")

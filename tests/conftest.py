@@ -14,6 +14,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 REPO = Path(__file__).resolve().parent.parent
+TEST_EVAL_SECRET = "metarl-tests-hidden-eval-secret-0001"
+os.environ.setdefault("METARL_EVAL_SECRET", TEST_EVAL_SECRET)  # the deployment secret of the hidden-eval partition (metarl/learning/eval_secret.py)
 PG_ADMIN_URL = os.environ.get("METARL_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 

@@ -21,6 +21,7 @@ from metarl.backends.base import BaseScoreKey, EpisodeContext, TrainBackend
 from metarl.domain.retry import WORKER_BACKOFF, backoff_delay
 from metarl.domain.transitions import Transition, after_agent, after_eval, after_probe, after_train
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
+from metarl.learning.eval_secret import install_eval_secret
 from metarl.messaging.dispatch import send_stage
 from metarl.probe import probe_job_text
 from metarl.store.baselines import baseline_lookup, store_base_score
@@ -79,6 +80,7 @@ def claim_episode_stage(
     """
 
     def load_unless_abandoned(reads: ClaimReads, claimed: StageClaimed) -> Any:
+        install_eval_secret(claimed.config.artifacts.root)  # before anything draws or keys a hidden eval
         if load is None or claimed.claim.takeovers > claimed.config.retries.max_stage_attempts:
             return None
         return load(reads, claimed)

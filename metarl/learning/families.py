@@ -3,14 +3,19 @@
 Each family generates training items at a difficulty in [0, 1], grades completions with the
 graders of :mod:`metarl.graders` (partial credit where sensible; the same file the agent's
 environment modules import in the sandbox and on the pod), and draws a deterministic hidden eval. Training and hidden-eval items
-are disjoint by construction: every item has a canonical key, a hash of the key puts it in the
-training or the eval partition, the training generator rejects eval-partition items, and the
-hidden eval draws only eval-partition items from its own seed namespace.
+are disjoint by construction: every item has a canonical key, a keyed hash of the key (HMAC under
+the deployment's secret, :mod:`metarl.learning.eval_secret`) puts it in the training or the eval
+partition, the training generator rejects eval-partition items, and the hidden eval draws only
+eval-partition items from its own secret seed stream. Without the secret the code cannot tell which
+items are held back.
+
+Families are found by name in :mod:`metarl.learning.registry` (the six below are registered there
+the same way as plugin packages' families); a task spec may define a family from files alone
+(:mod:`metarl.learning.data_families`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from abc import ABC, abstractmethod
@@ -19,12 +24,14 @@ from collections.abc import Iterable
 from pydantic import BaseModel, ConfigDict, Field
 
 from metarl import graders
-from metarl.graders import MAX_ANSWER_CHARS, MONTH_NAMES
+from metarl.graders import BUILTIN_GRADERS, MAX_ANSWER_CHARS, MONTH_NAMES
+from metarl.learning.eval_secret import active_eval_secret, keyed_digest
 
 EVAL_PARTITION_MODULUS = 8
 """One item key in this many (by hash) belongs to the hidden-eval partition."""
 
 HIDDEN_EVAL_SEED_NAMESPACE = "metarl-hidden-eval"
+PARTITION_NAMESPACE = "metarl-eval-partition"
 MAX_GENERATION_ATTEMPTS = 10_000
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 DIGITS = "0123456789"
@@ -39,20 +46,20 @@ class Example(BaseModel):
     answer: str = Field(min_length=1, max_length=100, description="Reference answer the completion must match.")
 
 
-def partition_hash(family_name: str, item_key: str) -> int:
-    """A stable 64-bit hash of (family, canonical item key)."""
-    digest = hashlib.sha256(f"{family_name}\x1f{item_key}".encode()).digest()
+def partition_hash(family_name: str, item_key: str, secret: bytes | None = None) -> int:
+    """A 64-bit keyed hash of (family, canonical item key) under the hidden-eval secret (the active one by default)."""
+    digest = keyed_digest(secret if secret is not None else active_eval_secret(), PARTITION_NAMESPACE, family_name, item_key)
     return int.from_bytes(digest[:8], "big")
 
 
-def in_eval_partition(family_name: str, item_key: str) -> bool:
-    """True when the item with this key is reserved for the hidden eval."""
-    return partition_hash(family_name, item_key) % EVAL_PARTITION_MODULUS == 0
+def in_eval_partition(family_name: str, item_key: str, secret: bytes | None = None) -> bool:
+    """True when the item with this key is reserved for the hidden eval (under ``secret``, the active one by default)."""
+    return partition_hash(family_name, item_key, secret) % EVAL_PARTITION_MODULUS == 0
 
 
-def hidden_eval_rng(family_name: str, version: int) -> random.Random:
-    """The seed stream of one hidden-eval version, separate from every training seed."""
-    digest = hashlib.sha256(f"{HIDDEN_EVAL_SEED_NAMESPACE}\x1f{family_name}\x1f{version}".encode()).digest()
+def hidden_eval_rng(family_name: str, version: int, secret: bytes | None = None) -> random.Random:
+    """The seed stream of one hidden-eval version, separate from every training seed and keyed by the secret."""
+    digest = keyed_digest(secret if secret is not None else active_eval_secret(), HIDDEN_EVAL_SEED_NAMESPACE, family_name, str(version))
     return random.Random(int.from_bytes(digest[:16], "big"))
 
 
@@ -62,6 +69,8 @@ class TaskFamily(ABC):
     name: str
     description: str
     max_answer_chars: int
+    grader: graders.Grader
+    """The family's grader (a mapping for metarl/graders.py; see schemas/graders.py for the kinds)."""
 
     @abstractmethod
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -73,36 +82,38 @@ class TaskFamily(ABC):
 
     def similarity(self, answer: str, completion: str) -> float:
         """Partial-credit similarity in [0, 1] between the answer and a normalised completion."""
-        return graders.similarity(self.name, answer, completion)
+        return graders.similarity(self.grader, answer, completion)
 
     def is_exact(self, example: Example, completion: str) -> bool:
         """True when the completion is exactly the reference answer."""
-        return graders.is_exact(example.answer, completion)
+        return graders.is_exact(example.answer, completion, self.grader)
 
     def grade(self, example: Example, completion: str) -> float:
         """Score in [0, 1]: 1 for an exact answer, otherwise half the partial-credit similarity."""
-        return graders.grade(self.name, example.answer, completion)
+        return graders.grade(self.grader, example.answer, completion)
 
     def is_well_formed(self, completion: str) -> bool:
         """True when the completion has the answer's shape (used by the format reward)."""
-        return graders.is_well_formed(self.name, completion)
+        return graders.is_well_formed(self.grader, completion)
 
-    def is_hidden_eval_item(self, prompt: str) -> bool:
-        """True when the prompt's canonical item lies in the hidden-eval partition."""
-        return in_eval_partition(self.name, self.item_key(prompt))
+    def is_hidden_eval_item(self, prompt: str, secret: bytes | None = None) -> bool:
+        """True when the prompt's canonical item lies in the hidden-eval partition (under ``secret``, the active one by default)."""
+        return in_eval_partition(self.name, self.item_key(prompt), secret)
 
-    def generate(self, rng: random.Random, difficulty: float) -> Example:
+    def generate(self, rng: random.Random, difficulty: float, secret: bytes | None = None) -> Example:
         """Draw one training item at ``difficulty``; never an item of the hidden-eval partition."""
         difficulty = min(max(difficulty, 0.0), 1.0)
+        key = secret if secret is not None else active_eval_secret()
         for _ in range(MAX_GENERATION_ATTEMPTS):
             example = self.sample_item(rng, difficulty)
-            if not self.is_hidden_eval_item(example.prompt):
+            if not self.is_hidden_eval_item(example.prompt, key):
                 return example
         raise RuntimeError(f"family {self.name!r}: no training item found at difficulty {difficulty}")
 
-    def hidden_eval(self, n: int, version: int = 1) -> list[Example]:
-        """``n`` distinct hidden-eval items, deterministic in (family, version), difficulty uniform in [0, 1]."""
-        rng = hidden_eval_rng(self.name, version)
+    def hidden_eval(self, n: int, version: int = 1, secret: bytes | None = None) -> list[Example]:
+        """``n`` distinct hidden-eval items, deterministic in (secret, family, version), difficulty uniform in [0, 1]."""
+        secret = secret if secret is not None else active_eval_secret()
+        rng = hidden_eval_rng(self.name, version, secret)
         items: list[Example] = []
         seen_keys: set[str] = set()
         for _ in range(MAX_GENERATION_ATTEMPTS * max(n, 1)):
@@ -110,7 +121,7 @@ class TaskFamily(ABC):
                 return items
             example = self.sample_item(rng, rng.random())
             key = self.item_key(example.prompt)
-            if key in seen_keys or not in_eval_partition(self.name, key):
+            if key in seen_keys or not in_eval_partition(self.name, key, secret):
                 continue
             seen_keys.add(key)
             items.append(example)
@@ -145,6 +156,7 @@ class AdditionFamily(TaskFamily):
         "Difficulty 0 uses numbers below 10, difficulty 1 numbers below 100."
     )
     max_answer_chars = MAX_ANSWER_CHARS[name]
+    grader = BUILTIN_GRADERS[name]
     _pattern = re.compile(r"(\d+\+\d+)")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -170,6 +182,7 @@ class ReversalFamily(TaskFamily):
         "Difficulty 0 uses 2 letters, difficulty 1 uses 6."
     )
     max_answer_chars = MAX_ANSWER_CHARS[name]
+    grader = BUILTIN_GRADERS[name]
     _pattern = re.compile(r"rev([a-z]+)>")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -191,6 +204,7 @@ class CaesarFamily(TaskFamily):
         "(for example 'cdb'). Difficulty raises the word length (2 to 4) and the shift range (1 to 3)."
     )
     max_answer_chars = MAX_ANSWER_CHARS[name]
+    grader = BUILTIN_GRADERS[name]
     _pattern = re.compile(r"(rot\d[a-z]+)>")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -214,6 +228,7 @@ class MaxOfListFamily(TaskFamily):
         "'81'). Difficulty 0 uses 2 numbers, difficulty 1 uses 6."
     )
     max_answer_chars = MAX_ANSWER_CHARS[name]
+    grader = BUILTIN_GRADERS[name]
     _pattern = re.compile(r"max([\d,]+)=")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -235,6 +250,7 @@ class SortingFamily(TaskFamily):
         "difficulty 1 uses 6."
     )
     max_answer_chars = MAX_ANSWER_CHARS[name]
+    grader = BUILTIN_GRADERS[name]
     _pattern = re.compile(r"sort(\d+)>")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -257,6 +273,7 @@ class DateFormatFamily(TaskFamily):
         "Difficulty widens the range of years (1990-2000 at 0, 1000-2999 at 1)."
     )
     max_answer_chars = MAX_ANSWER_CHARS[name]
+    grader = BUILTIN_GRADERS[name]
     _pattern = re.compile(r"date(\d{4}-\d{2}-\d{2})>")
 
     def sample_item(self, rng: random.Random, difficulty: float) -> Example:
@@ -273,25 +290,11 @@ class DateFormatFamily(TaskFamily):
         return _key_from_pattern(self._pattern, prompt, self.name)
 
 
-FAMILIES: dict[str, TaskFamily] = {
-    family.name: family
-    for family in (
-        AdditionFamily(),
-        ReversalFamily(),
-        CaesarFamily(),
-        MaxOfListFamily(),
-        SortingFamily(),
-        DateFormatFamily(),
-    )
-}
-"""Every task family by name."""
-
-
 def get_family(name: str) -> TaskFamily:
-    """The family called ``name``; a ``KeyError`` naming the valid names otherwise."""
-    if name not in FAMILIES:
-        raise KeyError(f"unknown task family {name!r}; valid names: {', '.join(sorted(FAMILIES))}")
-    return FAMILIES[name]
+    """The registered family called ``name`` (built-in or plugin); a ``KeyError`` naming the valid names otherwise."""
+    from metarl.learning.registry import registered_family
+
+    return registered_family(name)
 
 
 def is_hidden_eval_item(family: str | TaskFamily, prompt: str) -> bool:
@@ -322,3 +325,12 @@ def generate_dataset(family: TaskFamily, n: int, seed: int, difficulty: float | 
     rng = random.Random(f"train\x1f{family.name}\x1f{seed}")
     low, high = difficulty if isinstance(difficulty, tuple) else (difficulty, difficulty)
     return [family.generate(rng, rng.uniform(low, high)) for _ in range(n)]
+
+
+def __getattr__(name: str) -> dict[str, TaskFamily]:
+    """``FAMILIES``: every registered family by name (built-ins and plugins; :mod:`metarl.learning.registry`)."""
+    if name == "FAMILIES":
+        from metarl.learning.registry import registered_families
+
+        return registered_families()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,8 +25,8 @@ from metarl.store.db import SqlTarget, database_identity, run_sql, session_scope
 from metarl.store.records import BaselineScore
 from schemas.task_spec import TaskSpec
 
-GRADER_SOURCES = ("families.py", "scoring.py")
-"""Modules of metarl/learning whose source is the graders and the pass@k aggregation: editing them changes the grader's identity."""
+GRADER_SOURCES = ("families.py", "data_families.py", "scoring.py")
+"""Modules of metarl/learning whose source is the families, their hidden evals and the pass@k aggregation: editing them changes the grader's identity."""
 
 BASE_SCORE_KEY_COLUMNS = checked_columns(BaselineScore.__table__, BaseScoreKey.model_fields)
 """The columns of a cached score's key: the fields of `BaseScoreKey` (the table's unique key, migration 0010)."""
@@ -45,7 +46,23 @@ def grader_code_digest() -> str:
     for name in GRADER_SOURCES:
         digest.update(name.encode())
         digest.update((folder / name).read_bytes())
+    digest.update((folder.parent / "graders.py").read_bytes())
     return digest.hexdigest()[:12]
+
+
+def eval_identity(task: TaskSpec) -> str:
+    """What the task's hidden eval and grader are, beyond the code: the grader's options, and the hidden
+    eval's file content or, for a generated one, a non-reversible fingerprint of the deployment secret."""
+    from metarl.learning.data_families import family_for
+    from metarl.learning.eval_secret import active_eval_secret, secret_fingerprint
+
+    family = family_for(task)
+    digest = hashlib.sha256(json.dumps(dict(family.grader), sort_keys=True).encode())
+    if task.hidden_eval.path is not None:
+        digest.update(b"file\0" + Path(task.hidden_eval.path).read_bytes())
+    else:
+        digest.update(b"secret\0" + secret_fingerprint(active_eval_secret()).encode())
+    return digest.hexdigest()
 
 
 def base_score_key(task: TaskSpec, model_name: str, backend_name: str, identity: BaseModelIdentity) -> BaseScoreKey:
@@ -58,7 +75,7 @@ def base_score_key(task: TaskSpec, model_name: str, backend_name: str, identity:
         eval_version=task.hidden_eval.version,
         eval_items=task.hidden_eval.n_items,
         pass_k=task.hidden_eval.pass_k,
-        grader=f"{task.family}:{grader_code_digest()}",
+        grader=f"{task.family[:40]}:{hashlib.sha256((grader_code_digest() + eval_identity(task)).encode()).hexdigest()[:16]}",
         backend=backend_name,
         scorer=identity.scorer,
     )

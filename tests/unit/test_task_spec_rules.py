@@ -80,12 +80,22 @@ def test_min_dataset_size_above_max_is_refused(tmp_path: Path) -> None:
     assert load_toml_model(TaskSpec, write_spec(tmp_path, data)).data.max_dataset_size == 100
 
 
-@pytest.mark.parametrize(("table", "key", "value"), [("data", "generator", "addition"), ("grader", "kind", "family"), ("grader", "partial_credit", False)])
+@pytest.mark.parametrize(("table", "key", "value"), [("data", "generator", "addition")])
 def test_removed_fields_are_refused(tmp_path: Path, table: str, key: str, value: object) -> None:
     data = spec_dict()
     data.setdefault(table, {})[key] = value
     _, problem = only_problem(write_spec(tmp_path, data))
-    assert problem.field == (f"{table}.{key}" if table == "data" else table) and "remove this key" in problem.fix
+    assert problem.field == f"{table}.{key}" and "remove this key" in problem.fix
+
+
+@pytest.mark.parametrize(
+    ("grader", "field", "fix"), [({"kind": "family"}, "grader", "set `kind` to one of"), ({"partial_credit": 0.5}, "grader", "add a `kind` key")]
+)
+def test_a_grader_without_a_known_kind_is_refused(tmp_path: Path, grader: dict, field: str, fix: str) -> None:
+    data = spec_dict()
+    data["grader"] = grader
+    _, problem = only_problem(write_spec(tmp_path, data))
+    assert problem.field == field and problem.fix.startswith(fix)
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,9 @@ import json
 import tomllib
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from metarl.backends.base import (
     AgentSubmission,
@@ -19,6 +20,7 @@ from metarl.backends.base import (
     PolicySample,
 )
 from metarl.backends.local.train import dataset_text
+from metarl.graders import grader_for
 from schemas.job import DEFAULT_MAX_TOKENS
 from schemas.run_config import LocalAgentBackend, LocalOuterBackend, RunConfig
 
@@ -69,8 +71,9 @@ the length penalty always penalises, and correctness keeps weight 1 unless the j
 import metarl_graders
 
 FAMILY = %(family_literal)s
+GRADER = %(grader)s
 MAX_TOKENS = %(max_tokens)d
-COMPONENTS = metarl_graders.reward_components(FAMILY, MAX_TOKENS)
+COMPONENTS = metarl_graders.reward_components(FAMILY, MAX_TOKENS, GRADER)
 WEIGHTS = %(weights)s
 
 
@@ -94,7 +97,7 @@ def effective_weights(weights: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def environment_source(weights: dict[str, float], family: str = "", max_tokens: int = DEFAULT_MAX_TOKENS) -> str:
+def environment_source(weights: dict[str, float], family: str = "", max_tokens: int = DEFAULT_MAX_TOKENS, grader: Mapping[str, Any] | None = None) -> str:
     """The environment module for a job's reward components (the contract of metarl.workspace).
 
     Its ``reward`` gives the same training signal as the local trainer's built-in graders with the
@@ -102,11 +105,13 @@ def environment_source(weights: dict[str, float], family: str = "", max_tokens: 
     (:mod:`metarl.graders`, as ``metarl_graders``) for the family's partial credit, exact match and
     format check, and the completion-length penalty for ``max_tokens`` (counted from the text: one
     token per character plus the end token, so a sampled ``<unk>``, which decoding drops, is the one
-    case where the penalty differs from the built-in token count).
+    case where the penalty differs from the built-in token count). ``grader`` is the family's grader
+    mapping (written into the module as data; the built-in family's own when None).
     """
     return ENVIRONMENT_TEMPLATE % {
         "family": family or "(unknown)",
         "family_literal": repr(family),
+        "grader": repr(json.loads(json.dumps(dict(grader if grader is not None else grader_for(family)), sort_keys=True))),
         "max_tokens": max(1, int(max_tokens)),
         "weights": json.dumps(effective_weights(weights), sort_keys=True),
     }
@@ -130,6 +135,7 @@ def workspace_root(ctx: EpisodeContext) -> Path:
 
 def write_workspace(ctx: EpisodeContext, job_toml: str, baseline: Callable[[str], float] | None = None) -> Path:
     """Render the sampled job into the attempt's workspace through the agent's own tools."""
+    from metarl.learning.data_families import family_for
     from metarl.workspace import Workspace
 
     workspace = Workspace(workspace_root(ctx), ctx.task, feedback=ctx.feedback, baseline=baseline, train_seconds=ctx.train_seconds)
@@ -141,9 +147,9 @@ def write_workspace(ctx: EpisodeContext, job_toml: str, baseline: Callable[[str]
         size = int(dataset.get("size", 1000))
         if 0 < size <= MAX_RENDERED_DATASET:
             workspace.write_file(
-                str(dataset.get("path", "dataset.jsonl")), dataset_text(ctx.task.family, size, float(dataset.get("difficulty", 0.5)), ctx.seed)
+                str(dataset.get("path", "dataset.jsonl")), dataset_text(family_for(ctx.task), size, float(dataset.get("difficulty", 0.5)), ctx.seed)
             )
-        module_source = environment_source(weights, ctx.task.family, rollout_max_tokens(parsed))
+        module_source = environment_source(weights, ctx.task.family, rollout_max_tokens(parsed), family_for(ctx.task).grader)
         workspace.write_file(str(parsed.get("environment", {}).get("module", "environment.py")), module_source)
     workspace.submit()
     return workspace.files_dir

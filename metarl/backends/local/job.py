@@ -35,6 +35,7 @@ def torch_threads() -> int:
 
 def main(job_dir: Path) -> int:
     """Run the job in ``job_dir``; 0 when it succeeded, 1 when it failed with a recorded status."""
+    from metarl.learning.data_families import GradingFamily
     from metarl.learning.families import Example, get_family
     from metarl.learning.grpo import LocalTrainConfig, train
     from metarl.learning.models import ensure_base_model
@@ -62,7 +63,7 @@ def main(job_dir: Path) -> int:
             outcome = train(
                 config,
                 dataset,
-                get_family(job["family"]),
+                GradingFamily(job["family"], job["grader"], int(job["max_answer_chars"])) if "grader" in job else get_family(job["family"]),
                 base_dir,
                 job_dir,
                 after_step=lambda row, _model: steps_seen.append(row.step),

@@ -31,6 +31,9 @@ from metarl.backends.base import BaseModelIdentity, EpisodeContext, LaunchResult
 from metarl.errors import PermanentBackendError
 from metarl.graders import REWARD_COMPONENTS
 from metarl.isolation import IsolationLevel
+from metarl.learning.data_families import family_for
+from metarl.learning.eval_secret import EVAL_SECRET_ENV, EVAL_SECRET_FILE_ENV
+from metarl.learning.families import TaskFamily
 from metarl.learning.runtime import THREADS_ENV, threads_per_job
 from schemas.base import FieldProblem
 from schemas.job import JobSpec
@@ -82,7 +85,14 @@ def compile_local_job(
         seed=job.training.seed,
         time_budget_s=task.budget.max_train_seconds,
     )
-    compiled: dict[str, Any] = {"train": config.model_dump(mode="json"), "family": task.family, "model_scale": model_scale}
+    family = family_for(task)
+    compiled: dict[str, Any] = {
+        "train": config.model_dump(mode="json"),
+        "family": task.family,
+        "grader": dict(family.grader),
+        "max_answer_chars": family.max_answer_chars,
+        "model_scale": model_scale,
+    }
     if environment_reward:
         from metarl.reward_source import EnvironmentRewardSpec
 
@@ -126,11 +136,11 @@ def local_compile_problems(job: JobSpec, task: TaskSpec) -> list[FieldProblem]:
     return []
 
 
-def dataset_text(family_name: str, size: int, difficulty: float, seed: int) -> str:
+def dataset_text(family_or_name: str | TaskFamily, size: int, difficulty: float, seed: int) -> str:
     """A training set as JSONL, from the family's generator (which never yields hidden-eval items)."""
     from metarl.learning.families import get_family
 
-    family = get_family(family_name)
+    family = get_family(family_or_name) if isinstance(family_or_name, str) else family_or_name
     rng = random.Random(seed)
     lines = []
     for _ in range(size):
@@ -204,9 +214,14 @@ class LocalTrain:
             except WorkspaceError as err:
                 raise PermanentBackendError(f"workspace (environment module): {err.message}") from None
         else:
-            (job_dir / DATASET_FILE).write_text(dataset_text(ctx.task.family, job.dataset.size, job.dataset.difficulty, job.training.seed), encoding="utf-8")
+            (job_dir / DATASET_FILE).write_text(
+                dataset_text(family_for(ctx.task), job.dataset.size, job.dataset.difficulty, job.training.seed), encoding="utf-8"
+            )
         (job_dir / JOB_FILE).write_text(json.dumps(compiled, indent=2), encoding="utf-8")
         env = {key: value for key, value in os.environ.items() if not key.upper().endswith(("_KEY", "_TOKEN", "_SECRET", "_PASSWORD"))}
+        env.update(
+            {name: os.environ[name] for name in (EVAL_SECRET_ENV, EVAL_SECRET_FILE_ENV) if name in os.environ}
+        )  # base-model pretraining keeps out of the hidden eval
         env[THREADS_ENV] = str(threads_per_job(self.config.max_concurrent_jobs, self.config.torch_threads_per_job))
         with open(job_dir / "trainer.log", "ab") as log_file:
             process = subprocess.Popen(
@@ -260,10 +275,9 @@ class LocalEval:
         return BaseModelIdentity(build=base_model_build(model_name, config.model_scale), scale=config.model_scale, scorer=f"local torch seed={config.seed}")
 
     def _score(self, model_dir: Path, task: TaskSpec) -> Score:
-        from metarl.learning.families import get_family
         from metarl.learning.scoring import score_checkpoint
 
-        family = get_family(task.family)
+        family = family_for(task)
         items = family.hidden_eval(task.hidden_eval.n_items, task.hidden_eval.version)
         result = score_checkpoint(model_dir, family, items, pass_k=task.hidden_eval.pass_k, seed=self.config.seed)
         return Score(score=result.mean, ci_low=result.ci_low, ci_high=result.ci_high, n_items=max(1, result.n))

@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from metarl.backends.base import BaseModelIdentity, EpisodeContext, Score
 from metarl.backends.runpod.pod.eval_server import EngineSettings, EvalRequest, EvalResult, Target, TargetOutput, items_digest
 from metarl.errors import PermanentBackendError, TransientBackendError
-from metarl.learning.families import Example, get_family
+from metarl.learning.data_families import family_for
+from metarl.learning.families import Example
 from schemas.job import JobSpec
 from schemas.run_config import PodVllmEvalBackend
 from schemas.task_spec import TaskSpec
@@ -61,13 +62,13 @@ class BaselineCompletions(BaseModel):
 
 def hidden_items(task: TaskSpec) -> tuple[list[Example], list[str]]:
     """The task's hidden-eval items and their prompts (the text every scorer gives the model)."""
-    items = get_family(task.family).hidden_eval(task.hidden_eval.n_items, task.hidden_eval.version)
+    items = family_for(task).hidden_eval(task.hidden_eval.n_items, task.hidden_eval.version)
     return items, [example.prompt for example in items]
 
 
 def completion_budget(task: TaskSpec) -> int:
     """Tokens generated per item: ``metarl.learning.scoring.max_completion_tokens`` (longest answer, EOS, slack)."""
-    return get_family(task.family).max_answer_chars + 2
+    return family_for(task).max_answer_chars + 2
 
 
 def eval_request(task: TaskSpec, config: PodVllmEvalBackend, *, request_id: str, targets: list[Target], published_at: float) -> EvalRequest:
@@ -95,7 +96,7 @@ def grade(task: TaskSpec, output: TargetOutput, digest: str) -> EvalScore:
     items, prompts = hidden_items(task)
     if digest != items_digest(prompts):
         raise PermanentBackendError(f"the pod's completions answer other prompts than task {task.id}'s hidden eval (version {task.hidden_eval.version})")
-    return score_completions(get_family(task.family), items, output.completions, pass_k=task.hidden_eval.pass_k)
+    return score_completions(family_for(task), items, output.completions, pass_k=task.hidden_eval.pass_k)
 
 
 def as_score(result: EvalScore) -> Score:

@@ -1,0 +1,101 @@
+"""The deployment's hidden-eval secret: it keys the partition that holds generated hidden evals back.
+
+Resolution (:func:`active_eval_secret`): the secret installed in this process
+(:func:`install_eval_secret`, which workers call with the run's artifacts root), else the
+``METARL_EVAL_SECRET`` environment variable, else the file that ``METARL_EVAL_SECRET_FILE`` names.
+``install_eval_secret`` takes the environment variable, else the file ``secrets/eval_partition.key``
+under the artifacts root, created on first use with mode 0600, and exports that file's path (never
+the secret) for child processes. The secret itself never leaves this module except as HMAC keys:
+:func:`secret_fingerprint` is the only value derived from it that may be stored (a base-score key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+EVAL_SECRET_ENV = "METARL_EVAL_SECRET"
+EVAL_SECRET_FILE_ENV = "METARL_EVAL_SECRET_FILE"
+SECRET_FILE = Path("secrets") / "eval_partition.key"
+SECRET_BYTES = 32
+MIN_SECRET_CHARS = 16
+FINGERPRINT_MESSAGE = b"metarl hidden-eval secret fingerprint v1"
+
+_installed: list[bytes] = []
+
+
+class EvalSecretMissing(RuntimeError):
+    """No hidden-eval secret is available to this process."""
+
+
+def secret_path(artifacts_root: str | Path) -> Path:
+    """Where the secret file lives under a local artifacts root."""
+    root = str(artifacts_root)
+    if root.startswith("file://"):
+        root = root[len("file://") :]
+    if "://" in root:
+        raise EvalSecretMissing(f"artifacts root {root!r} is not a local folder: set {EVAL_SECRET_ENV} to the deployment's hidden-eval secret")
+    return Path(root) / SECRET_FILE
+
+
+def _checked(value: str, source: str) -> bytes:
+    text = value.strip()
+    if len(text) < MIN_SECRET_CHARS:
+        raise EvalSecretMissing(f"the hidden-eval secret from {source} has {len(text)} characters: use at least {MIN_SECRET_CHARS}")
+    return text.encode()
+
+
+def read_or_create_secret_file(path: Path) -> bytes:
+    """The secret stored at ``path``, creating the file (mode 0600, exclusively) when there is none."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return _checked(path.read_text(encoding="utf-8"), str(path))
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(secrets.token_hex(SECRET_BYTES) + "\n")
+    return _checked(path.read_text(encoding="utf-8"), str(path))
+
+
+def install_eval_secret(artifacts_root: str | Path) -> None:
+    """Make the deployment's secret this process's (and its children's) hidden-eval secret."""
+    value = os.environ.get(EVAL_SECRET_ENV)
+    if value:
+        secret = _checked(value, EVAL_SECRET_ENV)
+    else:
+        try:
+            path = secret_path(artifacts_root)
+        except EvalSecretMissing:
+            return  # a remote artifacts root: the secret must come from the environment (active_eval_secret says so)
+        secret = read_or_create_secret_file(path)
+        os.environ[EVAL_SECRET_FILE_ENV] = str(path.resolve())
+    _installed[:] = [secret]
+
+
+def active_eval_secret() -> bytes:
+    """This process's hidden-eval secret; :class:`EvalSecretMissing` with the fix when there is none."""
+    if _installed:
+        return _installed[0]
+    value = os.environ.get(EVAL_SECRET_ENV)
+    if value:
+        return _checked(value, EVAL_SECRET_ENV)
+    path = os.environ.get(EVAL_SECRET_FILE_ENV)
+    if path:
+        try:
+            return _checked(Path(path).read_text(encoding="utf-8"), EVAL_SECRET_FILE_ENV)
+        except OSError as exc:
+            raise EvalSecretMissing(f"{EVAL_SECRET_FILE_ENV} names an unreadable file: {exc.strerror}") from None
+    raise EvalSecretMissing(f"no hidden-eval secret: set {EVAL_SECRET_ENV}, or run with an artifacts root (its {SECRET_FILE} is created on first use)")
+
+
+def keyed_digest(secret: bytes, *parts: str) -> bytes:
+    """HMAC-SHA256 of the parts (joined by a unit separator) under the secret."""
+    return hmac.new(secret, "\x1f".join(parts).encode(), hashlib.sha256).digest()
+
+
+def secret_fingerprint(secret: bytes) -> str:
+    """A short non-reversible fingerprint of the secret (HMAC of a constant): safe to store in a cache key."""
+    return hmac.new(secret, FINGERPRINT_MESSAGE, hashlib.sha256).hexdigest()[:12]

@@ -1,0 +1,99 @@
+"""The task-family registry: built-in families and plugin packages' families, found by one mechanism.
+
+A family is registered by a reference ``"module:attribute"`` naming a :class:`TaskFamily` subclass
+(or instance) under a name. Plugin packages declare theirs as entry points of the group
+:data:`FAMILY_ENTRY_POINT_GROUP` in their packaging metadata, for example::
+
+    [project.entry-points."metarl.task_families"]
+    word_count = "my_package.families:WordCountFamily"
+
+The six built-in families are registered through the same references (:data:`BUILTIN_FAMILIES`),
+loaded by the same function, so a plugin family is used exactly as a built-in one. A plugin
+family grades with a built-in grader of metarl/graders.py (its ``grader`` mapping), the one file
+shipped to the sandbox and the pod.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Iterable
+from importlib.metadata import entry_points
+
+from metarl.learning.families import TaskFamily
+
+FAMILY_ENTRY_POINT_GROUP = "metarl.task_families"
+"""Entry-point group under which a package registers task families."""
+
+BUILTIN_FAMILIES: dict[str, str] = {
+    "addition": "metarl.learning.families:AdditionFamily",
+    "reversal": "metarl.learning.families:ReversalFamily",
+    "caesar": "metarl.learning.families:CaesarFamily",
+    "max_of_list": "metarl.learning.families:MaxOfListFamily",
+    "sorting": "metarl.learning.families:SortingFamily",
+    "date_format": "metarl.learning.families:DateFormatFamily",
+}
+"""The built-in families' references, by name (registered as a plugin's entry points are)."""
+
+
+class FamilyRegistryError(RuntimeError):
+    """A registered family cannot be loaded or clashes with another."""
+
+
+def load_reference(name: str, reference: str, source: str) -> TaskFamily:
+    """The family a ``module:attribute`` reference names (a subclass is instantiated), checked against ``name``."""
+    module_name, _, attribute = reference.partition(":")
+    try:
+        target = getattr(importlib.import_module(module_name), attribute) if attribute else importlib.import_module(module_name)
+    except (ImportError, AttributeError) as exc:
+        raise FamilyRegistryError(f"{source}: family {name!r} -> {reference!r} cannot be loaded: {exc}") from None
+    family = target() if isinstance(target, type) and issubclass(target, TaskFamily) else target
+    if not isinstance(family, TaskFamily):
+        raise FamilyRegistryError(f"{source}: family {name!r} -> {reference!r} is not a metarl TaskFamily")
+    if family.name != name:
+        raise FamilyRegistryError(f"{source}: family registered as {name!r} calls itself {family.name!r}; register it under its own name")
+    return family
+
+
+def plugin_references() -> list[tuple[str, str, str]]:
+    """(name, reference, distribution) of every installed package's family entry point."""
+    found = []
+    for entry in entry_points(group=FAMILY_ENTRY_POINT_GROUP):
+        distribution = entry.dist.name if entry.dist is not None else "an unnamed distribution"
+        found.append((entry.name, entry.value, distribution))
+    return sorted(found)
+
+
+def build_registry(references: Iterable[tuple[str, str, str]]) -> dict[str, TaskFamily]:
+    """Families by name from (name, reference, source) triples; a name registered twice is an error."""
+    families: dict[str, TaskFamily] = {}
+    sources: dict[str, str] = {}
+    for name, reference, source in references:
+        if name in families:
+            raise FamilyRegistryError(f"task family {name!r} is registered by both {sources[name]} and {source}: uninstall one or rename it")
+        families[name] = load_reference(name, reference, source)
+        sources[name] = source
+    return families
+
+
+@functools.cache
+def registered_families() -> dict[str, TaskFamily]:
+    """Every registered family (built-ins, then installed plugins), loaded once per process."""
+    builtins = [(name, reference, "metarl (built-in)") for name, reference in BUILTIN_FAMILIES.items()]
+    plugins = [
+        (name, reference, source) for name, reference, source in plugin_references() if not (name in BUILTIN_FAMILIES and reference == BUILTIN_FAMILIES[name])
+    ]
+    return build_registry(builtins + plugins)
+
+
+def registered_family(name: str) -> TaskFamily:
+    """The registered family called ``name``; a ``KeyError`` naming the valid names otherwise."""
+    families = registered_families()
+    if name not in families:
+        raise KeyError(f"unknown task family {name!r}; valid names: {', '.join(sorted(families))}")
+    return families[name]
+
+
+def refresh_registry() -> None:
+    """Forget the loaded registry (after installing a plugin into a running process)."""
+    registered_families.cache_clear()
