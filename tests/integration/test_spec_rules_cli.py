@@ -32,7 +32,7 @@ CASES: dict[str, tuple[Callable[[Path], bytes], str, str]] = {
         "data.generator",
         "remove this key",
     ),
-    "removed-grader-table": (with_specs({"addition": spec("addition") + '\n[grader]\nkind = "family"\n'}, ["addition"]), "grader", "remove this key"),
+    "unknown-grader-kind": (with_specs({"addition": spec("addition") + '\n[grader]\nkind = "family"\n'}, ["addition"]), "grader", "set `kind` to one of"),
     "escape-in-title": (
         with_specs({"addition": spec("addition").replace('title = "Add two numbers"', 'title = "Add \\u001b]0;pwned\\u0007 numbers"')}, ["addition"]),
         "public.title",
