@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from metarl.learning.eval_secret import add_artifacts_argument, install_eval_secret
 from metarl.learning.families import FAMILIES, generate_dataset, get_family
 from metarl.learning.grpo import LocalTrainConfig, train
 from metarl.learning.models import BASE_MODELS, build_info, ensure_base_model
@@ -126,12 +127,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of datasets and training")
     parser.add_argument("--cache-dir", default=None, help="base-model cache (default $METARL_CACHE_DIR or ~/.cache)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    add_artifacts_argument(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    install_eval_secret(args.artifacts)
     families = [get_family(name.strip()).name for name in args.families.split(",") if name.strip()]
     default_models = "local-s" if args.quick else ",".join(BASE_MODELS)
     models = [name.strip() for name in (args.models or default_models).split(",") if name.strip()]

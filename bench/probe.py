@@ -33,6 +33,7 @@ import tomli_w
 
 from metarl.backends.base import EpisodeContext
 from metarl.backends.local.train import local_compile_problems
+from metarl.learning.eval_secret import add_artifacts_argument, install_eval_secret
 from metarl.learning.families import get_family
 from metarl.runconfig import load_run
 from metarl.workspace_probe import probe_workspace
@@ -98,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--valid", type=int, default=30, help="valid workspaces in the corpus")
     parser.add_argument("--seed", type=int, default=0)
+    add_artifacts_argument(parser)
     args = parser.parse_args(argv)
+    install_eval_secret(args.artifacts)
     import torch
 
     from metarl.policy.local_policy import LocalPolicy

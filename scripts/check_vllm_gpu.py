@@ -27,6 +27,7 @@ from metarl.backends.vllm.scoring import (
     score_with_llm,
     vllm_available,
 )
+from metarl.learning.eval_secret import add_artifacts_argument, install_eval_secret
 from metarl.learning.families import FAMILIES, get_family
 from metarl.learning.models import BASE_MODELS, ensure_base_model
 from metarl.learning.runtime import configure_torch_threads
@@ -52,6 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="local-s", choices=sorted(BASE_MODELS), help="Local base model to build or reuse")
     parser.add_argument("--scale", type=float, default=1.0, help="Pretraining scale of the base model")
     parser.add_argument("--cache-dir", default=None, help="Base-model cache (default METARL_CACHE_DIR or ~/.cache/metarl/models)")
+    add_artifacts_argument(parser)
     parser.add_argument("--model-dir", default=None, help="Score this Hugging Face weights folder instead of a base model")
     parser.add_argument("--n-items", type=int, default=200, help="Hidden-eval items")
     parser.add_argument("--eval-version", type=int, default=1, help="Hidden-eval version")
@@ -71,6 +73,7 @@ def row(engine: str, score: EvalScore, seconds: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Score with both engines, print them side by side, and gate on greedy agreement."""
     args = parse_args(argv)
+    install_eval_secret(args.artifacts)
     if not vllm_available():
         print(f"vllm is not installed: {VLLM_EXTRA_FIX}", file=sys.stderr)
         return 2

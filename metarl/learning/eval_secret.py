@@ -11,6 +11,7 @@ the secret) for child processes. The secret itself never leaves this module exce
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import hmac
 import os
@@ -73,6 +74,19 @@ def install_eval_secret(artifacts_root: str | Path) -> None:
         secret = read_or_create_secret_file(path)
         os.environ[EVAL_SECRET_FILE_ENV] = str(path.resolve())
     _installed[:] = [secret]
+
+
+DEFAULT_TOOL_ARTIFACTS = ".metarl/artifacts"
+"""The artifacts root a bench or script outside a run keys its hidden evals by (a run's default root too)."""
+
+
+def add_artifacts_argument(parser: argparse.ArgumentParser) -> None:
+    """``--artifacts DIR`` for a tool that draws hidden evals outside a run: whose secret keys its partition."""
+    parser.add_argument(
+        "--artifacts",
+        default=DEFAULT_TOOL_ARTIFACTS,
+        help=f"artifacts root whose {SECRET_FILE} keys the hidden-eval partition (default {DEFAULT_TOOL_ARTIFACTS}; {EVAL_SECRET_ENV} wins)",
+    )
 
 
 def active_eval_secret() -> bytes:
