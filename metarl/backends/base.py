@@ -166,8 +166,8 @@ class EvalBackend(Protocol):
     simulated: bool
 
     @staticmethod
-    def base_model_identity(config: Any, model_name: str) -> BaseModelIdentity:
-        """What this backend's base score of ``model_name`` depends on, from its config alone (no backend is built)."""
+    def base_model_identity(config: Any, model_name: str, task: TaskSpec) -> BaseModelIdentity:
+        """What this backend's base score of ``model_name`` on ``task`` depends on, from its config alone (no backend is built)."""
         ...
 
     def score_base(self, task: TaskSpec, model_name: str) -> Score: ...

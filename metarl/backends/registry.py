@@ -88,7 +88,7 @@ def eval_backend(config: RunConfig) -> EvalBackend:
 def base_score_key(config: RunConfig, task: TaskSpec, model_name: str) -> BaseScoreKey:
     """The key base scores of ``model_name`` on ``task`` are cached under with this run's eval backend, without building it."""
     backend_class = eval_backend_class(config)
-    identity = backend_class.base_model_identity(config.backends.eval, model_name)  # type: ignore[arg-type]
+    identity = backend_class.base_model_identity(config.backends.eval, model_name, task)  # type: ignore[arg-type]
     return make_base_score_key(task, model_name, backend_class.name, identity)
 
 

@@ -325,3 +325,18 @@ def family_for(task: TaskSpec) -> TaskFamily:
 
         return registered_family(task.family)
     return _family_from_json(task.model_dump_json())
+
+
+def model_families(task: TaskSpec) -> dict[str, TaskFamily]:
+    """The families a base model for ``task`` is pretrained on: the built-in ones, plus the task's own when it is another.
+
+    A task of a built-in family keeps the built-in set (and its model); a new family gets a model
+    that also knows its format, keyed by its content (:func:`metarl.learning.models.build_key`).
+    """
+    from metarl.learning.families import FAMILIES
+
+    families: dict[str, TaskFamily] = dict(FAMILIES)
+    own = family_for(task)
+    if own.name not in families:
+        families[own.name] = own
+    return families

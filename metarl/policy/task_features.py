@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import random
 
-from metarl.learning.families import get_family
+from metarl.learning.data_families import family_for
+from metarl.learning.families import TaskFamily
 from metarl.policy.family_features import DEFAULT_GRADER_KIND, FamilyFeatures, family_features
 from schemas.task_spec import TaskSpec
 
@@ -23,7 +24,7 @@ def task_examples(task: TaskSpec, n: int = FEATURE_SAMPLE_ITEMS) -> list[tuple[s
     """(prompt, answer) items of the task: ``n`` from its family's generator, difficulties spread over [0, 1], then its public example."""
     examples: list[tuple[str, str]] = []
     try:
-        family = get_family(task.family)
+        family: TaskFamily | None = family_for(task)
     except KeyError:
         family = None
     if family is not None:
@@ -36,6 +37,8 @@ def task_examples(task: TaskSpec, n: int = FEATURE_SAMPLE_ITEMS) -> list[tuple[s
     return examples
 
 
-def task_features(task: TaskSpec, grader_kind: str = DEFAULT_GRADER_KIND, difficulty_range: tuple[float, float] = (0.0, 1.0)) -> FamilyFeatures:
-    """The features the local policy sees for ``task`` (grader kind and declared difficulty range as the spec gives them)."""
+def task_features(task: TaskSpec, difficulty_range: tuple[float, float] = (0.0, 1.0)) -> FamilyFeatures:
+    """The features the local policy sees for ``task``: its grader's kind as the spec's ``[grader]`` names it (a
+    registered family's own grader otherwise), its examples, its description."""
+    grader_kind = task.grader.kind if task.grader is not None else DEFAULT_GRADER_KIND
     return family_features(task.public.description, grader_kind, difficulty_range, task_examples(task))

@@ -100,6 +100,7 @@ class ShoutFamily(TaskFamily):
     name = "shout"
     description = "Shout a word: 'crie WORD→' answers the word in upper case with an exclamation mark."
     max_answer_chars = 8
+    grader = {"kind": "positional", "max_chars": 8}
 
     def __init__(self, mark: str = "!") -> None:
         self.mark = mark

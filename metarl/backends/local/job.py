@@ -35,7 +35,7 @@ def torch_threads() -> int:
 
 def main(job_dir: Path) -> int:
     """Run the job in ``job_dir``; 0 when it succeeded, 1 when it failed with a recorded status."""
-    from metarl.learning.data_families import GradingFamily
+    from metarl.learning.data_families import GradingFamily, model_families
     from metarl.learning.families import Example, get_family
     from metarl.learning.grpo import LocalTrainConfig, train
     from metarl.learning.models import ensure_base_model
@@ -47,13 +47,15 @@ def main(job_dir: Path) -> int:
         failed_job_status,
     )
     from metarl.sandbox import SandboxUnavailable
+    from schemas.task_spec import TaskSpec
 
     started = time.monotonic()
     job = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
     config = LocalTrainConfig.model_validate(job["train"])
     spec = EnvironmentRewardSpec.model_validate(job["reward"]) if job.get("reward") is not None else None
     dataset = [Example(**json.loads(line)) for line in (job_dir / "dataset.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
-    base_dir = ensure_base_model(config.base_model, job.get("model_cache_dir"), scale=float(job.get("model_scale", 1.0)))
+    families = model_families(TaskSpec.model_validate(job["task"])) if "task" in job else None
+    base_dir = ensure_base_model(config.base_model, job.get("model_cache_dir"), scale=float(job.get("model_scale", 1.0)), families=families)
     source = SandboxRewardSource(job_dir / spec.workspace, spec) if spec is not None else None
     stats = source.stats if source is not None else RewardStats(mode="builtin")
     steps_seen: list[int] = []

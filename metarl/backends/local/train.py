@@ -31,7 +31,7 @@ from metarl.backends.base import BaseModelIdentity, EpisodeContext, LaunchResult
 from metarl.errors import PermanentBackendError
 from metarl.graders import REWARD_COMPONENTS
 from metarl.isolation import IsolationLevel
-from metarl.learning.data_families import family_for
+from metarl.learning.data_families import family_for, model_families
 from metarl.learning.eval_secret import EVAL_SECRET_ENV, EVAL_SECRET_FILE_ENV
 from metarl.learning.families import TaskFamily
 from metarl.learning.runtime import THREADS_ENV, threads_per_job
@@ -91,6 +91,7 @@ def compile_local_job(
         "family": task.family,
         "grader": dict(family.grader),
         "max_answer_chars": family.max_answer_chars,
+        "task": task.model_dump(mode="json"),
         "model_scale": model_scale,
     }
     if environment_reward:
@@ -268,11 +269,12 @@ class LocalEval:
         self.config = config
 
     @staticmethod
-    def base_model_identity(config: LocalEvalBackend, model_name: str) -> BaseModelIdentity:
-        """The stand-in's build at the configured scale; the seed matters for pass@k sampling."""
+    def base_model_identity(config: LocalEvalBackend, model_name: str, task: TaskSpec) -> BaseModelIdentity:
+        """The stand-in's build for the task's families at the configured scale; the seed matters for pass@k sampling."""
         from metarl.learning.models import base_model_build
 
-        return BaseModelIdentity(build=base_model_build(model_name, config.model_scale), scale=config.model_scale, scorer=f"local torch seed={config.seed}")
+        build = base_model_build(model_name, config.model_scale, families=model_families(task))
+        return BaseModelIdentity(build=build, scale=config.model_scale, scorer=f"local torch seed={config.seed}")
 
     def _score(self, model_dir: Path, task: TaskSpec) -> Score:
         from metarl.learning.scoring import score_checkpoint
@@ -285,7 +287,8 @@ class LocalEval:
     def score_base(self, task: TaskSpec, model_name: str) -> Score:
         from metarl.learning.models import ensure_base_model
 
-        return self._score(ensure_base_model(model_name, self.config.model_cache_dir, scale=self.config.model_scale), task)
+        base_dir = ensure_base_model(model_name, self.config.model_cache_dir, scale=self.config.model_scale, families=model_families(task))
+        return self._score(base_dir, task)
 
     def score_trained(self, ctx: EpisodeContext, job: JobSpec, checkpoint_uri: str | None, train_state: dict[str, Any]) -> Score:
         if checkpoint_uri is None:

@@ -148,7 +148,7 @@ class PodVllmEval:
         self.store = Store(artifacts_root)
 
     @staticmethod
-    def base_model_identity(config: PodVllmEvalBackend, model_name: str) -> BaseModelIdentity:
+    def base_model_identity(config: PodVllmEvalBackend, model_name: str, task: TaskSpec) -> BaseModelIdentity:
         """The hub model as the pods load it (the hub's main revision: neither training nor scoring pins another);
         the dtype and chat formatting change the numbers, the seed pass@k sampling."""
         scorer = f"pod_vllm dtype={config.dtype} seed={config.seed} chat={config.chat}"

@@ -654,7 +654,7 @@ class RunpodTrain:
             return False
         from metarl.backends.runpod.eval import PodVllmEval
 
-        return self.runs.base_score_cached(task, model_name, NAME, PodVllmEval.base_model_identity(self.pod_eval, model_name))
+        return self.runs.base_score_cached(task, model_name, NAME, PodVllmEval.base_model_identity(self.pod_eval, model_name, task))
 
     def _keep_base(self, task: TaskSpec, model_name: str, result: EvalResult, job_name: str) -> None:
         from metarl.backends.runpod.eval import keep_baseline

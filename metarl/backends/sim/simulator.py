@@ -227,7 +227,7 @@ class SimEval:
         self.config = config
 
     @staticmethod
-    def base_model_identity(config: SimEvalBackend, model_name: str) -> BaseModelIdentity:
+    def base_model_identity(config: SimEvalBackend, model_name: str, task: TaskSpec) -> BaseModelIdentity:
         """The simulator's base scores depend on the task, the model name and the eval version only."""
         return BaseModelIdentity(build="simulator", scale=1.0, scorer="simulator")
 

@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 
 from metarl.backends.base import BaseModelIdentity, EpisodeContext, Score
 from metarl.errors import PermanentBackendError, TransientBackendError
+from metarl.learning.data_families import model_families
 from schemas.base import ConfigError, FieldProblem
 from schemas.job import JobSpec
 from schemas.run_config import VLLM_EXTRA_FIX, VllmEvalBackend
@@ -65,12 +66,13 @@ class VllmEval:
         self.config = config
 
     @staticmethod
-    def base_model_identity(config: VllmEvalBackend, model_name: str) -> BaseModelIdentity:
+    def base_model_identity(config: VllmEvalBackend, model_name: str, task: TaskSpec) -> BaseModelIdentity:
         """The stand-in's build at the configured scale; the dtype changes the numbers, the seed pass@k sampling."""
         from metarl.learning.models import base_model_build
 
         scorer = f"vllm dtype={config.dtype} seed={config.seed}"
-        return BaseModelIdentity(build=base_model_build(model_name, config.model_scale), scale=config.model_scale, scorer=scorer)
+        build = base_model_build(model_name, config.model_scale, families=model_families(task))
+        return BaseModelIdentity(build=build, scale=config.model_scale, scorer=scorer)
 
     def _score(self, model_dir: Path, task: TaskSpec) -> Score:
         """Score ``model_dir`` on the task's hidden eval in a vLLM subprocess."""
@@ -112,7 +114,8 @@ class VllmEval:
         """Score the local base model ``model_name`` stands for (built on first use, as the local scorer does)."""
         from metarl.learning.models import ensure_base_model
 
-        return self._score(ensure_base_model(model_name, self.config.model_cache_dir, scale=self.config.model_scale), task)
+        base_dir = ensure_base_model(model_name, self.config.model_cache_dir, scale=self.config.model_scale, families=model_families(task))
+        return self._score(base_dir, task)
 
     def score_trained(self, ctx: EpisodeContext, job: JobSpec, checkpoint_uri: str | None, train_state: dict[str, Any]) -> Score:
         """Score the inner job's trained weights (a local Hugging Face folder); a job whose trained model is
