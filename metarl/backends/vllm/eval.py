@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 from metarl.backends.base import BaseModelIdentity, EpisodeContext, Score
 from metarl.errors import PermanentBackendError, TransientBackendError
-from metarl.learning.data_families import model_families
+from metarl.learning.data_families import family_for, model_families
 from schemas.base import ConfigError, FieldProblem
 from schemas.job import JobSpec
 from schemas.run_config import VLLM_EXTRA_FIX, VllmEvalBackend
@@ -81,18 +81,17 @@ class VllmEval:
         env = {key: value for key, value in os.environ.items() if not key.upper().endswith(SECRET_SUFFIXES)}
         with tempfile.TemporaryDirectory(prefix="metarl-vllm-") as scratch:
             out = Path(scratch) / "score.json"
+            request = Path(scratch) / "request.json"
+            items = family_for(task).hidden_eval(task.hidden_eval.n_items, task.hidden_eval.version)
+            request.write_text(json.dumps({"task": task.model_dump(mode="json"), "items": [item.model_dump() for item in items]}), encoding="utf-8")
             command = [
                 sys.executable,
                 "-m",
                 "metarl.backends.vllm.scoring",
                 "--model-dir",
                 str(model_dir),
-                "--family",
-                task.family,
-                "--n-items",
-                str(task.hidden_eval.n_items),
-                "--eval-version",
-                str(task.hidden_eval.version),
+                "--request",
+                str(request),
                 "--pass-k",
                 str(task.hidden_eval.pass_k),
                 "--config",

@@ -29,6 +29,7 @@ from typing import Any
 
 from metarl.backends.runpod.pod.scoring import engine_kwargs as pod_engine_kwargs
 from metarl.backends.runpod.pod.scoring import generation_kwargs
+from metarl.learning.data_families import family_for
 from metarl.learning.families import Example, TaskFamily, get_family
 from metarl.learning.scoring import (
     PASS_K_TEMPERATURE,
@@ -42,6 +43,7 @@ from metarl.learning.scoring import (
     score_completions,
 )
 from schemas.run_config import VLLM_EXTRA_FIX, VllmEvalBackend
+from schemas.task_spec import TaskSpec
 
 
 class VllmUnavailable(RuntimeError):
@@ -180,16 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     """Score one checkpoint on a family's hidden eval with vLLM and write ``{"score": ..., "timing": ...}`` to --out."""
     parser = argparse.ArgumentParser(prog="python -m metarl.backends.vllm.scoring", description=main.__doc__)
     parser.add_argument("--model-dir", required=True, help="Hugging Face weights folder (config.json, safetensors, tokenizer)")
-    parser.add_argument("--family", required=True, help="Task family whose hidden eval is scored")
-    parser.add_argument("--n-items", type=int, required=True, help="Hidden-eval items")
-    parser.add_argument("--eval-version", type=int, required=True, help="Hidden-eval version")
+    parser.add_argument("--request", required=True, help="JSON file: the task spec and its hidden-eval items (drawn by the caller)")
     parser.add_argument("--pass-k", type=int, default=1, help="Completions per item (1 = greedy)")
     parser.add_argument("--config", required=True, help="The [backends.eval] table as JSON (type = vllm)")
     parser.add_argument("--out", required=True, help="Where to write the JSON result")
     args = parser.parse_args(argv)
     config = VllmEvalBackend.model_validate_json(args.config)
-    family = get_family(args.family)
-    items = family.hidden_eval(args.n_items, args.eval_version)
+    request = json.loads(Path(args.request).read_text(encoding="utf-8"))
+    family = family_for(TaskSpec.model_validate(request["task"]))
+    items = [Example.model_validate(item) for item in request["items"]]
     score, timing = score_checkpoint_vllm(args.model_dir, family, items, config, pass_k=args.pass_k)
     out = Path(args.out)
     temporary = out.with_suffix(".tmp")
