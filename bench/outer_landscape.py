@@ -79,7 +79,7 @@ def run_setting(setting: Setting, tasks: dict[str, TaskSpec], episodes: int, see
         groups = []
         for _ in range(setting.groups_per_batch):
             family = rng.choice(families)
-            context = jl.context_tokens(family)
+            context = jl.context_for_task(tasks[family])
             samples = policy.sample_batch([context] * setting.group_size, [rng.getrandbits(62) for _ in range(setting.group_size)], setting.temperature)
             group = []
             for sample in samples:

@@ -6,7 +6,6 @@ A duplicated or replayed message finds the stage claimed or done and does nothin
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +16,7 @@ from celery import Task
 from celery.signals import task_failure
 
 from metarl.backends import registry
-from metarl.backends.base import BaseScoreKey, EpisodeContext, TrainBackend
+from metarl.backends.base import BaseScoreKey, EpisodeContext
 from metarl.domain.retry import WORKER_BACKOFF, backoff_delay
 from metarl.domain.transitions import Transition, after_agent, after_eval, after_probe, after_train
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
@@ -26,9 +25,9 @@ from metarl.messaging.dispatch import send_stage
 from metarl.probe import probe_job_text
 from metarl.store.baselines import baseline_lookup, store_base_score
 from metarl.store.claims import Claim, count_transient_failure, note_claim_error, renew_claim
-from metarl.store.episodes import StageRow, StaleTransition, cost_records, move_episode, reward_params, reward_record, unscored_reward_record
+from metarl.store.episodes import StaleTransition, cost_records, move_episode, reward_params, reward_record, unscored_reward_record
 from metarl.store.errors import StoreError
-from metarl.store.inner_jobs import CreationBlock, InnerJobLimits, InnerJobRow, inner_job_name, launch_record, lost_record, note_capacity_wait, poll_record
+from metarl.store.inner_jobs import CreationBlock, InnerJobRow, inner_job_name, launch_record, lost_record, note_capacity_wait, poll_record
 from metarl.store.records import ClaimStatus, InnerJobStatus, Stage
 from metarl.store.stage_records import StageRecord, evaluation_record, submission_record, verdict_record
 from metarl.store.stage_work import ClaimReads, StageClaimed, StageSkipped, claim_stage_work, note_storage_wait
@@ -69,14 +68,12 @@ StageLoader = Callable[[ClaimReads, StageClaimed], Any]
 """Reads what a stage needs after its claim, on the claim's connection (`metarl.store.stage_work.claim_stage_work`)."""
 
 
-def claim_episode_stage(
-    stage: Stage, episode_id: int, probe_attempt: int, token: str | None, load: StageLoader | None = None, limits: InnerJobLimits | None = None
-) -> StageJob | None:
+def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token: str | None, load: StageLoader | None = None) -> StageJob | None:
     """Claim the stage, or return None when the message is stale, done, or held by a live worker.
 
-    The claim is one statement (at train, with `limits`, the inner job's creation too), the claim
-    rules' one more when it is a duplicate message or a takeover; then `load` reads (or creates, in
-    its own statement) what the stage needs, unless the stage was abandoned too often.
+    The claim is one statement, the claim rules' one more when it is a duplicate message or a
+    takeover; then `load` reads (or creates, in its own statement) what the stage needs, unless the
+    stage was abandoned too often.
     """
 
     def load_unless_abandoned(reads: ClaimReads, claimed: StageClaimed) -> Any:
@@ -92,7 +89,6 @@ def claim_episode_stage(
         probe_attempt=probe_attempt,
         token=token,
         worker=worker_name(),
-        limits=limits,
         load=load_unless_abandoned,
     )
     if isinstance(outcome, StageSkipped):
@@ -283,68 +279,31 @@ def submitted_job_text(ctx: EpisodeContext, job_toml: str | None) -> str:
     return job_toml
 
 
-PARSED_JOBS_KEPT = 512
-"""Parsed job.toml texts a worker process keeps: the train submit, its polls and the eval of an episode read the same text."""
-
-
-@functools.lru_cache(maxsize=PARSED_JOBS_KEPT)
-def parsed_job_toml(text: str) -> dict[str, Any]:
-    """The job.toml text parsed, once per process per text (the mapping is shared: read it, never change it)."""
-    return parse_toml_text(text, "job.toml")
-
-
 def passing_job(ctx: EpisodeContext, job_toml: str | None) -> JobSpec:
-    """The validated job of the attempt that passed the probe (a new model each call, from the shared parse)."""
-    return validate_model(JobSpec, parsed_job_toml(submitted_job_text(ctx, job_toml)), "job.toml")
+    """The validated job of the attempt that passed the probe."""
+    return validate_model(JobSpec, parse_toml_text(submitted_job_text(ctx, job_toml), "job.toml"), "job.toml")
 
 
 @dataclass(frozen=True)
 class TrainInputs:
-    """What the train stage's claim transaction read or created: the passing job and its inner job, or why there is none."""
+    """What the train stage's loader read or created: the passing job and its inner job, or why there is none."""
 
     spec: JobSpec
     inner: InnerJobRow | None
     blocked: CreationBlock | None = None
 
 
-_met_limits: dict[str, InnerJobLimits] = {}
-"""The inner-job limits of the last run this process created a job for (one entry, under "last")."""
-
-
-def met_train_limits() -> InnerJobLimits | None:
-    """The limits the next train claim creates its inner job under, when it is of the same run (`train_row_and_claim`)."""
-    return _met_limits.get("last")
-
-
-def train_limits(config: RunConfig, ctx: EpisodeContext, row: StageRow, backend: TrainBackend) -> InnerJobLimits:
-    """The run's inner-job limits, from its config and train backend (pure)."""
-    return InnerJobLimits(
-        run_id=ctx.run_id,
-        run_created_at=row.run_created_at,
-        backend=backend.name,
-        simulated=backend.simulated,
-        max_usd=config.budget.max_run_usd,
-        capacity=backend.capacity(),
-        max_stage_attempts=config.retries.max_stage_attempts,
-    )
-
-
 def train_inputs(reads: ClaimReads, claimed: StageClaimed) -> TrainInputs:
     """The train stage's loader: the passing job and its inner job, created on the first submit when budget and capacity allow.
 
-    The claim's statement created it (or found a cap) when this process had met the run; otherwise
-    it is created here, in one autocommit statement on the claim's connection, and the run's limits
-    are kept for the next claim. Either way the capacity count and the insert run under the
-    backend's advisory lock, so two submits never both take the last slot.
+    The job is created in one autocommit statement on the claim's connection; the capacity count and
+    the insert run under the backend's advisory lock, so two submits never both take the last slot.
     """
     config, ctx, row = claimed.config, claimed.ctx, claimed.row
     spec = passing_job(ctx, row.job_toml)
     if row.inner_job is not None:
         return TrainInputs(spec, row.inner_job)
-    if row.inner_job_blocked is not None:
-        return TrainInputs(spec, None, row.inner_job_blocked)
     backend = registry.train_backend(config)
-    _met_limits["last"] = train_limits(config, ctx, row, backend)
     created = reads.create_inner_job(
         run_id=ctx.run_id,
         episode_id=ctx.episode_id,
@@ -369,7 +328,7 @@ class EvalInputs:
 
 
 def eval_inputs(reads: ClaimReads, claimed: StageClaimed) -> EvalInputs:
-    """The eval stage's loader: the passing job, its inner job (read with the stage row) and the base score (read once per process)."""
+    """The eval stage's loader: the passing job, its inner job (read with the stage row) and the stored base score, if any."""
     config, ctx, row = claimed.config, claimed.ctx, claimed.row
     spec = passing_job(ctx, row.job_toml)
     inner = row.inner_job
@@ -382,7 +341,7 @@ def eval_inputs(reads: ClaimReads, claimed: StageClaimed) -> EvalInputs:
 @app.task(bind=True, name="metarl.stage.train", queue="train", max_retries=None)
 def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
     """Submit the inner job once, then poll it with short messages (each sends the next) until it ends."""
-    job = claim_episode_stage(Stage.train, episode_id, probe_attempt, token, load=train_inputs, limits=met_train_limits())
+    job = claim_episode_stage(Stage.train, episode_id, probe_attempt, token, load=train_inputs)
     if job is None:
         return "skipped"
     inputs: TrainInputs = job.loaded

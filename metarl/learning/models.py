@@ -1,11 +1,14 @@
 """Local stand-ins for the Qwen3 base models: tiny Qwen3 configs, briefly pretrained, cached on disk.
 
 ``ensure_base_model`` builds a model deterministically on first use (supervised next-token
-training on a mix of every family's formats; a family sits out while its validation accuracy is
-at the recipe's target, so every family starts weak but not hopeless), saves it
+training on a mix of the enabled families' formats; a family sits out while its validation
+accuracy is at the recipe's target, so every family starts weak but not hopeless), saves it
 with ``save_pretrained`` next to the tokenizer files, and reuses it afterwards. The cache key
-is a content hash of the architecture, the pretraining recipe and ``RECIPE_VERSION``. Builds
-go to a temporary folder renamed into place, under a file lock, so concurrent callers build once.
+is a content hash of the architecture, the pretraining recipe, ``RECIPE_VERSION`` and the
+enabled families' content (``family_set_content``: a digest of each family's name, description
+and a deterministic sample of its items, and whether their text needs the tokenizer's byte
+fallback). Builds go to a temporary folder renamed into place, under a file lock, so concurrent
+callers build once.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,6 +36,7 @@ from metarl.learning.tokenizer import (
     EOS_TOKEN,
     SPECIAL_TOKENS,
     build_tokenizer,
+    needs_byte_fallback,
     save_tokenizer,
     vocabulary,
 )
@@ -46,6 +50,9 @@ SOURCES_IN_BUILD_KEY = ("families.py", "models.py", "tokenizer.py", "scoring.py"
 CACHE_DIR_ENV = "METARL_CACHE_DIR"
 DEFAULT_CACHE_DIR = Path("~/.cache/metarl/models")
 BUILD_INFO_FILE = "metarl_build.json"
+
+FINGERPRINT_ITEMS = 64
+"""Items drawn (deterministically, difficulties spread over [0, 1]) into each family's content digest."""
 
 
 class ArchitectureSpec(BaseModel):
@@ -167,11 +174,11 @@ def resolve_model_name(name: str) -> str:
     raise KeyError(f"unknown base model {name!r}; valid names: {', '.join(valid)}")
 
 
-def qwen3_config(architecture: ArchitectureSpec):
-    """The ``Qwen3Config`` of an architecture over the character vocabulary."""
+def qwen3_config(architecture: ArchitectureSpec, byte_fallback: bool = False):
+    """The ``Qwen3Config`` of an architecture over the character vocabulary (with the byte tokens when ``byte_fallback``)."""
     from transformers import Qwen3Config
 
-    vocab = vocabulary()
+    vocab = vocabulary(byte_fallback)
     return Qwen3Config(
         vocab_size=len(vocab),
         hidden_size=architecture.hidden_size,
@@ -209,28 +216,91 @@ def source_digest() -> str:
     return digest.hexdigest()
 
 
-def build_key(spec: BaseModelSpec, scale: float) -> str:
-    """Content hash naming a built model: architecture, scaled recipe, vocabulary and code version."""
+class FamilySetContent(BaseModel):
+    """What the enabled task families contribute to a base model's build key and tokenizer."""
+
+    model_config = ConfigDict(frozen=True)
+
+    digests: dict[str, str] = Field(min_length=1, max_length=256, description="Content digest of each enabled family, by family name.")
+    byte_fallback: bool = Field(description="True when some family's items hold characters outside the tokenizer's own characters.")
+
+
+def enabled_families() -> dict[str, TaskFamily]:
+    """The families every base model is built for (today the built-in ones of ``metarl.learning.families``)."""
+    return dict(FAMILIES)
+
+
+def family_sample(family: TaskFamily, n: int = FINGERPRINT_ITEMS) -> list[Example]:
+    """``n`` training items drawn from a seed of the family's name, difficulties evenly spread over [0, 1]."""
+    rng = random.Random(f"family-content\x1f{family.name}")
+    return [family.generate(rng, index / max(1, n - 1)) for index in range(n)]
+
+
+def family_content_digest(family: TaskFamily) -> str:
+    """Digest of what a family is to a model: name, description, answer limit and a deterministic sample of its items.
+
+    A family may also define ``content_digest() -> str`` (for example a hash of its spec and data
+    files) to cover what the sample misses; it joins the digest.
+    """
+    digest = hashlib.sha256()
+    for part in (family.name, family.description, str(family.max_answer_chars)):
+        digest.update(part.encode())
+        digest.update(b"\x1f")
+    own_digest = getattr(family, "content_digest", None)
+    if callable(own_digest):
+        digest.update(str(own_digest()).encode())
+        digest.update(b"\x1f")
+    for example in family_sample(family):
+        digest.update(f"{example.prompt}\x1f{example.answer}\x1e".encode())
+    return digest.hexdigest()[:16]
+
+
+def family_set_content(families: Mapping[str, TaskFamily]) -> FamilySetContent:
+    """The content of a family set: each family's digest, and whether its sampled items need the byte fallback."""
+    if not families:
+        raise ValueError("a base model needs at least one task family")
+    texts = [text for family in families.values() for example in family_sample(family) for text in (example.prompt, example.answer)]
+    return FamilySetContent(
+        digests={name: family_content_digest(family) for name, family in sorted(families.items())},
+        byte_fallback=needs_byte_fallback(texts),
+    )
+
+
+def recipe_for_families(recipe: PretrainRecipe, names: list[str]) -> PretrainRecipe:
+    """The recipe over exactly these families: a family keeps its weight in the recipe, a new one gets 1.0."""
+    weights = {name: recipe.family_weights.get(name, 1.0) for name in sorted(names)}
+    if weights == recipe.family_weights:
+        return recipe
+    return recipe.model_copy(update={"family_weights": weights})
+
+
+def build_key(spec: BaseModelSpec, scale: float, content: FamilySetContent | None = None) -> str:
+    """Content hash naming a built model: architecture, scaled recipe, vocabulary, code version and the families' content."""
+    content = content if content is not None else family_set_content(enabled_families())
+    recipe = recipe_for_families(scaled_recipe(spec.recipe, scale), list(content.digests))
     payload = {
         "architecture": spec.architecture.model_dump(),
-        "recipe": scaled_recipe(spec.recipe, scale).model_dump(),
+        "recipe": recipe.model_dump(),
         "characters": CHARACTERS,
         "special_tokens": list(SPECIAL_TOKENS),
         "recipe_version": RECIPE_VERSION,
         "sources": source_digest(),
+        "families": content.model_dump(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def base_model_build(name: str, scale: float = 1.0) -> str:
+def base_model_build(name: str, scale: float = 1.0, families: Mapping[str, TaskFamily] | None = None) -> str:
     """The identity of the built model ``name`` (local or catalogued hub name) at ``scale``: ``<local name>-<build key>``.
 
     It is the model's cache folder name and changes with anything that changes the weights (the
-    families, the tokenizer, the recipe, the scale, ``RECIPE_VERSION``); cached base scores are
-    keyed by it (``metarl.store.baselines``). ``KeyError`` for an unknown model name.
+    families' content, the tokenizer, the recipe, the scale, ``RECIPE_VERSION``); cached base
+    scores are keyed by it (``metarl.store.baselines``). ``families`` defaults to
+    ``enabled_families()``. ``KeyError`` for an unknown model name.
     """
     spec = BASE_MODELS[resolve_model_name(name)]
-    return f"{spec.name}-{build_key(spec, scale)}"
+    content = family_set_content(families if families is not None else enabled_families())
+    return f"{spec.name}-{build_key(spec, scale, content)}"
 
 
 def default_cache_dir() -> Path:
@@ -239,26 +309,26 @@ def default_cache_dir() -> Path:
     return Path(configured).expanduser() if configured else DEFAULT_CACHE_DIR.expanduser()
 
 
-def pretraining_batch(rng: random.Random, recipe: PretrainRecipe, active_families: list[str]) -> list[Example]:
+def pretraining_batch(rng: random.Random, recipe: PretrainRecipe, active_families: list[str], families: Mapping[str, TaskFamily] = FAMILIES) -> list[Example]:
     """One batch from the weighted mix of the active families (never hidden-eval items)."""
-    families: list[TaskFamily] = [FAMILIES[name] for name in active_families]
+    chosen_from: list[TaskFamily] = [families[name] for name in active_families]
     weights = [recipe.family_weights[name] for name in active_families]
-    chosen = rng.choices(families, weights=weights, k=recipe.batch_size)
+    chosen = rng.choices(chosen_from, weights=weights, k=recipe.batch_size)
     return [family.generate(rng, rng.uniform(recipe.difficulty_low, recipe.difficulty_high)) for family in chosen]
 
 
-def validation_sets(recipe: PretrainRecipe) -> dict[str, list[Example]]:
+def validation_sets(recipe: PretrainRecipe, families: Mapping[str, TaskFamily] = FAMILIES) -> dict[str, list[Example]]:
     """Per-family validation items drawn from the training partition with their own seed."""
     rng = random.Random(f"pretrain-validation\x1f{recipe.seed}")
-    return {name: [FAMILIES[name].generate(rng, rng.uniform(0.0, 1.0)) for _ in range(recipe.validation_items)] for name in sorted(recipe.family_weights)}
+    return {name: [families[name].generate(rng, rng.uniform(0.0, 1.0)) for _ in range(recipe.validation_items)] for name in sorted(recipe.family_weights)}
 
 
-def validation_accuracy(model, tokenizer, validation: dict[str, list[Example]]) -> dict[str, float]:
+def validation_accuracy(model, tokenizer, validation: dict[str, list[Example]], families: Mapping[str, TaskFamily] = FAMILIES) -> dict[str, float]:
     """Greedy exact-match accuracy of the model on each family's validation items."""
     from metarl.learning.scoring import score_loaded_model
 
     model.eval()
-    accuracy = {name: score_loaded_model(model, tokenizer, FAMILIES[name], items).mean for name, items in validation.items()}
+    accuracy = {name: score_loaded_model(model, tokenizer, families[name], items).mean for name, items in validation.items()}
     model.train()
     return accuracy
 
@@ -296,8 +366,8 @@ class PretrainReport(BaseModel):
     validation_accuracy: dict[str, float] = Field(description="Final per-family validation accuracy.")
 
 
-def pretrain(spec: BaseModelSpec, recipe: PretrainRecipe, tokenizer):
-    """Initialise the model from its seed and pretrain it; returns (model, report).
+def pretrain(spec: BaseModelSpec, recipe: PretrainRecipe, tokenizer, families: Mapping[str, TaskFamily] = FAMILIES, byte_fallback: bool = False):
+    """Initialise the model from its seed and pretrain it on the recipe's families; returns (model, report).
 
     Every ``check_every`` steps each family's validation accuracy is measured; families at or
     above ``target_accuracy`` sit out until they drop below it, and training stops when all
@@ -307,30 +377,30 @@ def pretrain(spec: BaseModelSpec, recipe: PretrainRecipe, tokenizer):
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(recipe.seed)
-    model = Qwen3ForCausalLM(qwen3_config(spec.architecture))
+    model = Qwen3ForCausalLM(qwen3_config(spec.architecture, byte_fallback))
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=recipe.weight_decay)
     rng = random.Random(f"pretrain\x1f{recipe.seed}")
-    validation = validation_sets(recipe)
+    validation = validation_sets(recipe, families)
     active_families = sorted(recipe.family_weights)
     accuracy: dict[str, float] = {}
     step = 0
     while step < recipe.steps:
         if step > 0 and step % recipe.check_every == 0:
-            accuracy = validation_accuracy(model, tokenizer, validation)
+            accuracy = validation_accuracy(model, tokenizer, validation, families)
             active_families = [name for name in sorted(accuracy) if accuracy[name] < recipe.target_accuracy]
             if not active_families:
                 break
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(step, recipe)
-        input_ids, attention_mask, labels = supervised_batch(tokenizer, pretraining_batch(rng, recipe, active_families))
+        input_ids, attention_mask, labels = supervised_batch(tokenizer, pretraining_batch(rng, recipe, active_families, families))
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         step += 1
-    accuracy = validation_accuracy(model, tokenizer, validation)
+    accuracy = validation_accuracy(model, tokenizer, validation, families)
     model.eval()
     return model, PretrainReport(steps=step, validation_accuracy=accuracy)
 
@@ -347,18 +417,18 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _build_into(target: Path, spec: BaseModelSpec, scale: float) -> None:
+def _build_into(target: Path, spec: BaseModelSpec, scale: float, families: Mapping[str, TaskFamily], content: FamilySetContent) -> None:
     """Pretrain and save the model, tokenizer and build info into a temp folder, then rename it to ``target``."""
     configure_torch_threads()
     quiet_transformers()
     started = time.monotonic()
-    recipe = scaled_recipe(spec.recipe, scale)
-    tokenizer = build_tokenizer()
-    model, report = pretrain(spec, recipe, tokenizer)
+    recipe = recipe_for_families(scaled_recipe(spec.recipe, scale), list(content.digests))
+    tokenizer = build_tokenizer(content.byte_fallback)
+    model, report = pretrain(spec, recipe, tokenizer, families, content.byte_fallback)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         model.save_pretrained(str(staging))
-        save_tokenizer(staging)
+        save_tokenizer(staging, content.byte_fallback)
         info = {
             "name": spec.name,
             "stands_in_for": spec.stands_in_for,
@@ -367,6 +437,7 @@ def _build_into(target: Path, spec: BaseModelSpec, scale: float) -> None:
             "parameters": sum(parameter.numel() for parameter in model.parameters()),
             "build_seconds": round(time.monotonic() - started, 2),
             "recipe": recipe.model_dump(),
+            "families": content.model_dump(),
             "pretrain": report.model_dump(),
         }
         (staging / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2))
@@ -377,23 +448,26 @@ def _build_into(target: Path, spec: BaseModelSpec, scale: float) -> None:
             shutil.rmtree(staging)
 
 
-def ensure_base_model(name: str, cache_dir: Path | str | None = None, *, scale: float = 1.0) -> Path:
+def ensure_base_model(name: str, cache_dir: Path | str | None = None, *, scale: float = 1.0, families: Mapping[str, TaskFamily] | None = None) -> Path:
     """Path of the built base model ``name`` (local or catalogued hub name), building it on first use.
 
     ``cache_dir`` defaults to ``$METARL_CACHE_DIR`` or ``~/.cache/metarl/models``. ``scale`` multiplies
     the pretraining step budget: tests use a small scale for a fast, weaker model (its own cache entry).
+    ``families`` (default ``enabled_families()``) are the families the model is pretrained on.
     """
     if not 0.0 < scale <= 10.0:
         raise ValueError(f"scale must be in (0, 10], got {scale}")
     spec = BASE_MODELS[resolve_model_name(name)]
+    chosen = families if families is not None else enabled_families()
+    content = family_set_content(chosen)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
-    target = root / base_model_build(name, scale)
+    target = root / f"{spec.name}-{build_key(spec, scale, content)}"
     if (target / BUILD_INFO_FILE).exists():
         return target
     with _exclusive_lock(root / f"{target.name}.lock"):
         if not (target / BUILD_INFO_FILE).exists():
-            _build_into(target, spec, scale)
+            _build_into(target, spec, scale, chosen, content)
     return target
 
 

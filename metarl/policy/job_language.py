@@ -2,10 +2,14 @@
 
 A sequence is a conditioning context followed by a job:
 
-    <bos> task=<family> attempt=<n> fb=<field>... <sep>          (context, never sampled)
+    <bos> ans=<t> alen=<b> plen=<b> grader=<h> dlo=<d> dhi=<d> desc=<h> attempt=<n> fb=<field>... <sep>
+                                                                  (context, never sampled)
     model=<name> lr=<v> steps=<v> batch=<v> group=<v> kl=<v> temp=<v> maxtok=<v>
     ( reward=default | (rw=<component> w=<weight>)+ reward=end )
     data=<size> diff=<difficulty> <end>                          (job, sampled)
+
+The context describes the task by features any family has (``metarl.policy.family_features``),
+not by its name, so a family the policy never saw is a valid context too.
 
 Every hyperparameter slot has a `default` token (the key is left out of job.toml) and a small
 grid of explicit values. Reward components appear in a fixed canonical order, each at most once.
@@ -29,6 +33,7 @@ import tomli_w
 from pydantic import ValidationError
 
 from metarl.graders import REWARD_COMPONENTS
+from metarl.policy.family_features import FEATURE_TOKEN_COUNT, FEATURE_TOKENS, FamilyFeatures, feature_tokens
 from schemas.base import FieldProblem, dump_toml_model, parse_toml_text
 from schemas.job import JobSpec
 
@@ -39,8 +44,6 @@ from schemas.job import JobSpec
 PAD, BOS, SEP, END = "<pad>", "<bos>", "<sep>", "<end>"
 SPECIAL_TOKENS = (PAD, BOS, SEP, END)
 
-FAMILIES = ("addition", "caesar", "date_format", "max_of_list", "reversal", "sorting")
-OTHER_FAMILY = "other"
 MAX_ATTEMPT_TOKEN = 5  # attempt=5 stands for "5 or later"
 FEEDBACK_KINDS = (
     "none",
@@ -114,11 +117,7 @@ def weight_token(weight: float) -> str:
     return f"w={_fmt(float(weight))}"
 
 
-CONTEXT_TOKENS = (
-    tuple(f"task={name}" for name in FAMILIES + (OTHER_FAMILY,))
-    + tuple(f"attempt={n}" for n in range(1, MAX_ATTEMPT_TOKEN + 1))
-    + tuple(f"fb={kind}" for kind in FEEDBACK_KINDS)
-)
+CONTEXT_TOKENS = FEATURE_TOKENS + tuple(f"attempt={n}" for n in range(1, MAX_ATTEMPT_TOKEN + 1)) + tuple(f"fb={kind}" for kind in FEEDBACK_KINDS)
 JOB_TOKENS = (
     MODEL_SLOT.tokens
     + tuple(token for slot in TRAINING_SLOTS for token in slot.tokens)
@@ -137,7 +136,7 @@ DEFAULT_TOKEN_IDS = frozenset(TOKEN_ID[slot.token(None)] for slot in TRAINING_SL
 """Tokens that leave a setting to the backend default (the untrained policy leans toward them)."""
 
 MAX_JOB_LENGTH = 1 + len(TRAINING_SLOTS) + (2 * len(REWARD_COMPONENTS) + 1) + len(DATASET_SLOTS) + 1
-MAX_CONTEXT_LENGTH = 3 + len(FEEDBACK_KINDS) + 1
+MAX_CONTEXT_LENGTH = 1 + FEATURE_TOKEN_COUNT + 1 + len(FEEDBACK_KINDS) + 1
 
 
 def token_ids(tokens: Iterable[str]) -> list[int]:
@@ -271,7 +270,7 @@ def split_sequence(tokens: Sequence[int]) -> tuple[list[int], list[int]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Context: task family, attempt number, probe feedback
+# Context: family features, attempt number, probe feedback
 # ---------------------------------------------------------------------------------------------
 
 _FIELD_PREFIX = re.compile(r"^\([^)]*\)\s+")
@@ -320,18 +319,24 @@ def feedback_tokens(feedback: Sequence[FieldProblem]) -> list[int]:
     return [TOKEN_ID[f"fb={kind}"] for kind in FEEDBACK_KINDS if kind in kinds]
 
 
-def context_tokens(family: str, attempt: int = 1, feedback: Sequence[FieldProblem] = ()) -> list[int]:
-    """The conditioning prompt: `<bos> task=F attempt=N fb=... <sep>`."""
+def context_tokens(features: FamilyFeatures, attempt: int = 1, feedback: Sequence[FieldProblem] = ()) -> list[int]:
+    """The conditioning prompt: `<bos> <feature tokens> attempt=N fb=... <sep>`."""
     if attempt < 1:
         raise ValueError(f"attempt is {attempt}; attempts count from 1")
-    family_token = f"task={family}" if family in FAMILIES else f"task={OTHER_FAMILY}"
     attempt_token = f"attempt={min(attempt, MAX_ATTEMPT_TOKEN)}"
-    return [BOS_ID, TOKEN_ID[family_token], TOKEN_ID[attempt_token]] + feedback_tokens(feedback) + [SEP_ID]
+    return [BOS_ID] + token_ids(feature_tokens(features)) + [TOKEN_ID[attempt_token]] + feedback_tokens(feedback) + [SEP_ID]
+
+
+def context_for_task(task: Any, attempt: int = 1, feedback: Sequence[FieldProblem] = ()) -> list[int]:
+    """The context of a `TaskSpec` (features from `metarl.policy.task_features.task_features`)."""
+    from metarl.policy.task_features import task_features
+
+    return context_tokens(task_features(task), attempt, feedback)
 
 
 def context_for_episode(ctx: Any) -> list[int]:
-    """The context of an `EpisodeContext` (task family, probe attempt, feedback of the previous attempt)."""
-    return context_tokens(ctx.task.family, ctx.probe_attempt, ctx.feedback)
+    """The context of an `EpisodeContext` (its task's features, probe attempt, feedback of the previous attempt)."""
+    return context_for_task(ctx.task, ctx.probe_attempt, ctx.feedback)
 
 
 # ---------------------------------------------------------------------------------------------

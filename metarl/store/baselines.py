@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from metarl.backends.base import BaseModelIdentity, BaseScoreKey, EvalBackend, Score
 from metarl.store.columns import checked_columns
-from metarl.store.db import SqlTarget, database_identity, run_sql, session_scope
+from metarl.store.db import SqlTarget, run_sql, session_scope
 from metarl.store.records import BaselineScore
 from schemas.task_spec import TaskSpec
 
@@ -31,11 +31,7 @@ GRADER_SOURCES = ("families.py", "data_families.py", "scoring.py")
 BASE_SCORE_KEY_COLUMNS = checked_columns(BaselineScore.__table__, BaseScoreKey.model_fields)
 """The columns of a cached score's key: the fields of `BaseScoreKey` (the table's unique key, migration 0010)."""
 CACHED_BASELINE_SQL = f"SELECT score FROM baseline_scores WHERE {' AND '.join(f'{column} = %({column})s' for column in BASE_SCORE_KEY_COLUMNS)}"
-"""Sent as written, once per process per score (`cached_baseline`)."""
-
-_known_baselines: dict[tuple[tuple[str, int, str], BaseScoreKey], float] = {}
-"""Base scores this process has read, by (database, key): a stored score never changes (a second store of the same key stores nothing)."""
-KNOWN_BASELINES_KEPT = 4096
+"""Sent as written (`cached_baseline`)."""
 
 
 @functools.cache
@@ -82,18 +78,9 @@ def base_score_key(task: TaskSpec, model_name: str, backend_name: str, identity:
 
 
 def cached_baseline(session: SqlTarget, key: BaseScoreKey) -> float | None:
-    """The stored base score for ``key``, if any (read once per process)."""
-    memo = (database_identity(session), key)
-    known = _known_baselines.get(memo)
-    if known is not None:
-        return known
+    """The stored base score for ``key``, if any."""
     row = run_sql(session, CACHED_BASELINE_SQL, key.model_dump()).first()
-    if row is None:
-        return None
-    if len(_known_baselines) >= KNOWN_BASELINES_KEPT:
-        _known_baselines.clear()
-    _known_baselines[memo] = float(row[0])
-    return _known_baselines[memo]
+    return None if row is None else float(row[0])
 
 
 def store_baseline(session: Session, key: BaseScoreKey, score: Score) -> None:
@@ -112,7 +99,7 @@ def store_base_score(database_url: str, key: BaseScoreKey, score: Score) -> None
 
 
 def base_score_cached(database_url: str, key: BaseScoreKey) -> bool:
-    """Whether a base score for ``key`` is stored (read once per process, :func:`cached_baseline`)."""
+    """Whether a base score for ``key`` is stored (:func:`cached_baseline`)."""
     with session_scope(database_url) as session:
         return cached_baseline(session, key) is not None
 

@@ -244,12 +244,6 @@ def psycopg_connection(session: SqlTarget) -> psycopg.Connection:
     return driver_connection(statement_target(session))
 
 
-def database_identity(session: SqlTarget) -> tuple[str, int, str]:
-    """(host, port, database name) of the server the session talks to: a key for values cached per database in a process."""
-    info = psycopg_connection(session).info
-    return info.host, info.port, info.dbname
-
-
 def database_error(connection: Connection | SqlTransaction, err: psycopg.Error, statement: str, params: Mapping[str, Any]) -> BaseException:
     """SQLAlchemy's exception for a driver error of :func:`run_sql`; a dropped connection is invalidated (not pooled again)."""
     dialect = connection.dialect

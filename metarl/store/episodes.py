@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from metarl.backends.base import CostItem, EpisodeContext
@@ -14,7 +14,7 @@ from metarl.domain.transitions import TERMINAL_STAGES, Transition
 from metarl.store.claims import FINISH_SET, STAGE_CLAIMS, Claim, claim_ctes, claim_params, finish_params, stage_claim_of, stage_key
 from metarl.store.columns import columns_of, insert_lists
 from metarl.store.db import SqlTarget, json_param, run_sql, sql_transaction, text_array_literal
-from metarl.store.inner_jobs import INNER_JOB_COLUMNS, CreationBlock, InnerJobLimits, InnerJobRow, creation_outcome, inner_job_name, inner_job_row
+from metarl.store.inner_jobs import INNER_JOB_COLUMNS, InnerJobRow, inner_job_row
 from metarl.store.ledger import RECORD_COST_SQL, cost_params
 from metarl.store.records import ClaimStatus, Reward, Run, RunStatus, Stage
 from metarl.store.stage_records import WHEN_HELD, StageRecord, record_ctes, write_records
@@ -34,26 +34,9 @@ def episode_seed(run_seed: int, episode_id: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-PARSED_ENTRIES_KEPT = 256
-"""Parsed run configs (and, separately, task specs) a process keeps; a run's config never changes after it is created."""
-_parsed_configs: dict[tuple[str, object], RunConfig] = {}
-_parsed_tasks: dict[tuple[str, object, str], TaskSpec] = {}
-
-
-def _remember(cache: dict, key: object, value: object) -> None:
-    if len(cache) >= PARSED_ENTRIES_KEPT:
-        cache.clear()
-    cache[key] = value
-
-
 def run_config_of(run: Run) -> RunConfig:
-    """The run's validated config, parsed once per process per run (keyed by id and creation time)."""
-    key = (run.id, run.created_at)
-    config = _parsed_configs.get(key)
-    if config is None:
-        config = RunConfig.model_validate(run.config)
-        _remember(_parsed_configs, key, config)
-    return config
+    """The run's validated config."""
+    return RunConfig.model_validate(run.config)
 
 
 @dataclass(frozen=True)
@@ -62,7 +45,6 @@ class StageRow:
 
     episode_id: int
     run_id: str
-    run_created_at: dt.datetime
     run_status: RunStatus
     stage: Stage
     probe_attempt: int
@@ -72,11 +54,13 @@ class StageRow:
     workspace_uri: str | None
     job_toml: str | None
     previous_errors: list[dict[str, Any]] | None
+    run_config: dict[str, Any]
+    """The run's config as stored (`config_and_task` validates it)."""
+    task_spec: dict[str, Any]
+    """The episode's task spec as stored."""
     passed: bool | None = None
     agent_tokens: int = 0
     inner_job: InnerJobRow | None = None
-    inner_job_blocked: CreationBlock | None = None
-    """Set only by `train_row_and_claim`: the cap that stopped the inner job's creation in the claim's statement."""
 
     @property
     def passed_attempt_and_tokens(self) -> tuple[int | None, int]:
@@ -87,8 +71,8 @@ class StageRow:
 
 
 STAGE_ROW_SQL = f"""
-SELECT e.id, e.run_id, r.created_at, r.status, e.stage, e.probe_attempt, e.task_id, e.policy_version,
-       pv.state_uri, cur.workspace_uri, cur.job_toml, prev.errors, cur.passed,
+SELECT e.id, e.run_id, r.status, e.stage, e.probe_attempt, e.task_id, e.policy_version,
+       pv.state_uri, cur.workspace_uri, cur.job_toml, prev.errors, r.config, r.task_specs -> e.task_id, cur.passed,
        (SELECT coalesce(sum(a.agent_tokens), 0) FROM probe_attempts a WHERE a.episode_id = e.id AND a.attempt <= e.probe_attempt),
        {", ".join(f"ij.{column} AS inner_{column}" for column in INNER_JOB_COLUMNS)}
 FROM episodes e
@@ -100,13 +84,12 @@ LEFT JOIN inner_jobs ij ON ij.episode_id = e.id
 WHERE e.id = %(episode_id)s
 """
 ENDED_ARRAY = text_array_literal(status.value for status in ENDED_RUN_STATUSES)
-ROW_AND_CLAIM_CTES = f"""
+STAGE_ROW_AND_CLAIM_SQL = f"""
 WITH stage_row AS ({STAGE_ROW_SQL}),
 claimable AS (
     SELECT run_id FROM stage_row WHERE stage = %(stage)s AND probe_attempt = %(probe_attempt)s AND status <> ALL({ENDED_ARRAY})
 ),
-{claim_ctes(STAGE_CLAIMS, "claimable")}"""
-STAGE_ROW_AND_CLAIM_SQL = f"""{ROW_AND_CLAIM_CTES}
+{claim_ctes(STAGE_CLAIMS, "claimable")}
 SELECT stage_row.*, claim.id, claim.takeovers, claim.error
 FROM stage_row LEFT JOIN claim ON true
 """
@@ -114,30 +97,6 @@ FROM stage_row LEFT JOIN claim ON true
 this worker's own claim (the token of its last message), by the claim statement of `metarl.store.claims` without a
 takeover. Anything else (a duplicate message, a takeover) gets no claim here and goes through
 `metarl.store.claims.claim_stage`, which needs the run's lease."""
-TRAIN_ROW_CLAIM_AND_CREATE_SQL = f"""{ROW_AND_CLAIM_CTES},
-creatable AS MATERIALIZED (
-    SELECT s.run_id, s.id AS episode_id, a.model_name
-    FROM stage_row s
-    JOIN claim c ON c.takeovers <= %(max_stage_attempts)s
-    JOIN probe_attempts a ON a.episode_id = s.id AND a.attempt = s.probe_attempt AND a.model_name IS NOT NULL
-    WHERE s.inner_id IS NULL AND s.passed AND s.run_id = %(limits_run_id)s AND s.created_at = %(limits_run_created_at)s
-),
-created AS MATERIALIZED (
-    SELECT made.spent, made.job_id
-    FROM creatable t CROSS JOIN LATERAL metarl_create_inner_job(
-        t.run_id, t.episode_id, %(name_prefix)s::text || t.episode_id::text, %(backend)s::text, %(simulated)s::boolean, t.model_name,
-        %(max_usd)s::double precision, %(capacity)s::integer) made
-)
-SELECT stage_row.*, claim.id, claim.takeovers, claim.error, created.spent, created.job_id
-FROM stage_row LEFT JOIN claim ON true LEFT JOIN created ON true
-"""
-"""STAGE_ROW_AND_CLAIM_SQL at the train stage, and when that claims a passed attempt with no inner job yet, of the run the
-limits are for, the inner job's creation under the budget and capacity (`metarl_create_inner_job`, with the model the probe
-recorded) in the same statement. In autocommit the backend's advisory lock is released when the statement commits, as with
-`metarl.store.inner_jobs.CREATE_WITHIN_LIMITS_SQL` on its own."""
-RUN_SPECS_SQL = "SELECT config, task_specs FROM runs WHERE id = %(run_id)s"
-RUN_CONFIG_SQL = "SELECT config FROM runs WHERE id = %(run_id)s"
-"""Sent as they are (no ORM compilation): read when a process meets a run for the first time."""
 
 
 OPEN_GROUPS_SQL = """
@@ -169,12 +128,11 @@ def open_groups(session: SqlTarget, *, run_id: str, task_ids: Sequence[str], pol
 
 def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
     """A StageRow from the columns of STAGE_ROW_SQL."""
-    (eid, run_id, created_at, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, passed, tokens) = columns[:14]
-    inner_job = inner_job_row(columns[14:])
+    (eid, run_id, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, config, task_spec, passed, tokens) = columns[:15]
+    inner_job = inner_job_row(columns[15:])
     return StageRow(
         eid,
         run_id,
-        created_at,
         RunStatus(run_status),
         Stage(stage),
         attempt,
@@ -184,6 +142,8 @@ def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
         workspace_uri,
         job_toml,
         errors,
+        config,
+        task_spec,
         passed,
         int(tokens),
         inner_job,
@@ -205,49 +165,9 @@ def stage_row_and_claim(
     return stage_row_of(found[:-3]), stage_claim_of(params, *found[-3:])
 
 
-def train_row_and_claim(
-    session: SqlTarget, *, episode_id: int, probe_attempt: int, worker: str, token: str | None, limits: InnerJobLimits
-) -> tuple[StageRow | None, Claim | None]:
-    """`stage_row_and_claim` at the train stage, creating the inner job in the same statement when it can
-    (TRAIN_ROW_CLAIM_AND_CREATE_SQL): the row then carries the new job as its `inner_job`, or the cap that stopped it as
-    `inner_job_blocked`. Where the statement did not try (another run than `limits`', a takeover, a job that exists), the
-    row is as `stage_row_and_claim` reads it."""
-    params = claim_params(stage_key(episode_id, Stage.train, probe_attempt), worker=worker, token=token, lease_s=None)
-    found = run_sql(session, TRAIN_ROW_CLAIM_AND_CREATE_SQL, {**params, **limits.params()}).first()
-    if found is None:
-        return None, None
-    row = stage_row_of(found[:-5])
-    claim = stage_claim_of(params, *found[-5:-2])
-    spent, job_id = found[-2:]
-    if spent is None:
-        return row, claim
-    created = creation_outcome(spent, job_id, name=inner_job_name(row.run_id, episode_id), backend=limits.backend, max_usd=limits.max_usd)
-    if isinstance(created, str):
-        return replace(row, inner_job_blocked=created), claim
-    return replace(row, inner_job=created), claim
-
-
-def config_and_task(session: SqlTarget, row: StageRow) -> tuple[RunConfig, TaskSpec]:
-    """The run's config and the episode's task spec, parsed once per process per run (read only when not cached)."""
-    config_key, task_key = (row.run_id, row.run_created_at), (row.run_id, row.run_created_at, row.task_id)
-    config, task = _parsed_configs.get(config_key), _parsed_tasks.get(task_key)
-    if config is None or task is None:
-        raw_config, raw_specs = run_sql(session, RUN_SPECS_SQL, {"run_id": row.run_id}).one()
-        config = config or RunConfig.model_validate(raw_config)
-        task = task or TaskSpec.model_validate(raw_specs[row.task_id])
-        _remember(_parsed_configs, config_key, config)
-        _remember(_parsed_tasks, task_key, task)
-    return config, task
-
-
-def run_config_by_key(session: SqlTarget, run_id: str, run_created_at: dt.datetime) -> RunConfig:
-    """The run's config, parsed once per process per run (read only when not cached)."""
-    key = (run_id, run_created_at)
-    config = _parsed_configs.get(key)
-    if config is None:
-        config = RunConfig.model_validate(run_sql(session, RUN_CONFIG_SQL, {"run_id": run_id}).one()[0])
-        _remember(_parsed_configs, key, config)
-    return config
+def config_and_task(row: StageRow) -> tuple[RunConfig, TaskSpec]:
+    """The run's config and the episode's task spec, validated from what the stage row read (pure)."""
+    return RunConfig.model_validate(row.run_config), TaskSpec.model_validate(row.task_spec)
 
 
 def stage_context(row: StageRow, config: RunConfig, task: TaskSpec) -> EpisodeContext:

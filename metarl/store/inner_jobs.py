@@ -6,7 +6,6 @@ Every statement here runs once or more per train message, so each is sent as wri
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -83,34 +82,6 @@ def inner_job_name_prefix(run_id: str) -> str:
 def inner_job_name(run_id: str, episode_id: int) -> str:
     """The episode's inner job name, unique in the database (`uq_inner_jobs_name`) and stable across retries."""
     return f"{inner_job_name_prefix(run_id)}{episode_id}"
-
-
-@dataclass(frozen=True)
-class InnerJobLimits:
-    """What creating one of a run's inner jobs takes besides the episode: fixed for the run (its config never changes), so a
-    train process that has met the run creates the next job in the train claim's own statement
-    (`metarl.store.episodes.train_row_and_claim`)."""
-
-    run_id: str
-    run_created_at: dt.datetime
-    backend: str
-    simulated: bool
-    max_usd: float
-    capacity: int
-    max_stage_attempts: int
-
-    def params(self) -> dict[str, Any]:
-        """The limits as the statement's parameters."""
-        return {
-            "limits_run_id": self.run_id,
-            "limits_run_created_at": self.run_created_at,
-            "name_prefix": inner_job_name_prefix(self.run_id),
-            "backend": self.backend,
-            "simulated": self.simulated,
-            "max_usd": self.max_usd,
-            "capacity": self.capacity,
-            "max_stage_attempts": self.max_stage_attempts,
-        }
 
 
 def creation_outcome(spent: float, job_id: int | None, *, name: str, backend: str, max_usd: float) -> InnerJobRow | CreationBlock:

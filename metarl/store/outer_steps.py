@@ -6,10 +6,9 @@ transaction that reads its batch; the new version is published in one transactio
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import update
 
@@ -17,7 +16,7 @@ from metarl.backends.base import OuterBatchEpisode, OuterResult, PolicySample
 from metarl.store.claims import RUNNING, OuterClaim, take_outer_step, utcnow
 from metarl.store.columns import columns_of, insert_lists
 from metarl.store.db import SqlTarget, json_param, run_sql, session_scope
-from metarl.store.episodes import record_costs, run_config_by_key
+from metarl.store.episodes import record_costs
 from metarl.store.records import OuterStatus, OuterStep, PolicyVersion, Run, RunStatus
 from metarl.store.step_metrics import outer_step_metrics
 from metarl.store.tick_wakeup import request_tick
@@ -30,7 +29,8 @@ class OuterStepRow:
     """What the outer task reads of its step before claiming it: one row, one round trip."""
 
     run_id: str
-    run_created_at: dt.datetime
+    run_config: dict[str, Any]
+    """The run's config as stored (`claim_outer_work` validates it)."""
     run_status: RunStatus
     step: int
     version_before: int
@@ -39,7 +39,7 @@ class OuterStepRow:
 
 
 STEP_ROW_SQL = """
-SELECT s.run_id, r.created_at, r.status, s.step, s.policy_version_before, s.error, pv.state_uri
+SELECT s.run_id, r.config, r.status, s.step, s.policy_version_before, s.error, pv.state_uri
 FROM outer_steps s
 JOIN runs r ON r.id = s.run_id
 LEFT JOIN policy_versions pv ON pv.run_id = s.run_id AND pv.version = s.policy_version_before
@@ -70,8 +70,8 @@ def outer_step_row(session: SqlTarget, outer_step_id: int) -> OuterStepRow | Non
     row = run_sql(session, STEP_ROW_SQL, {"id": outer_step_id}).first()
     if row is None:
         return None
-    run_id, created_at, status, step, before, error, state_uri = row
-    return OuterStepRow(run_id, created_at, RunStatus(status), step, before, error, state_uri)
+    run_id, config, status, step, before, error, state_uri = row
+    return OuterStepRow(run_id, config, RunStatus(status), step, before, error, state_uri)
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def claim_outer_work(database_url: str, outer_step_id: int, *, worker: str, skip
             return "missing"
         if row.run_status in skip_runs:
             return "skipped"
-        config = run_config_by_key(session, row.run_id, row.run_created_at)
+        config = RunConfig.model_validate(row.run_config)
         claim = take_outer_step(session, outer_step_id, worker=worker, lease_s=config.retries.lease_s)
         if claim is None:
             return "skipped"

@@ -68,7 +68,7 @@ class RunTick:
         return self._run.task_specs
 
     def config(self) -> RunConfig:
-        """The run's validated config (parsed once per process, `metarl.store.episodes.run_config_of`)."""
+        """The run's validated config."""
         return run_config_of(self._run)
 
     def beat(self, now: dt.datetime) -> None:

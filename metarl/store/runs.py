@@ -24,7 +24,7 @@ from metarl.store.status import episode_report, list_runs, run_status
 
 if TYPE_CHECKING:
     from metarl.report_tables import ReportData
-    from schemas.run_config import RunConfig
+    from schemas.run_config import RunConfig  # built here, not on import: the status commands never need it
     from schemas.task_spec import TaskSpec
 
 
@@ -57,7 +57,7 @@ def take_up_run(database_url: str, run_id: str) -> RunConfig:
 
     Raises RunNotFound when there is no such run.
     """
-    from metarl.store.episodes import run_config_of  # the stage side's parsed-config cache; the commands do not load it
+    from schemas.run_config import RunConfig  # built here, not on import: the status commands never need it
 
     with session_scope(database_url) as session:
         run = session.get(Run, run_id)
@@ -67,7 +67,7 @@ def take_up_run(database_url: str, run_id: str) -> RunConfig:
             run.status = RunStatus.running
             run.stop_requested = False
             run.status_message = "resumed"
-        return run_config_of(run)
+        return RunConfig.model_validate(run.config)
 
 
 @dataclass(frozen=True)

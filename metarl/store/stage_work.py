@@ -2,13 +2,11 @@
 
 On one pooled connection in autocommit (`workers.stages` calls :func:`claim_stage_work`):
 
-1. the episode's stage row and the plain claim (a first claim, or this worker's continuation), and at
-   train, when the worker knows the run's limits, the inner job's creation: one statement
-   (`metarl.store.episodes.stage_row_and_claim`, `train_row_and_claim`);
-2. the run's config and the task spec, read only when the process meets the run for the first time;
-3. when the plain claim did not apply (a duplicate message, a takeover): the claim rules, one
+1. the episode's stage row with the run's config and the task spec, and the plain claim (a first
+   claim, or this worker's continuation): one statement (`metarl.store.episodes.stage_row_and_claim`);
+2. when the plain claim did not apply (a duplicate message, a takeover): the claim rules, one
    statement (`metarl.store.claims.claim_stage`);
-4. the stage's loader, with :class:`ClaimReads`: the reads (or the inner job's creation) its work needs.
+3. the stage's loader, with :class:`ClaimReads`: the reads (or the inner job's creation) its work needs.
 
 The claim rules themselves are `metarl.store.claims`; the move that ends the stage is
 `metarl.store.episodes.move_episode`.
@@ -26,8 +24,8 @@ from metarl.backends.base import BaseScoreKey, EpisodeContext
 from metarl.store.baselines import cached_baseline
 from metarl.store.claims import Claim, ClaimRefused, claim_stage, heartbeat
 from metarl.store.db import SqlTarget, session_scope, sql_transaction
-from metarl.store.episodes import StageRow, config_and_task, stage_context, stage_row_and_claim, train_row_and_claim
-from metarl.store.inner_jobs import CreationBlock, InnerJobLimits, InnerJobRow, create_within_limits
+from metarl.store.episodes import StageRow, config_and_task, stage_context, stage_row_and_claim
+from metarl.store.inner_jobs import CreationBlock, InnerJobRow, create_within_limits
 from metarl.store.records import Episode, Stage, StageClaim
 from schemas.run_config import RunConfig
 from schemas.states import ENDED_RUN_STATUSES
@@ -87,7 +85,7 @@ class ClaimReads:
         )
 
     def cached_base_score(self, key: BaseScoreKey) -> float | None:
-        """`metarl.store.baselines.cached_baseline`: read once per process per key."""
+        """`metarl.store.baselines.cached_baseline`: the stored base score for `key`, if any."""
         return cached_baseline(self._sql, key)
 
 
@@ -103,26 +101,18 @@ def claim_stage_work(
     probe_attempt: int,
     token: str | None,
     worker: str,
-    limits: InnerJobLimits | None = None,
     load: StageLoader[Loaded] | None = None,
 ) -> StageWork[Loaded] | StageSkipped:
-    """Claim the stage (see the module docstring) and run `load` with the claim's reads; or say why the message is skipped.
-
-    `limits` (train only): the run limits the process last created an inner job under; when the episode is of that
-    run, the claim's statement creates its inner job too (the row then carries it, or the cap that stopped it).
-    """
+    """Claim the stage (see the module docstring) and run `load` with the claim's reads; or say why the message is skipped."""
     with sql_transaction(database_url, autocommit=True) as sql:
-        if limits is not None and stage == Stage.train:
-            row, claim = train_row_and_claim(sql, episode_id=episode_id, probe_attempt=probe_attempt, worker=worker, token=token, limits=limits)
-        else:
-            row, claim = stage_row_and_claim(sql, episode_id=episode_id, stage=stage, probe_attempt=probe_attempt, worker=worker, token=token)
+        row, claim = stage_row_and_claim(sql, episode_id=episode_id, stage=stage, probe_attempt=probe_attempt, worker=worker, token=token)
         if row is None:
             return StageSkipped("no such episode")
         if row.stage != stage or row.probe_attempt != probe_attempt:
             return StageSkipped(f"episode is elsewhere ({row.stage.value}, attempt {row.probe_attempt})")
         if row.run_status in ENDED_RUN_STATUSES:
             return StageSkipped(f"its run is {row.run_status.value}")
-        config, task = config_and_task(sql, row)
+        config, task = config_and_task(row)
         if claim is None:  # a duplicate message or a takeover: the claim rules decide
             try:
                 claim = claim_stage(

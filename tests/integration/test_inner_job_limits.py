@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import func, select
 
 from metarl.domain.transitions import Transition
-from metarl.store.db import observing_statements, session_scope, sql_transaction
-from metarl.store.episodes import finish_and_move, stage_row_and_claim, train_row_and_claim
-from metarl.store.inner_jobs import InnerJobLimits, create_within_limits, inner_job_name, lost_record
-from metarl.store.records import RUN_ROW_LOCK, ClaimStatus, CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, ProbeAttempt, Run, Stage, StageClaim
+from metarl.store.db import session_scope, sql_transaction
+from metarl.store.episodes import finish_and_move, stage_row_and_claim
+from metarl.store.inner_jobs import create_within_limits, lost_record
+from metarl.store.records import RUN_ROW_LOCK, ClaimStatus, CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, Run, Stage
 from tests.integration.helpers import race
 
 pytestmark = pytest.mark.integration
@@ -138,96 +138,3 @@ def test_a_train_stage_that_gives_up_frees_its_slot_with_its_move(pg_url):
         assert session.execute(select(InnerJob.status).where(InnerJob.episode_id == second)).scalar_one() == InnerJobStatus.succeeded, (
             "an ended job keeps its outcome"
         )
-
-
-def passed_run(url: str, episodes: int) -> tuple[InnerJobLimits, list[int]]:
-    """make_run's episodes, each with a first attempt the probe passed (model `tiny`), and the run's limits (capacity 2, $100)."""
-    run_id, ids = make_run(url, episodes)
-    with session_scope(url) as session:
-        run = session.get(Run, run_id)
-        session.add_all(ProbeAttempt(episode_id=i, run_id=run_id, attempt=1, job_toml="", agent_backend="sim", passed=True, model_name="tiny") for i in ids)
-        limits = InnerJobLimits(run_id=run_id, run_created_at=run.created_at, backend="sim", simulated=True, max_usd=100.0, capacity=2, max_stage_attempts=3)
-    return limits, ids
-
-
-def train_claim(url: str, episode_id: int, limits: InnerJobLimits, token: str | None = None):  # type: ignore[no-untyped-def]
-    with sql_transaction(url, autocommit=True) as sql:
-        return train_row_and_claim(sql, episode_id=episode_id, probe_attempt=1, worker="w", token=token, limits=limits)
-
-
-def test_the_train_claim_creates_the_inner_job_in_its_own_statement(pg_url):
-    limits, (first, second, third) = passed_run(pg_url, 3)
-    statements: list[object] = []
-    with observing_statements(statements.append):
-        row, claim = train_claim(pg_url, first, limits)
-    assert len(statements) == 1, statements
-    assert claim is not None and claim.takeovers == 0
-    job = row.inner_job
-    assert job is not None and job.status == InnerJobStatus.launching and job.external_id is None and job.name == inner_job_name(limits.run_id, first)
-    with session_scope(pg_url) as session:
-        stored = session.execute(select(InnerJob).where(InnerJob.episode_id == first)).scalar_one()
-        assert (stored.id, stored.name, stored.model_name, stored.backend, stored.simulated) == (job.id, job.name, "tiny", "sim", True)
-    row, polled = train_claim(pg_url, first, limits, token=claim.token)
-    assert polled is not None and row.inner_job is not None and row.inner_job.id == job.id, "the poll's claim reads the job, it makes no other"
-    assert train_claim(pg_url, second, limits)[0].inner_job is not None
-    row, blocked = train_claim(pg_url, third, limits)
-    assert blocked is not None and row.inner_job is None and row.inner_job_blocked == "capacity"
-    with session_scope(pg_url) as session:
-        session.execute(InnerJob.__table__.update().where(InnerJob.episode_id == first).values(status=InnerJobStatus.succeeded))
-    row, _ = train_claim(pg_url, third, limits, token=blocked.token)
-    assert row.inner_job is not None and row.inner_job_blocked is None, "the capacity-blocked claim creates its job when a slot frees"
-
-
-def test_the_train_claim_says_when_the_budget_stops_the_job(pg_url):
-    limits, (episode_id,) = passed_run(pg_url, 1)
-    with session_scope(pg_url) as session:
-        session.add(
-            CostEntry(
-                run_id=limits.run_id,
-                source="pod",
-                description="pod time",
-                quantity=1.0,
-                unit="h",
-                unit_price_usd=150.0,
-                amount_usd=150.0,
-                simulated=True,
-                idempotency_key="k",
-            )
-        )
-    row, claim = train_claim(pg_url, episode_id, limits)
-    assert claim is not None and row.inner_job is None and row.inner_job_blocked == "budget"
-    with session_scope(pg_url) as session:
-        assert session.execute(select(func.count()).select_from(InnerJob)).scalar_one() == 0
-
-
-def test_the_train_claim_leaves_other_runs_and_takeovers_to_the_loader(pg_url):
-    limits, (episode_id,) = passed_run(pg_url, 1)
-    other, (other_episode,) = passed_run(pg_url, 1)
-    row, claim = train_claim(pg_url, other_episode, limits)
-    assert claim is not None and row.inner_job is None and row.inner_job_blocked is None, "another run's limits create nothing"
-    row, claim = train_claim(pg_url, episode_id, replace(limits, run_created_at=other.run_created_at))
-    assert claim is not None and row.inner_job is None, "a run id with another creation time is another run"
-    with session_scope(pg_url) as session:
-        session.execute(update_takeovers(claim.claim_id, limits.max_stage_attempts + 1))
-    row, continued = train_claim(pg_url, episode_id, limits, token=claim.token)
-    assert continued is not None and continued.takeovers > limits.max_stage_attempts and row.inner_job is None, "a claim past its attempts creates nothing"
-    with session_scope(pg_url) as session:
-        assert session.execute(select(func.count()).select_from(InnerJob)).scalar_one() == 0
-
-
-def update_takeovers(claim_id: int, takeovers: int):  # type: ignore[no-untyped-def]
-    return StageClaim.__table__.update().where(StageClaim.id == claim_id).values(takeovers=takeovers)
-
-
-def test_concurrent_train_claims_never_pass_the_capacity(pg_url):
-    runs = [passed_run(pg_url, 6) for _ in range(2)]
-
-    def submit(limits: InnerJobLimits, episode_id: int) -> object:
-        row, _ = train_claim(pg_url, episode_id, replace(limits, capacity=3))
-        return row.inner_job or row.inner_job_blocked
-
-    outcomes = race([partial(submit, limits, episode_id) for limits, ids in runs for episode_id in ids])
-    assert len(outcomes) == 12
-    assert outcomes.count("capacity") == 9
-    with session_scope(pg_url) as session:
-        assert session.execute(select(func.count()).select_from(InnerJob)).scalar_one() == 3

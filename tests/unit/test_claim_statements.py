@@ -19,7 +19,7 @@ from metarl.store.claims import (
     stage_claim_of,
     stage_key,
 )
-from metarl.store.episodes import STAGE_ROW_AND_CLAIM_SQL, TRAIN_ROW_CLAIM_AND_CREATE_SQL
+from metarl.store.episodes import STAGE_ROW_AND_CLAIM_SQL
 from metarl.store.records import EpisodeGroup, Stage, StageClaim
 
 
@@ -37,7 +37,7 @@ def test_a_claimable_is_checked_against_its_table() -> None:
 def test_every_claim_statement_takes_the_lease_with_the_same_compare_and_set() -> None:
     take = claim_ctes(OUTER_STEPS)
     compare_and_set = take[take.index("SET status") : take.index("WHERE")].strip()
-    statements = (CLAIM_STAGE_SQL, TAKE_OUTER_STEP_SQL, STAGE_ROW_AND_CLAIM_SQL, TRAIN_ROW_CLAIM_AND_CREATE_SQL)
+    statements = (CLAIM_STAGE_SQL, TAKE_OUTER_STEP_SQL, STAGE_ROW_AND_CLAIM_SQL)
     assert all(compare_and_set in sql for sql in statements)
     assert "INSERT" not in TAKE_OUTER_STEP_SQL, "an outer step exists before it is claimed"
     assert all("ON CONFLICT ON CONSTRAINT uq_stage_claims_key DO NOTHING" in sql for sql in statements if sql is not TAKE_OUTER_STEP_SQL)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from metarl.learning import models as models_module
-from metarl.learning.families import FAMILIES, Example, get_family
+from metarl.learning.families import FAMILIES, Example, TaskFamily, get_family
 from metarl.learning.grpo import token_logprobs
 from metarl.learning.lora import adapters_disabled, apply_lora, merge_lora
 from metarl.learning.models import (
@@ -94,6 +94,79 @@ def test_build_key_depends_on_model_and_scale() -> None:
     assert build_key(small, 1.0) != build_key(BASE_MODELS["local-l"], 1.0)
 
 
+class ShoutFamily(TaskFamily):
+    """A family this repo never had: upper-case a word, with characters outside the tokenizer's own."""
+
+    name = "shout"
+    description = "Shout a word: 'crie WORD→' answers the word in upper case with an exclamation mark."
+    max_answer_chars = 8
+
+    def __init__(self, mark: str = "!") -> None:
+        self.mark = mark
+
+    def sample_item(self, rng: random.Random, difficulty: float) -> Example:
+        word = "".join(rng.choice("abcdeé") for _ in range(2 + round(difficulty * 3)))
+        return Example(prompt=f"crie {word}→", answer=word.upper() + self.mark)
+
+    def item_key(self, prompt: str) -> str:
+        return prompt
+
+
+def test_build_key_follows_the_families_content() -> None:
+    small = BASE_MODELS["local-s"]
+    six = models_module.family_set_content(FAMILIES)
+    assert not six.byte_fallback and sorted(six.digests) == sorted(FAMILIES)
+    assert build_key(small, 1.0) == build_key(small, 1.0, six)
+    assert models_module.base_model_build("local-s") == f"local-s-{build_key(small, 1.0, six)}"
+    with_shout = models_module.family_set_content({**FAMILIES, "shout": ShoutFamily()})
+    assert with_shout.byte_fallback and with_shout.digests["addition"] == six.digests["addition"]
+    other_items = models_module.family_set_content({**FAMILIES, "shout": ShoutFamily(mark="?")})
+    described = ShoutFamily()
+    described.description = "Another description."
+    other_text = models_module.family_set_content({**FAMILIES, "shout": described})
+    keys = {build_key(small, 1.0, content) for content in (six, with_shout, other_items, other_text)}
+    assert len(keys) == 4
+    assert build_key(small, 1.0, with_shout) == build_key(small, 1.0, models_module.family_set_content({**FAMILIES, "shout": ShoutFamily()}))
+
+
+def test_a_family_may_add_its_own_content_digest() -> None:
+    class FromFiles(ShoutFamily):
+        def __init__(self, files_hash: str) -> None:
+            super().__init__()
+            self.files_hash = files_hash
+
+        def content_digest(self) -> str:
+            return self.files_hash
+
+    assert models_module.family_content_digest(FromFiles("a")) != models_module.family_content_digest(FromFiles("b"))
+
+
+def test_the_recipe_keeps_the_six_families_and_weighs_a_new_one_like_them() -> None:
+    recipe = BASE_MODELS["local-s"].recipe
+    assert models_module.recipe_for_families(recipe, sorted(FAMILIES)) is recipe
+    with_shout = models_module.recipe_for_families(recipe, [*FAMILIES, "shout"])
+    assert with_shout.family_weights == {**recipe.family_weights, "shout": 1.0}
+    assert models_module.recipe_for_families(recipe, ["shout"]).family_weights == {"shout": 1.0}
+    with pytest.raises(ValueError):
+        models_module.family_set_content({})
+
+
+def test_a_base_model_for_a_new_family_uses_the_byte_fallback(tmp_path: Path) -> None:
+    families = {"addition": FAMILIES["addition"], "shout": ShoutFamily()}
+    model_dir = ensure_base_model("local-s", tmp_path, scale=0.005, families=families)
+    assert model_dir.name == models_module.base_model_build("local-s", 0.005, families)
+    assert model_dir != ensure_base_model("local-s", tmp_path, scale=0.005, families={"addition": FAMILIES["addition"]})
+    info = build_info(model_dir)
+    assert info["families"]["byte_fallback"] and sorted(info["recipe"]["family_weights"]) == ["addition", "shout"]
+    tokenizer, model = load_tokenizer(model_dir), load_model(model_dir)
+    assert model.config.vocab_size == len(tokenizer) == 4 + 50 + 256
+    example = ShoutFamily().generate(random.Random(0), 1.0)
+    ids = tokenizer(example.prompt)["input_ids"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == example.prompt
+    score = score_loaded_model(model, tokenizer, ShoutFamily(), [example] * 4)
+    assert 0.0 <= score.mean <= 1.0
+
+
 def test_default_cache_dir_honours_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("METARL_CACHE_DIR", str(tmp_path))
     assert default_cache_dir() == tmp_path
@@ -129,9 +202,9 @@ def test_ensure_base_model_builds_once_under_concurrency(monkeypatch: pytest.Mon
     builds: list[str] = []
     real_build = models_module._build_into
 
-    def counting_build(target: Path, spec, scale: float) -> None:
+    def counting_build(target: Path, spec, scale: float, *family_args) -> None:
         builds.append(target.name)
-        real_build(target, spec, scale)
+        real_build(target, spec, scale, *family_args)
 
     monkeypatch.setattr(models_module, "_build_into", counting_build)
     results: list[Path] = []

@@ -19,7 +19,10 @@ from metarl.outer_update import (
     to_tinker_datum,
 )
 from metarl.policy import job_language as jl
+from metarl.policy.family_features import family_features
 from metarl.policy.local_policy import LocalPolicy
+
+CONTEXT = jl.context_tokens(family_features("Add two numbers.", examples=[("add 1+2=", "3")]))
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -192,15 +195,14 @@ def test_masked_positions_never_make_nan():
 
 
 def sampled_datums(policy: LocalPolicy, advantages: list[float]) -> list[Datum]:
-    ctx = jl.context_tokens("addition")
-    samples = policy.sample_batch([ctx] * len(advantages), list(range(len(advantages))))
+    samples = policy.sample_batch([CONTEXT] * len(advantages), list(range(len(advantages))))
     return [build_datum(s.prompt_tokens, s.job_tokens, s.logprobs, a) for s, a in zip(samples, advantages)]
 
 
 def test_local_step_raises_the_logprob_of_positive_advantage_samples():
     policy = LocalPolicy()
     datums = sampled_datums(policy, [1.0, -1.0, 0.5, -0.5])
-    p = len(jl.context_tokens("addition"))
+    p = len(CONTEXT)
 
     def job_logprob(d: Datum) -> float:
         return policy.logprobs(d.model_input[:p], d.target_tokens[p - 1 :]).sum().item()

@@ -41,13 +41,13 @@ def random_walk(rng: random.Random) -> list[int]:
         tokens.append(rng.choice(allowed))
 
 
-def test_vocabulary_is_fixed_small_and_covers_models_families_and_rewards():
-    assert jl.VOCAB_SIZE == len(set(jl.VOCAB)) < 128
+def test_vocabulary_is_fixed_small_and_covers_models_features_and_rewards():
+    assert jl.VOCAB_SIZE == len(set(jl.VOCAB)) < 160
     assert jl.VOCAB[:4] == ("<pad>", "<bos>", "<sep>", "<end>")
     assert set(jl.MODELS) == set(KNOWN_BASE_MODELS)
     assert set(jl.REWARD_COMPONENTS) == set(LOCAL_REWARD_COMPONENTS)
-    shipped = {tomllib.loads(path.read_text())["family"] for path in (REPO / "tasks_specs").glob("*.toml")}
-    assert shipped <= set(jl.FAMILIES)
+    contexts = {jl.format_tokens(jl.context_for_task(load_toml_model(TaskSpec, path))) for path in (REPO / "tasks_specs").glob("*.toml")}
+    assert len(contexts) == len(list((REPO / "tasks_specs").glob("*.toml")))  # the shipped families are told apart
     for slot in jl.TRAINING_SLOTS + jl.DATASET_SLOTS:
         assert jl.TOKEN_ID[slot.token(None)] in jl.DEFAULT_TOKEN_IDS
     assert 1 in jl.TRAINING_SLOTS[3].values  # group_size 1 is expressible
@@ -104,7 +104,7 @@ def test_render_and_parse_round_trip_for_explicit_jobs():
     assert jl.parse_job_toml(text) == tokens
     assert probe(tokens).passed
     # a full sequence (context + job) renders the same job
-    assert jl.render_job_toml(jl.context_tokens("addition") + tokens) == text
+    assert jl.render_job_toml(jl.context_for_task(TASK) + tokens) == text
     # JobSpec writes the dataset and reward defaults out, so `data=default` comes back as `data=1000`:
     # parsing is exact up to that, and rendering is a fixed point.
     rng = random.Random(1)
@@ -176,18 +176,36 @@ def test_feedback_fields_map_to_feedback_tokens():
         assert jl.feedback_kind(field_path) == kind, field_path
 
 
-def test_context_tokens_hold_family_attempt_and_deduplicated_feedback():
-    assert jl.format_tokens(jl.context_tokens("caesar")) == "<bos> task=caesar attempt=1 fb=none <sep>"
+CAESAR = load_toml_model(TaskSpec, REPO / "tasks_specs" / "caesar.toml")
+FEATURES = "ans=digits alen<=4 plen<=16 grader=1 dlo=0.0 dhi=1.0 desc=7"
+"""The feature tokens of tasks_specs/addition.toml."""
+
+
+def test_context_tokens_hold_features_attempt_and_deduplicated_feedback():
+    assert jl.format_tokens(jl.context_for_task(CAESAR)) == "<bos> ans=letters alen<=4 plen<=16 grader=1 dlo=0.0 dhi=1.0 desc=2 attempt=1 fb=none <sep>"
     feedback = [
         FieldProblem(field="training.batch_size", message="m", fix="f"),
         FieldProblem(field="model.name", message="m", fix="f"),
         FieldProblem(field="(local trainer) batch_size", message="m", fix="f"),
     ]
-    text = jl.format_tokens(jl.context_tokens("not_a_family", 9, feedback))
-    assert text == "<bos> task=other attempt=5 fb=model fb=batch_size <sep>"
-    assert len(jl.context_tokens("addition", 2, [FieldProblem(field=f"x{i}", message="m", fix="f") for i in range(200)])) == 5
+    text = jl.format_tokens(jl.context_for_task(TASK, 9, feedback))
+    assert text == f"<bos> {FEATURES} attempt=5 fb=model fb=batch_size <sep>"
+    assert len(jl.context_for_task(TASK, 2, [FieldProblem(field=f"x{i}", message="m", fix="f") for i in range(200)])) == 11
     with pytest.raises(ValueError):
-        jl.context_tokens("addition", 0)
+        jl.context_for_task(TASK, 0)
+
+
+def test_a_task_of_a_family_without_a_generator_is_a_valid_context():
+    unseen = TASK.model_copy(
+        update={
+            "id": "capitals",
+            "family": "capitals_from_files",
+            "public": TASK.public.model_copy(update={"description": "Name the capital of a country.", "example_prompt": "France?", "example_answer": "Paris"}),
+        }
+    )
+    tokens = jl.context_for_task(unseen, 2)
+    assert jl.format_tokens(tokens).startswith("<bos> ans=letters alen<=8 plen<=8 ")
+    assert tokens[-1] == jl.SEP_ID and len(tokens) <= jl.MAX_CONTEXT_LENGTH
 
 
 def test_context_for_episode_reads_an_episode_context():
@@ -203,4 +221,4 @@ def test_context_for_episode_reads_an_episode_context():
         feedback=[FieldProblem(field="dataset.size", message="m", fix="f")],
         artifacts_root="/tmp/x",
     )
-    assert jl.format_tokens(jl.context_for_episode(ctx)) == "<bos> task=addition attempt=2 fb=dataset_size <sep>"
+    assert jl.format_tokens(jl.context_for_episode(ctx)) == f"<bos> {FEATURES} attempt=2 fb=dataset_size <sep>"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,8 +15,11 @@ from metarl.outer_update import (
 )
 from metarl.policy import job_language as jl
 from metarl.policy.local_policy import LocalPolicy
+from schemas.base import load_toml_model
+from schemas.task_spec import TaskSpec
 
 GROUPS, GROUP_SIZE = 6, 8
+CONTEXTS = [jl.context_for_task(load_toml_model(TaskSpec, path)) for path in sorted((Path(__file__).resolve().parents[2] / "tasks_specs").glob("*.toml"))]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -36,7 +40,7 @@ def test_policy_learns_the_larger_model_and_an_explicit_learning_rate():
     for version in range(40):
         groups = []
         for g in range(GROUPS):
-            ctx = jl.context_tokens(jl.FAMILIES[(version + g) % len(jl.FAMILIES)])
+            ctx = CONTEXTS[(version + g) % len(CONTEXTS)]
             seeds = [version * 1000 + g * GROUP_SIZE + i for i in range(GROUP_SIZE)]
             samples = policy.sample_batch([ctx] * GROUP_SIZE, seeds)
             groups.append([(sample, toy_reward(sample.job_tokens)) for sample in samples])

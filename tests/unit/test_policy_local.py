@@ -17,7 +17,9 @@ from schemas.task_spec import TaskSpec
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = load_toml_model(TaskSpec, REPO / "tasks_specs" / "addition.toml")
-CTX = jl.context_tokens("addition")
+CTX = jl.context_for_task(TASK)
+SORTING = load_toml_model(TaskSpec, REPO / "tasks_specs" / "sorting.toml")
+CAESAR = load_toml_model(TaskSpec, REPO / "tasks_specs" / "caesar.toml")
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -29,7 +31,7 @@ def test_policy_is_small():
 
 def test_samples_are_complete_jobs_with_one_logprob_per_job_token():
     policy = LocalPolicy()
-    samples = policy.sample_batch([CTX, jl.context_tokens("sorting", 3, [FieldProblem(field="model.name", message="m", fix="f")])] * 20, list(range(40)))
+    samples = policy.sample_batch([CTX, jl.context_for_task(SORTING, 3, [FieldProblem(field="model.name", message="m", fix="f")])] * 20, list(range(40)))
     for sample in samples:
         assert sample.tokens[: sample.prompt_length] == sample.prompt_tokens
         assert jl.is_complete(sample.job_tokens)
@@ -43,7 +45,7 @@ def test_sampling_is_deterministic_given_a_seed_and_independent_of_the_batch():
     a = policy.sample(CTX, seed=123)
     b = policy.sample(CTX, seed=123)
     assert a == b
-    batch = policy.sample_batch([jl.context_tokens("caesar"), CTX, CTX], [5, 123, 9])
+    batch = policy.sample_batch([jl.context_for_task(CAESAR), CTX, CTX], [5, 123, 9])
     assert batch[1].tokens == a.tokens
     assert batch[1].logprobs == pytest.approx(a.logprobs, abs=1e-5)
     distinct = {tuple(policy.sample(CTX, seed=s).tokens) for s in range(30)}

@@ -21,6 +21,7 @@ from metarl.backends.runpod.runs import ReapView, RunState
 from metarl.backends.runpod.train import (
     REAP_LOCK_KEY,
     PodAssignment,
+    ReapSchedule,
     RunpodTrain,
     billable_chunks,
     chunks_after,
@@ -375,7 +376,7 @@ def test_the_reaper_and_the_ledger_go_through_the_injected_run_database(cloud, t
         update={"poll_interval_s": 0.1, "billing_interval_s": 1, "api_timeout_s": 1.0, "api_backoff_s": 0.01, "capacity_cooldown_s": 0.0}
     )
     runs = InMemoryRuns(f"in-memory-{uuid.uuid4()}", run_config.model_copy(update={"backends": run_config.backends.model_copy(update={"train": train})}))
-    backend = RunpodTrain(train, str(artifacts), BudgetConfig(), runs)
+    backend = RunpodTrain(train, str(artifacts), BudgetConfig(), runs, reap_schedule=ReapSchedule())
     job = JobSpec(model=JobModel(name="Qwen/Qwen3-0.6B"))
     launched = backend.launch(context(1, tmp_path), job, "metarl-0a1b2c3d-1")
     assert backend._run_accepting(RUN_ID) and not backend._run_accepting("another-run")
@@ -386,7 +387,18 @@ def test_the_reaper_and_the_ledger_go_through_the_injected_run_database(cloud, t
     assert not backend._run_accepting(RUN_ID)
     with runs.holding_lock(REAP_LOCK_KEY):  # another process is reaping
         assert backend.maintain(force=True) == 0 and cloud.live_pods() == [pod]
+    assert backend.maintain() == 0 and cloud.live_pods() == [pod], "the reaper ran moments ago: it waits out reap_interval_s"
     assert backend.maintain(force=True) == 1, "the pod of a run that ended is reaped"
     assert cloud.live_pods() == [] and launched.external_id == pod.id
     billed = {row["pod_id"]: float(row["seconds"]) for row in cloud.billing() if row["seconds"]}
     assert {pod.id: sum(item.quantity for item in runs.ledger.values())} == billed, "the settled pod's seconds are in the run's ledger"
+
+
+def test_the_reap_schedule_lets_each_run_database_reap_once_per_interval() -> None:
+    schedule = ReapSchedule()
+    assert schedule.take("db", 100.0, 60.0), "a reaper that never ran is due"
+    assert not schedule.take("db", 159.9, 60.0)
+    assert schedule.take("other-db", 120.0, 60.0), "each run database has its own schedule"
+    assert schedule.take("db", 160.0, 60.0) and not schedule.take("db", 170.0, 60.0)
+    assert schedule.take("db", 170.0, float("-inf")), "a forced reap always runs"
+    assert not schedule.take("db", 229.0, 60.0), "and counts as the last one"

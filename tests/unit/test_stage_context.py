@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import datetime as dt
+import pydantic
+import pytest
 
 from metarl.runconfig import load_run
-from metarl.store.episodes import StageRow, episode_seed, stage_context
+from metarl.store.episodes import StageRow, config_and_task, episode_seed, stage_context
 from metarl.store.records import RunStatus, Stage
 from tests.conftest import REPO
 
@@ -16,7 +17,6 @@ def row(probe_attempt: int, previous_errors: list | None) -> StageRow:
     return StageRow(
         episode_id=17,
         run_id="0a1b2c3d-0000-4000-8000-000000000000",
-        run_created_at=dt.datetime(2026, 11, 30, tzinfo=dt.UTC),
         run_status=RunStatus.running,
         stage=Stage.agent,
         probe_attempt=probe_attempt,
@@ -26,6 +26,8 @@ def row(probe_attempt: int, previous_errors: list | None) -> StageRow:
         workspace_uri=None,
         job_toml=None,
         previous_errors=previous_errors,
+        run_config={},
+        task_spec={},
     )
 
 
@@ -83,3 +85,13 @@ def test_a_runpod_runs_context_workspace_and_speed_reward_use_the_tasks_gpu_trai
     assert params["speed"] > 0
     sim_config, sim_specs = load_run(REPO / "examples" / "sim.toml")
     assert stage_context(row(1, None), sim_config, sim_specs["addition"]).train_seconds == sim_specs["addition"].budget.max_train_seconds
+
+
+def test_the_config_and_task_are_validated_from_what_the_row_read() -> None:
+    import dataclasses
+
+    config, specs = load_run(REPO / "examples" / "sim.toml")
+    stored = dataclasses.replace(row(1, None), run_config=config.model_dump(mode="json"), task_spec=specs["addition"].model_dump(mode="json"))
+    assert config_and_task(stored) == (config, specs["addition"])
+    with pytest.raises(pydantic.ValidationError):
+        config_and_task(dataclasses.replace(stored, task_spec={"id": "addition"}))

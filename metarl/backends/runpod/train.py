@@ -420,7 +420,27 @@ class Store:
 
 # --- the backend ----------------------------------------------------------------------------
 
-_LAST_REAP: dict[str, float] = {}
+
+class ReapSchedule:
+    """When the orphan reaper last ran in this process, per run database: it lists the pods (a vendor API call) at most
+    once per `reap_interval_s`. A backend is built for every stage message, so the schedule outlives it: each backend
+    takes `PROCESS_REAP_SCHEDULE` unless it is given its own."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: str, now: float, interval_s: float) -> bool:
+        """Whether `key`'s reaper is due at `now` (it never ran, or ran `interval_s` or more before); if so, it runs now."""
+        with self._lock:
+            if now - self._last.get(key, float("-inf")) < interval_s:
+                return False
+            self._last[key] = now
+            return True
+
+
+PROCESS_REAP_SCHEDULE = ReapSchedule()
+"""The reaper's schedule of this process (one per process, like the rate it keeps)."""
 _LOCAL_POOL_LOCK = threading.Lock()
 
 LedgerWriter = Callable[[str, "int | None", list[CostItem]], None]
@@ -443,6 +463,7 @@ class RunpodTrain:
         ledger: LedgerWriter | None = None,
         environ: Mapping[str, str] | None = None,
         pod_eval: PodVllmEvalBackend | None = None,
+        reap_schedule: ReapSchedule | None = None,
     ):
         self.config = config
         self.pod_eval = pod_eval
@@ -454,6 +475,7 @@ class RunpodTrain:
         self.clock = clock
         self.ledger = ledger
         self.environ = os.environ if environ is None else environ
+        self.reap_schedule = PROCESS_REAP_SCHEDULE if reap_schedule is None else reap_schedule
 
     # TrainBackend protocol
 
@@ -949,13 +971,12 @@ class RunpodTrain:
     # reaper
 
     def maintain(self, force: bool = False) -> int:
-        """Orphan reaper, at most once per reap_interval_s per process; returns how many pods it terminated."""
+        """Orphan reaper, at most once per reap_interval_s per process (`ReapSchedule`) unless `force`; returns how many pods it terminated."""
         if self.runs is None:
             return 0
         now = self.clock()
-        if not force and now - _LAST_REAP.get(self.runs.name, float("-inf")) < self.config.reap_interval_s:
+        if not self.reap_schedule.take(self.runs.name, now, float("-inf") if force else self.config.reap_interval_s):
             return 0
-        _LAST_REAP[self.runs.name] = now
         with self.runs.trying_lock(REAP_LOCK_KEY) as locked:
             if not locked:
                 return 0
@@ -984,7 +1005,17 @@ class RunpodTrain:
             if not isinstance(train, RunpodTrainBackend):
                 continue
             pod_eval = config.backends.eval if isinstance(config.backends.eval, PodVllmEvalBackend) else None
-            backend = RunpodTrain(train, config.artifacts.root, config.budget, self.runs, self.provider, self.clock, self.ledger, pod_eval=pod_eval)
+            backend = RunpodTrain(
+                train,
+                config.artifacts.root,
+                config.budget,
+                self.runs,
+                self.provider,
+                self.clock,
+                self.ledger,
+                pod_eval=pod_eval,
+                reap_schedule=self.reap_schedule,
+            )
             accepting = backend._run_accepting(run_id) if not final else False
             for pod in run_pods:
                 assignment = backend.store.read_model(backend.store.assignment_path(pod.name), PodAssignment)
