@@ -27,7 +27,7 @@ from metarl.learning.data_families import family_for
 from metarl.learning.eval_secret import add_artifacts_argument, install_eval_secret
 from metarl.learning.families import FAMILIES, TaskFamily, generate_dataset, get_family
 from metarl.learning.grpo import LocalTrainConfig, train
-from metarl.learning.models import BASE_MODELS, build_info, ensure_base_model
+from metarl.learning.models import BASE_MODELS, build_info, enabled_families, ensure_base_model
 from metarl.learning.presets import bad_config, sensible_config
 from metarl.learning.scoring import EvalScore, score_checkpoint
 from metarl.runconfig import load_task_spec
@@ -135,6 +135,11 @@ def resolve_families(text: str) -> list[TaskFamily]:
     return [resolve_family(entry.strip()) for entry in text.split(",") if entry.strip()]
 
 
+def pretraining_families(families: list[TaskFamily]) -> dict[str, TaskFamily]:
+    """The families the bench's base models are built for: the enabled ones plus every family benchmarked."""
+    return {**enabled_families(), **{family.name: family for family in families}}
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[BenchRow] = []
     for model in models:
         started = time.monotonic()
-        base_dir = ensure_base_model(model, args.cache_dir)
+        base_dir = ensure_base_model(model, args.cache_dir, families=pretraining_families(families))
         info = build_info(base_dir)
         print(
             f"# {model}: {info['parameters']:,} parameters, built in {info['build_seconds']} s (ready after {time.monotonic() - started:.1f} s), {base_dir}",
@@ -172,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(TABLE_HEADER, flush=True)
     for model in models:
-        base_dir = ensure_base_model(model, args.cache_dir)
+        base_dir = ensure_base_model(model, args.cache_dir, families=pretraining_families(families))
         for family in families:
             row = bench_row(model, family, base_dir, eval_n, args.quick, args.seed)
             rows.append(row)
