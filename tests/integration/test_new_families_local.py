@@ -146,7 +146,7 @@ def test_new_families_run_through_the_local_loop(
 
     with session_scope(pg_url) as session:
         assert session.get(Run, run_id).status == RunStatus.finished
-        assert_exactly_once(session, run_id, tmp_path / "artifacts")
+        assert_exactly_once(session, run_id)  # inner jobs on the local backend: no simulated cloud to compare
         attempts = session.execute(select(ProbeAttempt).join(Episode, Episode.id == ProbeAttempt.episode_id).where(Episode.run_id == run_id)).scalars().all()
         assert attempts and all(attempt.agent_backend == "local" and attempt.policy_tokens for attempt in attempts)
         done_tasks: dict[str, int] = {}
