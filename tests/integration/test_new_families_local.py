@@ -145,7 +145,8 @@ def test_new_families_run_through_the_local_loop(
     run_id = re.search(r"run ([0-9a-f\-]{36})", done.stdout).group(1)  # type: ignore[union-attr]
 
     with session_scope(pg_url) as session:
-        assert session.get(Run, run_id).status == RunStatus.finished
+        run = session.get(Run, run_id)
+        assert run is not None and run.status == RunStatus.finished
         assert_exactly_once(session, run_id)  # inner jobs on the local backend: no simulated cloud to compare
         attempts = session.execute(select(ProbeAttempt).join(Episode, Episode.id == ProbeAttempt.episode_id).where(Episode.run_id == run_id)).scalars().all()
         assert attempts and all(attempt.agent_backend == "local" and attempt.policy_tokens for attempt in attempts)
