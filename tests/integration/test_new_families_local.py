@@ -179,7 +179,8 @@ def test_new_families_run_through_the_local_loop(
     assert report.returncode == 0, report.stderr[-3000:]
 
     secret_file = tmp_path / "artifacts" / SECRET_FILE
-    assert any((tmp_path / "artifacts" / "workspaces").rglob("job.toml")), "the local agent wrote no workspace"
+    workspaces = tmp_path / "artifacts" / "workspaces"
+    assert any(workspaces.rglob("job.toml")) and any(workspaces.rglob("transcript.jsonl")), "no workspace or transcript to search"
     assert_secret_stays_put(tmp_path, secret_file, pg_url)
     leaked = files_with_prompts(tmp_path / "artifacts", hidden_prompts(specs, secret_file.read_text().strip().encode()))
     assert leaked == [], f"hidden-eval prompts in files the run wrote: {leaked}"
