@@ -4,6 +4,11 @@ For every (base model, family) it prints the base score, the score after the sen
 the score after a deliberately bad config (learning rate far too high), and wall seconds.
 
     python -m bench.inner_jobs [--families addition,sorting] [--models local-s,local-l] [--quick]
+    python -m bench.inner_jobs --families examples/families/increment/increment.toml --models local-s
+
+A ``--families`` entry is a registered family's name or the path of a task spec file (a family
+defined by files, see examples/families/); base models are built for the built-in families plus
+every family named.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from metarl.learning.data_families import family_for
 from metarl.learning.eval_secret import add_artifacts_argument, install_eval_secret
-from metarl.learning.families import FAMILIES, generate_dataset, get_family
+from metarl.learning.families import FAMILIES, TaskFamily, generate_dataset, get_family
 from metarl.learning.grpo import LocalTrainConfig, train
-from metarl.learning.models import BASE_MODELS, build_info, ensure_base_model
+from metarl.learning.models import BASE_MODELS, build_info, enabled_families, ensure_base_model
 from metarl.learning.presets import bad_config, sensible_config
 from metarl.learning.scoring import EvalScore, score_checkpoint
+from metarl.runconfig import load_task_spec
+from schemas.base import ConfigError
 
 TRAIN_ITEMS = 1000
 QUICK_MAX_STEPS = 60
@@ -48,9 +56,8 @@ class BenchRow(BaseModel):
     bad: JobResult = Field(description="Result of the bad config.")
 
 
-def run_job(config: LocalTrainConfig, family_name: str, base_dir: Path, eval_n: int, seed: int) -> JobResult:
+def run_job(config: LocalTrainConfig, family: TaskFamily, base_dir: Path, eval_n: int, seed: int) -> JobResult:
     """Train one config on a fresh training set and score the checkpoint on the hidden eval."""
-    family = get_family(family_name)
     dataset = generate_dataset(family, TRAIN_ITEMS, seed=seed, difficulty=(0.0, 1.0))
     out_dir = Path(tempfile.mkdtemp(prefix="metarl-bench-"))
     try:
@@ -63,9 +70,8 @@ def run_job(config: LocalTrainConfig, family_name: str, base_dir: Path, eval_n: 
     return JobResult(score=score, steps=outcome.steps_completed, wall_s=round(wall, 1))
 
 
-def bench_row(model: str, family_name: str, base_dir: Path, eval_n: int, quick: bool, seed: int) -> BenchRow:
+def bench_row(model: str, family: TaskFamily, base_dir: Path, eval_n: int, quick: bool, seed: int) -> BenchRow:
     """Base score plus one sensible and one bad job for a (model, family) pair."""
-    family = get_family(family_name)
     base = score_checkpoint(base_dir, family, family.hidden_eval(eval_n))
     sensible = sensible_config(model, family, seed=seed)
     bad = bad_config(model, family, seed=seed)
@@ -74,10 +80,10 @@ def bench_row(model: str, family_name: str, base_dir: Path, eval_n: int, quick: 
         bad = bad.model_copy(update={"max_steps": QUICK_MAX_STEPS})
     return BenchRow(
         model=model,
-        family=family_name,
+        family=family.name,
         base=base,
-        sensible=run_job(sensible, family_name, base_dir, eval_n, seed),
-        bad=run_job(bad, family_name, base_dir, eval_n, seed),
+        sensible=run_job(sensible, family, base_dir, eval_n, seed),
+        bad=run_job(bad, family, base_dir, eval_n, seed),
     )
 
 
@@ -117,10 +123,27 @@ def summarize(rows: list[BenchRow]) -> list[str]:
     return lines
 
 
+def resolve_family(entry: str) -> TaskFamily:
+    """The family of one ``--families`` entry: a task spec file (``*.toml``, checked with its data) or a registered name."""
+    if entry.endswith(".toml") or Path(entry).is_file():
+        return family_for(load_task_spec(Path(entry)))
+    return get_family(entry)
+
+
+def resolve_families(text: str) -> list[TaskFamily]:
+    """The families of a comma-separated ``--families`` value, in order (ConfigError for a bad spec, KeyError for an unknown name)."""
+    return [resolve_family(entry.strip()) for entry in text.split(",") if entry.strip()]
+
+
+def pretraining_families(families: list[TaskFamily]) -> dict[str, TaskFamily]:
+    """The families the bench's base models are built for: the enabled ones plus every family benchmarked."""
+    return {**enabled_families(), **{family.name: family for family in families}}
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated family names")
+    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated family names or task spec files")
     parser.add_argument("--models", default=None, help="comma-separated base models (default: local-s,local-l)")
     parser.add_argument("--quick", action="store_true", help=f"local-s only, {QUICK_MAX_STEPS} steps, 100 eval items")
     parser.add_argument("--eval-n", type=int, default=None, help="hidden-eval items per family (default 200)")
@@ -135,14 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     install_eval_secret(args.artifacts)
-    families = [get_family(name.strip()).name for name in args.families.split(",") if name.strip()]
+    try:
+        families = resolve_families(args.families)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     default_models = "local-s" if args.quick else ",".join(BASE_MODELS)
     models = [name.strip() for name in (args.models or default_models).split(",") if name.strip()]
     eval_n = args.eval_n or (100 if args.quick else 200)
     rows: list[BenchRow] = []
     for model in models:
         started = time.monotonic()
-        base_dir = ensure_base_model(model, args.cache_dir)
+        base_dir = ensure_base_model(model, args.cache_dir, families=pretraining_families(families))
         info = build_info(base_dir)
         print(
             f"# {model}: {info['parameters']:,} parameters, built in {info['build_seconds']} s (ready after {time.monotonic() - started:.1f} s), {base_dir}",
@@ -150,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(TABLE_HEADER, flush=True)
     for model in models:
-        base_dir = ensure_base_model(model, args.cache_dir)
+        base_dir = ensure_base_model(model, args.cache_dir, families=pretraining_families(families))
         for family in families:
             row = bench_row(model, family, base_dir, eval_n, args.quick, args.seed)
             rows.append(row)

@@ -25,6 +25,19 @@ def test_the_partition_and_the_hidden_eval_differ_between_secrets() -> None:
     assert family.hidden_eval(50, 1, SECRET_A) == family.hidden_eval(50, 1, SECRET_A)
 
 
+def test_without_a_secret_no_held_back_item_can_be_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(eval_secret.EVAL_SECRET_ENV, raising=False)
+    monkeypatch.delenv(eval_secret.EVAL_SECRET_FILE_ENV, raising=False)
+    monkeypatch.setattr(eval_secret, "_installed", [])
+    family = get_family("addition")
+    with pytest.raises(eval_secret.EvalSecretMissing):
+        in_eval_partition("addition", "3+4")
+    with pytest.raises(eval_secret.EvalSecretMissing):
+        family.hidden_eval(10)
+    with pytest.raises(eval_secret.EvalSecretMissing):
+        family.is_hidden_eval_item("add 3+4=")
+
+
 def test_the_secret_file_is_created_once_with_owner_only_access(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(eval_secret.EVAL_SECRET_ENV, raising=False)
     monkeypatch.delenv(eval_secret.EVAL_SECRET_FILE_ENV, raising=False)

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from bench.inner_jobs import BenchRow, JobResult, format_row, parse_args, summarize
+from pathlib import Path
+
+import pytest
+
+from bench.inner_jobs import BenchRow, JobResult, format_row, parse_args, resolve_families, summarize
+from metarl.learning.data_families import DataFamily
 from metarl.learning.families import get_family
 from metarl.learning.presets import BAD_LEARNING_RATE, bad_config, sensible_config
 from metarl.learning.scoring import EvalScore
+from schemas.base import ConfigError
+
+EXAMPLE_SPEC = Path(__file__).resolve().parents[2] / "examples" / "families" / "increment" / "increment.toml"
 
 
 def score(mean: float) -> EvalScore:
@@ -54,3 +62,16 @@ def test_presets_differ_in_the_intended_knobs() -> None:
     assert small.max_tokens == family.max_answer_chars + 1
     bad = bad_config("local-s", family)
     assert bad.learning_rate == BAD_LEARNING_RATE and bad.group_size == small.group_size
+
+
+def test_families_are_named_or_given_as_spec_files(tmp_path: Path) -> None:
+    named, from_file = resolve_families(f"addition, {EXAMPLE_SPEC}")
+    assert named is get_family("addition")
+    assert isinstance(from_file, DataFamily) and from_file.name == "increment" and from_file.grader["kind"] == "right_aligned_digits"
+    broken = tmp_path / "increment.toml"
+    broken.write_text(EXAMPLE_SPEC.read_text())  # its data files are not beside it
+    with pytest.raises(ConfigError) as raised:
+        resolve_families(str(broken))
+    assert {problem.field for problem in raised.value.problems} == {"items.pool", "hidden_eval.path"}
+    with pytest.raises(KeyError):
+        resolve_families("no_such_family")
