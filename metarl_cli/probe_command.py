@@ -41,6 +41,10 @@ def add_parser(sub: Any) -> None:
     probe.add_argument("--config", type=Path, help="run config: its task specs, its train backend's compile check and its [sandbox] min_isolation")
     probe.add_argument("--seed", type=int, default=0, help="episode seed: picks the sample items the reward is checked on (default 0)")
     probe.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    probe.add_argument(
+        "--artifacts",
+        help="artifacts root whose hidden-eval secret the contamination check uses (default: the run config's, else .metarl/artifacts; METARL_EVAL_SECRET wins)",
+    )
 
 
 def _usage(message: str) -> int:
@@ -48,10 +52,10 @@ def _usage(message: str) -> int:
     return EXIT_USAGE
 
 
-def load_task(task: str, config_path: Path | None) -> tuple[Any, list[Any], str, Literal["process", "full"]]:
-    """(task spec, backend checks, their name, min_isolation) for the arguments; ConfigError on a bad file."""
-    from schemas.base import ConfigError, FieldProblem, load_toml_model
-    from schemas.task_spec import TaskSpec
+def load_task(task: str, config_path: Path | None) -> tuple[Any, list[Any], str, Literal["process", "full"], str | None]:
+    """(task spec, backend checks, their name, min_isolation, the run's artifacts root) for the arguments; ConfigError on a bad file."""
+    from metarl.runconfig import load_task_spec
+    from schemas.base import ConfigError, FieldProblem
 
     checks: list[Any] = []
     check_name = "none"
@@ -63,7 +67,7 @@ def load_task(task: str, config_path: Path | None) -> tuple[Any, list[Any], str,
         config, specs = load_run(config_path)
         checks, check_name, minimum = registry.probe_checks(config), config.backends.train.type, config.sandbox.min_isolation
         if task in specs:
-            return specs[task], checks, check_name, minimum
+            return specs[task], checks, check_name, minimum, config.artifacts.root
         folder = (Path(config_path).parent / config.run.task_specs_dir).resolve()
     else:
         folder = REPO_TASK_SPECS
@@ -73,11 +77,12 @@ def load_task(task: str, config_path: Path | None) -> tuple[Any, list[Any], str,
             str(path),
             [FieldProblem(field="--task", message=f"no task spec {path}", fix=f"use a task id with a spec in {folder}, or a path to a .toml task spec")],
         )
-    return load_toml_model(TaskSpec, path), checks, check_name, minimum
+    return load_task_spec(path), checks, check_name, minimum, (config.artifacts.root if config_path is not None else None)
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
     """Run the probe on ``args.folder``; print the verdict; 0 valid, 1 refused, 2 unusable input or isolation."""
+    from metarl.learning.eval_secret import DEFAULT_TOOL_ARTIFACTS, EvalSecretMissing, install_eval_secret
     from metarl.sandbox import IsolationUnavailable, SandboxLimits, SandboxUnavailable
     from metarl.workspace_probe import probe_workspace
     from schemas.base import ConfigError
@@ -88,8 +93,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if not 0 <= args.seed < 2**63:
         return _usage("--seed must be between 0 and 2**63 - 1")
     try:
-        task, checks, check_name, minimum = load_task(args.task, args.config)
+        task, checks, check_name, minimum, run_artifacts = load_task(args.task, args.config)
+        install_eval_secret(args.artifacts or run_artifacts or DEFAULT_TOOL_ARTIFACTS)
     except ConfigError as err:
+        return _usage(str(err))
+    except EvalSecretMissing as err:
         return _usage(str(err))
     started = time.perf_counter()
     try:

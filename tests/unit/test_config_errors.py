@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metarl.probe import ProbeVerdict, probe_job_text
-from metarl.runconfig import load_run
+from metarl.runconfig import load_run, load_task_spec
 from schemas.base import MAX_TOML_BYTES, MAX_TOML_DEPTH, ConfigError, load_toml_model, parse_toml_text, validate_model
 from schemas.job import JobSpec
 from schemas.run_config import RunConfig
@@ -144,6 +144,9 @@ def test_every_shipped_example_loads() -> None:
     for path in paths:
         if path.name == "job.toml":
             load_toml_model(JobSpec, path)
+            continue
+        if "families" in path.relative_to(REPO / "examples").parts:
+            assert load_task_spec(path).id == path.stem  # a family from files: its task spec
             continue
         config, specs = load_run(path)
         assert set(specs) == set(config.run.tasks)

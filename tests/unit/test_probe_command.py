@@ -29,7 +29,8 @@ WITHOUT_BUBBLEWRAP = (
 
 
 def env() -> dict[str, str]:
-    return {key: value for key, value in os.environ.items() if not key.startswith("METARL_")}
+    """The environment without metarl's settings, but with the hidden-eval secret the test datasets were drawn under."""
+    return {key: value for key, value in os.environ.items() if not key.startswith("METARL_") or key == "METARL_EVAL_SECRET"}
 
 
 @pytest.fixture
@@ -139,3 +140,12 @@ def test_unknown_isolation_level_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as bad:
         load_toml_model(RunConfig, config)
     assert "sandbox.min_isolation" in str(bad.value) and "'full'" in str(bad.value)
+
+
+def test_without_a_secret_in_the_environment_the_probe_keys_its_checks_by_the_artifacts_roots_secret(files: Path, tmp_path: Path) -> None:
+    bare = {key: value for key, value in env().items() if key != "METARL_EVAL_SECRET"}
+    result = metarl_cli(["probe", str(files), "--task", "addition", "--json", "--artifacts", str(tmp_path / "artifacts")], bare, timeout=120)
+    assert result.returncode in (0, 1), result.stderr  # a verdict (the dataset was drawn under another secret), not a usage error
+    secret_file = tmp_path / "artifacts" / "secrets" / "eval_partition.key"
+    assert secret_file.is_file() and secret_file.stat().st_mode & 0o777 == 0o600
+    assert secret_file.read_text(encoding="utf-8").strip() not in result.stdout + result.stderr
