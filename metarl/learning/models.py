@@ -22,7 +22,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -236,7 +236,7 @@ def family_sample(family: TaskFamily, n: int = FINGERPRINT_ITEMS) -> list[Exampl
     return [family.generate(rng, index / max(1, n - 1)) for index in range(n)]
 
 
-def family_content_digest(family: TaskFamily) -> str:
+def family_content_digest(family: TaskFamily, sample: Sequence[Example] | None = None) -> str:
     """Digest of what a family is to a model: name, description, answer limit and a deterministic sample of its items.
 
     A family may also define ``content_digest() -> str`` (for example a hash of its spec and data
@@ -250,7 +250,7 @@ def family_content_digest(family: TaskFamily) -> str:
     if callable(own_digest):
         digest.update(str(own_digest()).encode())
         digest.update(b"\x1f")
-    for example in family_sample(family):
+    for example in family_sample(family) if sample is None else sample:
         digest.update(f"{example.prompt}\x1f{example.answer}\x1e".encode())
     return digest.hexdigest()[:16]
 
@@ -259,9 +259,10 @@ def family_set_content(families: Mapping[str, TaskFamily]) -> FamilySetContent:
     """The content of a family set: each family's digest, and whether its sampled items need the byte fallback."""
     if not families:
         raise ValueError("a base model needs at least one task family")
-    texts = [text for family in families.values() for example in family_sample(family) for text in (example.prompt, example.answer)]
+    samples = {name: family_sample(family) for name, family in families.items()}
+    texts = [text for sample in samples.values() for example in sample for text in (example.prompt, example.answer)]
     return FamilySetContent(
-        digests={name: family_content_digest(family) for name, family in sorted(families.items())},
+        digests={name: family_content_digest(family, samples[name]) for name, family in sorted(families.items())},
         byte_fallback=needs_byte_fallback(texts),
     )
 
