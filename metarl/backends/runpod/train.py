@@ -48,7 +48,7 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -67,6 +67,14 @@ from schemas.states import ENDED_RUN_STATUSES, RunStatus
 from schemas.task_spec import TaskSpec
 
 log = logging.getLogger("metarl.runpod")
+
+
+class JobUrls(TypedDict):
+    """Where a pod reads its job bundle and writes its results."""
+
+    job_url: str
+    result_url: str
+
 
 NAME_PREFIX = "metarl-"
 POOL_LOCK_KEY = int.from_bytes(hashlib.sha256(b"metarl-runpod-pool").digest()[:7], "big")
@@ -746,8 +754,7 @@ class RunpodTrain:
                     pod_name=name,
                     seq=seq,
                     job_name=job_name,
-                    job_url=self._urls(job_name, attempt_dir)["job_url"],
-                    result_url=self._urls(job_name, attempt_dir)["result_url"],
+                    **self._urls(job_name, attempt_dir),
                     assigned_at=self.clock(),
                     eval_on_pod=self.pod_eval is not None,
                 ),
@@ -757,8 +764,8 @@ class RunpodTrain:
         self.store.write_model(pointer_path, AttemptPointer(pod_name=name, pod_id=pod.pod_id))
         return self._state_for(job_name, attempt, pod, prior_usd, restarts, 0)
 
-    def _urls(self, job_name: str, attempt_dir: str) -> dict[str, str]:
-        return {"job_url": self.store.uri(self.bundle_path(job_name)), "result_url": self.store.uri(attempt_dir)}
+    def _urls(self, job_name: str, attempt_dir: str) -> JobUrls:
+        return JobUrls(job_url=self.store.uri(self.bundle_path(job_name)), result_url=self.store.uri(attempt_dir))
 
     def _launch_request(self, name: str, job_name: str, attempt_dir: str) -> LaunchRequest:
         urls = self._urls(job_name, attempt_dir)
