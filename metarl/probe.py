@@ -30,7 +30,7 @@ class ProbeVerdict(BaseModel):
 
 
 def semantic_problems(job: JobSpec, task: TaskSpec) -> list[FieldProblem]:
-    """Checks that need the task: allowed models, divisibility, compute budget, dataset size."""
+    """Checks that need the task: allowed models, divisibility, compute budget, dataset size and difficulty."""
     problems: list[FieldProblem] = []
     if job.model.name not in task.budget.allowed_models:
         problems.append(
@@ -59,6 +59,15 @@ def semantic_problems(job: JobSpec, task: TaskSpec) -> list[FieldProblem]:
                 field="dataset.size",
                 message=f"{job.dataset.size} examples is outside [{task.data.min_dataset_size}, {task.data.max_dataset_size}]",
                 fix=f"use between {task.data.min_dataset_size} and {task.data.max_dataset_size} examples",
+            )
+        )
+    if not task.data.allows_difficulty(job.dataset.difficulty):
+        low, high = task.data.difficulty_range
+        problems.append(
+            FieldProblem(
+                field="dataset.difficulty",
+                message=f"difficulty {job.dataset.difficulty:g} is outside the task's declared range [{low:g}, {high:g}]",
+                fix=f"use a difficulty between {low:g} and {high:g}",
             )
         )
     return problems

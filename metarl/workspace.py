@@ -539,6 +539,7 @@ def render_task_md(task: TaskSpec, feedback: Sequence[FieldProblem] = (), limits
         f"- rollout budget: max_steps x batch_size x rollout.max_tokens <= {budget.max_rollout_tokens}",
         f"- training time: at most {budget.max_train_seconds if train_seconds is None else train_seconds:g} seconds",
         f"- dataset: between {task.data.min_dataset_size} and {task.data.max_dataset_size} items",
+        f"- difficulty (job.toml `[dataset] difficulty`): between {task.data.difficulty_range[0]:g} and {task.data.difficulty_range[1]:g}",
         "- the hidden evaluation counts an answer only when it is exactly right (surrounding whitespace ignored)",
         "",
         "## Files to write",

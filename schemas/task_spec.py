@@ -67,6 +67,9 @@ class TaskData(StrictModel):
 
     min_dataset_size: int = Field(default=16, ge=1, le=1_000_000, description="Smallest dataset a job may ship")
     max_dataset_size: int = Field(default=20000, ge=1, le=1_000_000, description="Largest dataset a job may ship")
+    difficulty_range: tuple[float, float] = Field(
+        default=(0.0, 1.0), description="Lowest and highest generator difficulty a job may ask for (job.toml `[dataset] difficulty`), within [0, 1]"
+    )
 
     @field_validator("max_dataset_size")
     @classmethod
@@ -77,6 +80,30 @@ class TaskData(StrictModel):
                 "dataset_size_range", "max_dataset_size {max} is below min_dataset_size {min}: no dataset size is allowed", {"max": value, "min": smallest}
             )
         return value
+
+    @field_validator("difficulty_range", mode="before")
+    @classmethod
+    def _pair_from_list(cls, value: object) -> object:
+        if not isinstance(value, list | tuple) or len(value) != 2:
+            raise PydanticCustomError(
+                "difficulty_range", "difficulty_range must be two numbers [low, high], for example [0.0, 0.5]; got {value}", {"value": value}
+            )
+        return tuple(value)
+
+    @field_validator("difficulty_range")
+    @classmethod
+    def _ordered_unit_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        low, high = value
+        if not 0.0 <= low <= high <= 1.0:
+            raise PydanticCustomError(
+                "difficulty_range", "difficulty_range [{low}, {high}] must satisfy 0 <= low <= high <= 1, for example [0.0, 0.5]", {"low": low, "high": high}
+            )
+        return value
+
+    def allows_difficulty(self, difficulty: float) -> bool:
+        """True when a job may ask for ``difficulty``."""
+        low, high = self.difficulty_range
+        return low <= difficulty <= high
 
 
 class HiddenEval(StrictModel):

@@ -37,8 +37,18 @@ def task_examples(task: TaskSpec, n: int = FEATURE_SAMPLE_ITEMS) -> list[tuple[s
     return examples
 
 
-def task_features(task: TaskSpec, difficulty_range: tuple[float, float] = (0.0, 1.0)) -> FamilyFeatures:
-    """The features the local policy sees for ``task``: its grader's kind as the spec's ``[grader]`` names it (a
-    registered family's own grader otherwise), its examples, its description."""
-    grader_kind = task.grader.kind if task.grader is not None else DEFAULT_GRADER_KIND
-    return family_features(task.public.description, grader_kind, difficulty_range, task_examples(task))
+def task_grader_kind(task: TaskSpec) -> str:
+    """The kind of the task's grader: the spec's ``[grader]``, else its registered family's own, else DEFAULT_GRADER_KIND."""
+    if task.grader is not None:
+        return task.grader.kind
+    try:
+        family = family_for(task)
+    except KeyError:
+        return DEFAULT_GRADER_KIND
+    return str(family.grader.get("kind") or DEFAULT_GRADER_KIND)
+
+
+def task_features(task: TaskSpec) -> FamilyFeatures:
+    """The features the local policy sees for ``task``: its grader's kind, its declared difficulty range
+    (``[data] difficulty_range``), its examples and its description."""
+    return family_features(task.public.description, task_grader_kind(task), task.data.difficulty_range, task_examples(task))

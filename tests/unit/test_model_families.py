@@ -8,7 +8,7 @@ from metarl.backends.local.train import LocalEval
 from metarl.learning.data_families import model_families
 from metarl.learning.families import FAMILIES
 from metarl.policy.job_language import TOKEN_ID, context_for_task
-from metarl.policy.task_features import task_features
+from metarl.policy.task_features import task_features, task_grader_kind
 from metarl.runconfig import load_task_spec
 from schemas.run_config import LocalEvalBackend
 
@@ -42,3 +42,13 @@ def test_the_policy_sees_the_specs_grader_kind_and_examples_of_a_data_defined_fa
     assert features.answer_type == "letters"
     tokens = context_for_task(capitals, 1, ())
     assert all(0 <= token < len(TOKEN_ID) for token in tokens) and len(tokens) == len(context_for_task(load_task_spec(ADDITION), 1, ()))
+
+
+def test_the_policy_sees_the_declared_difficulty_range_and_the_registered_familys_grader_kind() -> None:
+    addition = load_task_spec(ADDITION)
+    narrow = addition.model_copy(update={"data": addition.data.model_copy(update={"difficulty_range": (0.0, 0.25)})})
+    assert (task_features(narrow).difficulty_low, task_features(narrow).difficulty_high) == (0, 1)
+    assert (task_features(addition).difficulty_low, task_features(addition).difficulty_high) == (0, 4)
+    assert task_grader_kind(addition) == "right_aligned_digits"
+    assert task_grader_kind(load_task_spec(REPO / "tasks_specs" / "sorting.toml")) == "positional"
+    assert task_grader_kind(load_task_spec(CAPITALS)) == load_task_spec(CAPITALS).grader.kind  # type: ignore[union-attr]

@@ -177,12 +177,12 @@ def test_feedback_fields_map_to_feedback_tokens():
 
 
 CAESAR = load_toml_model(TaskSpec, REPO / "tasks_specs" / "caesar.toml")
-FEATURES = "ans=digits alen<=4 plen<=16 grader=1 dlo=0.0 dhi=1.0 desc=7"
+FEATURES = "ans=digits alen<=4 plen<=16 grader=4 dlo=0.0 dhi=1.0 desc=7"
 """The feature tokens of tasks_specs/addition.toml."""
 
 
 def test_context_tokens_hold_features_attempt_and_deduplicated_feedback():
-    assert jl.format_tokens(jl.context_for_task(CAESAR)) == "<bos> ans=letters alen<=4 plen<=16 grader=1 dlo=0.0 dhi=1.0 desc=2 attempt=1 fb=none <sep>"
+    assert jl.format_tokens(jl.context_for_task(CAESAR)) == "<bos> ans=letters alen<=4 plen<=16 grader=7 dlo=0.0 dhi=1.0 desc=2 attempt=1 fb=none <sep>"
     feedback = [
         FieldProblem(field="training.batch_size", message="m", fix="f"),
         FieldProblem(field="model.name", message="m", fix="f"),

@@ -72,3 +72,14 @@ def test_sim_example_runs_on_the_simulator_and_quickstart_and_local_example_on_t
     for name in ("quickstart.toml", "local.toml"):
         local, _ = load_run(REPO / "examples" / name)
         assert {local.backends.agent.type, local.backends.train.type, local.backends.eval.type, local.backends.outer.type} == {"local"}
+
+
+def test_a_difficulty_outside_the_declared_range_is_rejected_with_the_range() -> None:
+    narrow = TASK.model_copy(update={"data": TASK.data.model_copy(update={"difficulty_range": (0.0, 0.25)})})
+    plain = job(batch_size=32, group_size=8)
+    easy = plain.model_copy(update={"dataset": plain.dataset.model_copy(update={"difficulty": 0.25})})
+    assert probe_job_text(dump_toml_model(easy), narrow).passed
+    verdict = probe_job_text(dump_toml_model(job(batch_size=32, group_size=8)), narrow)
+    assert [problem.field for problem in verdict.errors] == ["dataset.difficulty"]
+    assert "[0, 0.25]" in verdict.errors[0].message and "between 0 and 0.25" in verdict.errors[0].fix
+    assert probe_job_text(dump_toml_model(job(batch_size=32, group_size=8)), TASK).passed

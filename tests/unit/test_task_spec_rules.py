@@ -132,3 +132,20 @@ def test_a_description_keeps_newlines_and_tabs_and_task_md_has_no_removed_field_
     assert "\tExample" in text and "Ünïcödé" in text
     assert "partial credit" not in text and "exactly right" in text
     assert all(ch.isprintable() or ch in "\n\t" for ch in text)
+
+
+@pytest.mark.parametrize("bounds", [[0.6, 0.2], [-0.1, 0.5], [0.0, 1.5], [0.5], 0.5])
+def test_a_difficulty_range_out_of_order_or_outside_the_unit_interval_names_the_field(tmp_path: Path, bounds: object) -> None:
+    data = spec_dict()
+    data["data"]["difficulty_range"] = bounds
+    error, problem = only_problem(write_spec(tmp_path, data))
+    assert problem.field == "data.difficulty_range"
+    assert ("0 <= low <= high <= 1" in problem.message or "two numbers [low, high]" in problem.message) and str(tmp_path) in error.render()
+
+
+def test_the_declared_difficulty_range_reaches_task_md(tmp_path: Path) -> None:
+    data = spec_dict()
+    data["data"]["difficulty_range"] = [0.0, 0.5]
+    task = load_toml_model(TaskSpec, write_spec(tmp_path, data))
+    assert task.data.difficulty_range == (0.0, 0.5)
+    assert "between 0 and 0.5" in render_task_md(task)
