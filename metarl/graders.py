@@ -1,6 +1,6 @@
 """The task families' graders, defined once: partial credit, exact match, the format check and the length penalty.
 
-Standard library only (``re``, ``math``), and no import of metarl: the same file runs in three places.
+Standard library only (``re``, ``math``, ``sys``), and no import of metarl: the same file runs in three places.
 
 - In metarl, :mod:`metarl.learning.families` grades with it (training rewards, hidden evals).
 - In the sandbox (:mod:`metarl.sandbox`) it is importable by an environment module as ``metarl_graders``:
@@ -10,18 +10,28 @@ Standard library only (``re``, ``math``), and no import of metarl: the same file
   (:func:`metarl.backends.runpod.primerl.compiler.package_files`) and its ``__init__`` makes it
   importable as ``metarl_graders`` before the agent's module is imported.
 
-A grader is data: a plain mapping with a ``kind`` (one of :data:`GRADER_KINDS`) and its options,
-validated by the models of :mod:`schemas.graders` (a task spec's ``[grader]`` table). The six
-built-in families' graders are such mappings (:data:`BUILTIN_GRADERS`), so a family defined by
+A grader is data: a plain mapping with a ``kind`` (one of :data:`GRADER_KINDS`, or :data:`PLUGIN_KIND`)
+and its options, validated by the models of :mod:`schemas.graders` (a task spec's ``[grader]`` table).
+The six built-in families' graders are such mappings (:data:`BUILTIN_GRADERS`), so a family defined by
 files alone grades with the same functions, wherever they run. The local agent's environment module
 (:func:`metarl.backends.local.agent.environment_source`) takes its components from
 :func:`reward_components`, so its reward is the built-in training signal.
+
+Plugin graders: ``{"kind": "plugin", "plugin": NAME, "options": {...}}`` grades with a single-file,
+standard-library-only module that a package registers under the entry-point group
+:data:`PLUGIN_ENTRY_POINT_GROUP` (checked at registration by :mod:`metarl.learning.grader_plugins`).
+This file finds it as the module ``metarl_grader_NAME`` (:func:`plugin_module`): the sandbox runner and
+the pod's environment package load the file under that name beforehand; in metarl's own processes it
+is imported through its entry point on first use. Its ``grade`` must return a number in [0, 1] and its
+``is_exact`` and ``is_well_formed`` a bool; anything else raises :class:`PluginGraderError` (never a
+clamped reward).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,6 +42,24 @@ MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "o
 
 GRADER_KINDS = ("exact", "numeric", "positional", "right_aligned_digits", "unordered_set", "sorted_list", "choice", "regex_extract")
 """Every built-in grader kind (the ``kind`` of a ``[grader]`` table)."""
+
+PLUGIN_KIND = "plugin"
+"""The grader kind that grades with a registered plugin module (``plugin`` names it, ``options`` go to it)."""
+
+PLUGIN_ENTRY_POINT_GROUP = "metarl.graders"
+"""Entry-point group under which a package registers a plugin grader: ``NAME = "package.module"``."""
+
+PLUGIN_MODULE_PREFIX = "metarl_grader_"
+"""A plugin grader called NAME is the module ``metarl_grader_NAME`` (in the sandbox, on the pod and in metarl)."""
+
+PLUGIN_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+"""A plugin grader's name (so that ``metarl_grader_NAME`` is a module name)."""
+
+IMPORT_PLUGINS = True
+"""Whether a plugin grader not yet loaded is imported through its entry point. The sandbox runner and the
+pod's environment package set it to False: there, the plugin graders they loaded are all there is."""
+
+MAX_SHOWN_VALUE_CHARS = 80
 
 DEFAULT_PARTIAL_CREDIT = 0.5
 """Weight of partial credit when the answer is not exact (an exact answer scores 1)."""
@@ -67,6 +95,74 @@ RewardComponent = Callable[[str, str, str], float]
 """A reward component: ``(prompt, completion, answer) -> float``."""
 
 NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
+
+
+class PluginGraderError(ValueError):
+    """A plugin grader that is not installed, or that returned something other than a score or a bool."""
+
+
+def plugin_module_name(name: str) -> str:
+    """The module name a plugin grader is loaded under: ``metarl_grader_NAME``."""
+    return PLUGIN_MODULE_PREFIX + name
+
+
+def plugin_names(grader: Grader) -> list[str]:
+    """The plugin graders a grader mapping uses (its own, or its ``regex_extract`` inner grader's)."""
+    if grader.get("kind") == PLUGIN_KIND:
+        return [str(grader["plugin"])]
+    inner = grader.get("inner")
+    return plugin_names(inner) if isinstance(inner, Mapping) else []
+
+
+def plugin_module(name: str) -> Any:
+    """The plugin grader module called ``name``: ``sys.modules["metarl_grader_NAME"]`` when loaded (the
+    sandbox and the pod load it before any agent code), else imported through its entry point."""
+    loaded = sys.modules.get(plugin_module_name(name))
+    if loaded is not None:
+        return loaded
+    if not IMPORT_PLUGINS:
+        raise PluginGraderError(f"plugin grader {name[:MAX_SHOWN_VALUE_CHARS]!r} is not loaded here: only the registered plugin graders are")
+    return _import_plugin(name)
+
+
+def _import_plugin(name: str) -> Any:
+    """Import the plugin grader ``name`` through its entry point and alias it as ``metarl_grader_NAME`` (metarl's processes)."""
+    if PLUGIN_NAME.fullmatch(name) is None:
+        raise PluginGraderError(f"{name[:MAX_SHOWN_VALUE_CHARS]!r} is not a plugin grader name (lower-case letters, digits and _)")
+    import importlib
+    from importlib.metadata import entry_points
+
+    found = sorted({entry.value for entry in entry_points(group=PLUGIN_ENTRY_POINT_GROUP, name=name)})
+    if not found:
+        raise PluginGraderError(
+            f"no plugin grader {name!r} is installed: install the package that registers it under the entry-point group {PLUGIN_ENTRY_POINT_GROUP!r}"
+        )
+    if len(found) > 1:
+        raise PluginGraderError(f"plugin grader {name!r} is registered by several modules ({', '.join(found)}): uninstall all but one")
+    module = importlib.import_module(found[0])
+    sys.modules[plugin_module_name(name)] = module
+    return module
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN_VALUE_CHARS else text[:MAX_SHOWN_VALUE_CHARS] + "..."
+
+
+def plugin_score(grader: Grader, answer: str, completion: str) -> float:
+    """The plugin's ``grade(answer, completion, options)``, checked: a finite number in [0, 1], else :class:`PluginGraderError`."""
+    value = plugin_module(grader["plugin"]).grade(answer, completion, dict(grader.get("options", {})))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise PluginGraderError(f"plugin grader {grader['plugin']!r}: grade returned {_shown(value)}; it must return a finite number in [0, 1]")
+    return float(value)
+
+
+def plugin_verdict(grader: Grader, function: str, *texts: str) -> bool:
+    """The plugin's ``is_exact`` or ``is_well_formed`` on ``texts`` and the options, checked: a bool, else :class:`PluginGraderError`."""
+    value = getattr(plugin_module(grader["plugin"]), function)(*texts, dict(grader.get("options", {})))
+    if not isinstance(value, bool):
+        raise PluginGraderError(f"plugin grader {grader['plugin']!r}: {function} returned {_shown(value)}; it must return True or False")
+    return value
 
 
 def normalize_completion(completion: str) -> str:
@@ -130,6 +226,8 @@ def is_exact(answer: str, completion: str, grader: Grader | None = None) -> bool
     if grader is None:
         return normalize_completion(completion) == answer
     kind = grader["kind"]
+    if kind == PLUGIN_KIND:
+        return plugin_verdict(grader, "is_exact", answer, completion)
     if kind == "regex_extract":
         text = extracted(grader, completion)
         return text is not None and is_exact(answer, text, grader["inner"])
@@ -146,9 +244,11 @@ def is_exact(answer: str, completion: str, grader: Grader | None = None) -> bool
 
 
 def similarity(family: str | Grader, answer: str, text: str) -> float:
-    """Partial-credit similarity in [0, 1] between the answer and a normalised completion."""
+    """Partial-credit similarity in [0, 1] between the answer and a normalised completion (a plugin's: its grade)."""
     grader = grader_for(family)
     kind = grader["kind"]
+    if kind == PLUGIN_KIND:
+        return plugin_score(grader, answer, text)
     if kind == "right_aligned_digits":
         return right_aligned_similarity(answer, text)
     if kind == "positional":
@@ -173,8 +273,10 @@ def similarity(family: str | Grader, answer: str, text: str) -> float:
 
 
 def grade(family: str | Grader, answer: str, completion: str) -> float:
-    """Score in [0, 1]: 1 for an exact answer, otherwise the grader's ``partial_credit`` share of its similarity."""
+    """Score in [0, 1]: 1 for an exact answer, otherwise the grader's ``partial_credit`` share of its similarity (a plugin's: its grade)."""
     grader = grader_for(family)
+    if grader["kind"] == PLUGIN_KIND:
+        return plugin_score(grader, answer, completion)
     if is_exact(answer, completion, grader):
         return 1.0
     if grader["kind"] in ("exact", "choice"):
@@ -198,6 +300,8 @@ def _charset_ok(charset: str, text: str) -> bool:
 def is_well_formed(family: str | Grader, completion: str) -> bool:
     """True when the completion has the shape of the family's answers (the format reward)."""
     grader = grader_for(family)
+    if grader["kind"] == PLUGIN_KIND:
+        return plugin_verdict(grader, "is_well_formed", completion)
     if grader["kind"] == "regex_extract":
         text = extracted(grader, completion)
         return text is not None and is_well_formed(grader["inner"], text)

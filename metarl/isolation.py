@@ -25,7 +25,9 @@ What the sandboxed process gets (level ``full``):
   interpreter maps (its binary, the shared libraries it loads, found once per process by
   :func:`discover_root`), the standard library (its ``site-packages`` hidden behind an empty
   read-only tmpfs), the runner at ``/sandbox/sandbox_runner.py``, the task families' graders at
-  ``/sandbox/metarl_graders.py`` (:mod:`metarl.graders`, which the runner loads) and the workspace at
+  ``/sandbox/metarl_graders.py`` (:mod:`metarl.graders`, which the runner loads), each registered
+  plugin grader's file at ``/sandbox/metarl_grader_NAME.py`` (:mod:`metarl.learning.grader_plugins`,
+  loaded by the runner too) and the workspace at
   ``/workspace`` (the working directory, read-only: the protocol needs no writes); a private
   ``/tmp`` tmpfs of ``tmp_bytes``; a minimal read-only ``/dev`` (null, zero, full, random,
   urandom, tty, a private pts); no ``/etc`` at all, no host ``/tmp``, ``/home``, ``/run``, no
@@ -52,11 +54,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from metarl import seccomp
-from metarl.graders import GRADERS_MODULE
+from metarl.graders import GRADERS_MODULE, plugin_module_name
 
 IsolationLevel = Literal["process", "full"]
 LEVELS: tuple[IsolationLevel, ...] = ("process", "full")
@@ -252,9 +255,12 @@ def bwrap_command(
     seccomp_fd: int,
     argv: list[str],
     graders: str | None = None,
+    plugin_graders: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The full command line that runs ``argv`` (see :func:`runner_argv`) in the sandbox (pure); ``graders``, when
-    given, is the host path of the graders file, bound read-only at :data:`SANDBOX_GRADERS`."""
+    given, is the host path of the graders file, bound read-only at :data:`SANDBOX_GRADERS`, and
+    ``plugin_graders`` the host paths of plugin grader files by name, each bound read-only at
+    :func:`sandbox_plugin_path`."""
     command = [
         bwrap,
         "--unshare-pid",
@@ -288,6 +294,8 @@ def bwrap_command(
     command += ["--ro-bind", runner, SANDBOX_RUNNER]
     if graders is not None:
         command += ["--ro-bind", graders, SANDBOX_GRADERS]
+    for name, path in sorted((plugin_graders or {}).items()):
+        command += ["--ro-bind", path, sandbox_plugin_path(name)]
     command += [
         "--ro-bind", workspace, SANDBOX_WORKSPACE,
         "--proc", "/proc",
@@ -300,6 +308,11 @@ def bwrap_command(
         *argv,
     ]  # fmt: skip
     return command
+
+
+def sandbox_plugin_path(name: str) -> str:
+    """Where the plugin grader ``name``'s file is bound read-only for the runner to load (next to the graders)."""
+    return f"/sandbox/{plugin_module_name(name)}.py"
 
 
 def parent_folders(root: InterpreterRoot) -> list[str]:

@@ -16,11 +16,17 @@ def load_task_spec(path: Path) -> TaskSpec:
     A spec naming an unknown family would pass the schema, start a run and then fail every probe
     (blamed on the agent), so it is a ConfigError naming the file, the field and the families,
     reported together with the schema's problems and every problem of the data files (file, line
-    and field). The returned spec holds the data files' paths resolved against the spec's folder.
+    and field). An installed plugin grader that fails its checks (metarl/learning/grader_plugins.py) is a
+    ConfigError too. The returned spec holds the data files' paths resolved against the spec's folder.
     """
     from metarl.learning.data_families import build_family, resolved_path
+    from metarl.learning.grader_plugins import GraderPluginError, registered_graders
     from metarl.learning.registry import registered_families
 
+    try:
+        registered_graders()  # the sandbox loads every registered plugin grader: a broken one fails every run
+    except GraderPluginError as err:
+        raise ConfigError(str(path), [FieldProblem(field="(installed plugin graders)", message=err.message, fix=err.fix)]) from None
     families = registered_families()
     data = read_toml_file(path)
     family = data.get("family")

@@ -46,7 +46,9 @@ The child (``metarl/sandbox_runner.py``, see its docstring for the order of step
   agent's code (under bubblewrap with only CAP_SETUID/CAP_SETGID to do it);
 - without bubblewrap only: a network namespace, no_new_privs, not dumpable, PR_SET_PDEATHSIG;
 - imports limited to an allowlist of pure stdlib modules, imported before the hook, and the task
-  families' graders (:mod:`metarl.graders`, loaded from their file as ``metarl_graders``);
+  families' graders (:mod:`metarl.graders`, loaded from their file as ``metarl_graders``) with every
+  registered plugin grader (:mod:`metarl.learning.grader_plugins`, each file loaded as
+  ``metarl_grader_NAME``; all of them, so a run needs no task to know which);
 - an audit hook (``sys.addaudithook``) that denies every event not on an allowlist: ``os.fork``,
   ``os.system``, ``os.exec*``, ``os.posix_spawn``, ``os.spawn*``, ``subprocess.Popen``,
   ``socket.*``, ``ctypes.*``, ``os.kill``, ``signal.pthread_kill``, ``resource.setrlimit``, file
@@ -92,6 +94,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from metarl import graders, isolation
 from metarl.errors import MetarlError
 from metarl.isolation import IsolationLevel
+from metarl.learning.grader_plugins import registered_graders
 from metarl.sandbox_runner import ALLOWED_MODULES
 from metarl.workspace import WorkspaceError, WorkspaceLimits, read_workspace_text
 from schemas.base import StrictModel, printable
@@ -260,7 +263,7 @@ def run_calls_in_sandbox(
     limits = limits or SandboxLimits()
     started = time.monotonic()
     host = _host_for(limits)
-    extra = {"bubblewrap": host is not None, "graders": _graders_path(host)}
+    extra = {"bubblewrap": host is not None, "graders": _graders_path(host), "plugin_graders": _plugin_paths(host)}
     prepared = _prepare_request(workspace_dir, module_file, [call.model_dump(mode="json") for call in calls], limits, extra)
     if isinstance(prepared, SandboxResult):
         return prepared
@@ -350,6 +353,17 @@ def _graders_path(host: isolation.HostIsolation | None) -> str:
     return isolation.SANDBOX_GRADERS if host is not None else str(GRADERS)
 
 
+def plugin_grader_files() -> dict[str, str]:
+    """The host path of every registered plugin grader's file, by name (the child loads them all)."""
+    return {name: str(plugin.path) for name, plugin in registered_graders().items()}
+
+
+def _plugin_paths(host: isolation.HostIsolation | None) -> dict[str, str]:
+    """Where the child reads each plugin grader file: bound read-only at ``isolation.sandbox_plugin_path`` under bubblewrap, else in place."""
+    files = plugin_grader_files()
+    return {name: isolation.sandbox_plugin_path(name) for name in files} if host is not None else files
+
+
 def _start_child(host: isolation.HostIsolation | None, workspace: Path, limits: SandboxLimits, *runner_args: str) -> _Launch:
     """Start the sandbox runner on ``workspace``: under bubblewrap (``host``), else as a plain process."""
     if host is not None:
@@ -362,6 +376,7 @@ def _start_child(host: isolation.HostIsolation | None, workspace: Path, limits: 
                 host.root,
                 runner=str(RUNNER),
                 graders=str(GRADERS),
+                plugin_graders=plugin_grader_files(),
                 workspace=str(workspace.absolute()),
                 as_root=as_root,
                 tmp_bytes=limits.tmp_bytes,
@@ -699,7 +714,13 @@ class SandboxSession:
             raise RuntimeError("a sandbox session starts once")
         started = time.monotonic()
         host = _host_for(self.limits)
-        extra = {"die_with_parent": True, "parent_pid": os.getpid(), "bubblewrap": host is not None, "graders": _graders_path(host)}
+        extra = {
+            "die_with_parent": True,
+            "parent_pid": os.getpid(),
+            "bubblewrap": host is not None,
+            "graders": _graders_path(host),
+            "plugin_graders": _plugin_paths(host),
+        }
         prepared = _prepare_request(self.workspace_dir, self.module_file, [], self.limits, extra)
         if isinstance(prepared, SandboxResult):
             self._closed_with = prepared

@@ -9,10 +9,13 @@ Order of events (each step before the agent's code runs):
 1. read the whole request from stdin, then point stdin at /dev/null;
 2. load the task families' graders (``metarl/graders.py``, whose path the request names: under
    bubblewrap it is bound read-only at ``/sandbox/metarl_graders.py``) as the module
-   ``metarl_graders``, then import an allowlist of pure standard-library modules (these and the
-   graders are the only modules the agent's code may import later: every other import is refused,
-   so process, network and FFI extension modules can never be loaded, and behaviour does not
-   depend on whether the stdlib is readable after the privilege drop);
+   ``metarl_graders``, and each plugin grader the request names (``plugin_graders``: name -> path,
+   under bubblewrap ``/sandbox/metarl_grader_NAME.py``) as the module ``metarl_grader_NAME``, then
+   import an allowlist of pure standard-library modules (these and the graders are the only modules
+   the agent's code may import later: every other import is refused, so process, network and FFI
+   extension modules can never be loaded, and behaviour does not depend on whether the stdlib is
+   readable after the privilege drop; a plugin grader imports only allowlisted modules, checked at
+   its registration by metarl/learning/grader_plugins.py);
 3. isolate: a new network namespace (no interfaces but a down loopback) through ``unshare(2)``,
    run as ``nobody`` when started as root (so RLIMIT_NPROC and file permissions apply), set
    ``no_new_privs`` and clear the dumpable flag; each step that the kernel refuses is left out
@@ -57,6 +60,8 @@ MAX_MESSAGE_CHARS = 1000
 READY_LINE = b'{"status": "ready"}\n'
 GRADERS_MODULE = "metarl_graders"
 """The name the graders file is importable under (metarl.graders.GRADERS_MODULE; this runner imports no metarl)."""
+PLUGIN_MODULE_PREFIX = "metarl_grader_"
+"""A plugin grader NAME is loaded as the module ``metarl_grader_NAME`` (metarl.graders.PLUGIN_MODULE_PREFIX)."""
 
 ALLOWED_MODULES = (
     "abc",
@@ -282,16 +287,26 @@ def _drop_privileges(request, applied):
         applied.append(f"uid-{uid}")
 
 
-def _load_graders(path):
-    """Load the graders file at ``path`` as the module ``GRADERS_MODULE`` (before the audit hook: it needs no import)."""
+def _load_module(path, name):
+    """Load the Python file at ``path`` as the module ``name`` (before the audit hook)."""
     import types
 
     with open(path, "rb") as handle:
         source = handle.read()
-    module = types.ModuleType(GRADERS_MODULE)
+    module = types.ModuleType(name)
     module.__file__ = path
-    sys.modules[GRADERS_MODULE] = module
+    sys.modules[name] = module
     exec(compile(source, path, "exec"), module.__dict__)
+    return module
+
+
+def _load_graders(path, plugin_graders):
+    """Load the graders file at ``path`` as ``GRADERS_MODULE`` and each plugin grader (name -> path) as
+    ``metarl_grader_NAME``; the graders then use those plugins only (they import no other)."""
+    graders = _load_module(path, GRADERS_MODULE)
+    for name, plugin_path in sorted(plugin_graders.items()):
+        _load_module(plugin_path, PLUGIN_MODULE_PREFIX + name)
+    graders.IMPORT_PLUGINS = False
 
 
 def _limits(limits, applied):
@@ -578,8 +593,9 @@ def main():
         os.close(devnull)
         workspace = os.path.realpath(os.getcwd())
         graders = request.get("graders")
+        plugin_graders = request.get("plugin_graders") or {}
         if graders is not None:
-            _load_graders(graders)
+            _load_graders(graders, plugin_graders)
         missing = []
         for name in ALLOWED_MODULES:
             try:
@@ -598,7 +614,8 @@ def main():
         if request.get("audit_hook", True):
             applied.append("audit-hook")
             stdlib = os.path.realpath(os.path.dirname(os.__file__))
-            hook = _make_hook(out_fd, [workspace, stdlib, *([graders] if graders is not None else [])], [workspace], dumps(applied))
+            graders_files = [graders, *plugin_graders.values()] if graders is not None else []
+            hook = _make_hook(out_fd, [workspace, stdlib, *graders_files], [workspace], dumps(applied))
         reserve = bytearray(RESERVE_BYTES)
     except BaseException as exc:  # noqa: BLE001 - bootstrap failure: fail closed
         kind, message = _describe(exc)

@@ -23,10 +23,20 @@ def add_parser(sub: Any) -> None:
 
 
 def check_folder(folder: Path) -> tuple[list[str], list[Any]]:
-    """(ids of the valid specs, ConfigErrors of the others) of every ``*.toml`` of ``folder``."""
+    """(ids of the valid specs, ConfigErrors of the others) of every ``*.toml`` of ``folder``; an installed
+    plugin (family or grader) that cannot be used is one ConfigError naming its entry point."""
+    from metarl.learning.grader_plugins import GraderPluginError, registered_graders
+    from metarl.learning.registry import FamilyRegistryError, registered_families
     from metarl.runconfig import load_task_spec
     from schemas.base import ConfigError, FieldProblem
 
+    try:
+        registered_graders()
+        registered_families()
+    except GraderPluginError as err:
+        return [], [ConfigError("installed plugins", [FieldProblem(field="(entry points)", message=err.message, fix=err.fix)])]
+    except FamilyRegistryError as err:
+        return [], [ConfigError("installed plugins", [FieldProblem(field="(entry points)", message=str(err), fix="fix or uninstall the plugin package")])]
     if not folder.is_dir():
         return [], [ConfigError(str(folder), [FieldProblem(field="(folder)", message="is not a folder", fix="give the folder of the task specs")])]
     valid: list[str] = []

@@ -1,21 +1,31 @@
-"""The `[grader]` table of a task spec: one of the built-in graders of metarl/graders.py with its options.
+"""The `[grader]` table of a task spec: one of the built-in graders of metarl/graders.py with its options,
+or a plugin grader (``kind = "plugin"``) that an installed package registers (metarl/learning/grader_plugins.py).
 
 Each kind is a model with bounded options, discriminated by ``kind``; ``model_dump()`` of a grader
 is the plain mapping the graders file takes (the same in metarl, in the sandbox and on the pod).
+These models check the shape only: whether a plugin is registered and accepts its options is checked
+where plugins are known (metarl.learning.data_families.build_family).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from schemas.base import StrictModel
 
 Charset = Literal["any", "digits", "letters", "number"]
 
 MAX_PATTERN_CHARS = 200
+MAX_PLUGIN_OPTIONS = 32
+MAX_PLUGIN_OPTION_LIST = 64
+MAX_PLUGIN_OPTION_CHARS = 200
+MAX_PLUGIN_OPTIONS_BYTES = 8192
+PLUGIN_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
+"""A plugin grader's name (metarl.graders.PLUGIN_NAME: ``metarl_grader_NAME`` is its module)."""
 
 
 def _compiles(pattern: str) -> str:
@@ -134,7 +144,31 @@ class RegexExtractGrader(StrictModel):
         return self
 
 
-GraderSpec = Annotated[InnerGrader | RegexExtractGrader, Field(discriminator="kind")]
+PluginOptionScalar = StrictBool | StrictInt | Annotated[StrictFloat, Field(allow_inf_nan=False)] | Annotated[str, Field(max_length=MAX_PLUGIN_OPTION_CHARS)]
+PluginOptionValue = PluginOptionScalar | Annotated[list[PluginOptionScalar], Field(max_length=MAX_PLUGIN_OPTION_LIST)]
+"""A plugin grader option: a JSON scalar (no null) or a short list of them."""
+
+
+class PluginGrader(StrictModel):
+    """Grades with a plugin grader: a standard-library module an installed package registers under the entry-point
+    group ``metarl.graders``, called with ``options`` (which its ``check_options`` may refuse)."""
+
+    kind: Literal["plugin"] = Field(description="Grader kind")
+    plugin: str = Field(pattern=PLUGIN_NAME_PATTERN, description="The plugin grader's registered name (its entry point's name)")
+    options: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,39}$")], PluginOptionValue] = Field(
+        default_factory=dict, max_length=MAX_PLUGIN_OPTIONS, description="Options passed to the plugin's functions (JSON scalars or short lists)"
+    )
+
+    @field_validator("options")
+    @classmethod
+    def _options_small(cls, value: dict[str, object]) -> dict[str, object]:
+        size = len(json.dumps(value))
+        if size > MAX_PLUGIN_OPTIONS_BYTES:
+            raise ValueError(f"the options take {size} bytes as JSON; keep them under {MAX_PLUGIN_OPTIONS_BYTES}")
+        return value
+
+
+GraderSpec = Annotated[InnerGrader | RegexExtractGrader | PluginGrader, Field(discriminator="kind")]
 """A `[grader]` table."""
 
 GRADER_MODELS: tuple[type[StrictModel], ...] = (
@@ -146,4 +180,5 @@ GRADER_MODELS: tuple[type[StrictModel], ...] = (
     SortedListGrader,
     ChoiceGrader,
     RegexExtractGrader,
+    PluginGrader,
 )

@@ -2,8 +2,8 @@
 
 The `[public]` table is what the trainer agent is shown; `[hidden_eval]` is never copied into a
 workspace. A family defined by files alone adds `[items]` (a JSONL pool of training items, or a
-registered generator), `hidden_eval.path` (a JSONL hidden eval) and `[grader]` (a built-in grader,
-schemas/graders.py); paths are relative to the spec file (metarl.runconfig.load_task_spec checks
+registered generator), `hidden_eval.path` (a JSONL hidden eval) and `[grader]` (a built-in grader
+or a registered plugin grader, schemas/graders.py); paths are relative to the spec file (metarl.runconfig.load_task_spec checks
 the data files and resolves the paths).
 """
 
@@ -175,7 +175,9 @@ class TaskSpec(StrictModel):
     data: TaskData
     hidden_eval: HiddenEval = Field(default_factory=HiddenEval)
     items: TaskItems | None = Field(default=None, description="Training items of a family defined by files (none: `family` is a registered family)")
-    grader: GraderSpec | None = Field(default=None, description="Built-in grader and its options (none: the registered family's own, or exact match)")
+    grader: GraderSpec | None = Field(
+        default=None, description="Grader (built-in or plugin) and its options (none: the registered family's own, or exact match)"
+    )
     budget: TaskBudget = Field(default_factory=TaskBudget)
 
     @field_validator("budget")

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from metarl import graders
 from metarl.learning.families import MAX_GENERATION_ATTEMPTS, Example, TaskFamily
+from metarl.learning.grader_plugins import grader_problems
 from schemas.base import FieldProblem
 from schemas.config_error import printable
 from schemas.task_spec import TaskSpec
@@ -93,7 +94,7 @@ def read_items(path: Path, shown: str, field: str) -> tuple[list[Example], list[
 
 
 class DataFamily(TaskFamily):
-    """A family from a spec's files: items from a JSONL pool or a registered generator, a JSONL or generated hidden eval, a built-in grader."""
+    """A family from a spec's files: items from a JSONL pool or a registered generator, a JSONL or generated hidden eval, a grader (built-in or plugin)."""
 
     def __init__(
         self,
@@ -249,8 +250,16 @@ def build_family(task: TaskSpec, task_dir: Path | None = None) -> tuple[TaskFami
             )
         )
     grader = grader_mapping(task, generator)
-    problems += answer_problems(grader, pool or [], pool_lines, task.items.pool if task.items is not None and task.items.pool else "", "items.pool")
-    problems += answer_problems(grader, hidden or [], hidden_lines, task.hidden_eval.path or "", "hidden_eval.path")
+    plugin_problems = grader_problems(grader) if task.grader is not None else []  # a registered family's own grader is checked at registration
+    problems += plugin_problems
+    if not plugin_problems:
+        try:
+            problems += answer_problems(grader, pool or [], pool_lines, task.items.pool if task.items is not None and task.items.pool else "", "items.pool")
+            problems += answer_problems(grader, hidden or [], hidden_lines, task.hidden_eval.path or "", "hidden_eval.path")
+        except graders.PluginGraderError as exc:
+            problems.append(
+                FieldProblem(field="grader.plugin", message=printable(str(exc))[:500], fix="fix the plugin grader: it must return scores in [0, 1] and bools")
+            )
     if pool and hidden:
         problems += overlap_problems(pool, pool_lines, hidden, task.items.pool if task.items is not None and task.items.pool else "")
     if problems:

@@ -8,9 +8,11 @@ A family is registered by a reference ``"module:attribute"`` naming a :class:`Ta
     word_count = "my_package.families:WordCountFamily"
 
 The six built-in families are registered through the same references (:data:`BUILTIN_FAMILIES`),
-loaded by the same function, so a plugin family is used exactly as a built-in one. A plugin
-family grades with a built-in grader of metarl/graders.py (its ``grader`` mapping), the one file
-shipped to the sandbox and the pod.
+loaded by the same function, so a plugin family is used exactly as a built-in one. A family grades
+with its ``grader`` mapping through metarl/graders.py, the one file shipped to the sandbox and the pod:
+a built-in grader kind, or a plugin grader (``{"kind": "plugin", "plugin": NAME, ...}``) that a package
+registers under the entry-point group ``metarl.graders`` (:mod:`metarl.learning.grader_plugins`);
+a family whose grader names an unregistered plugin, or options the plugin refuses, is not registered.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Iterable
 from importlib.metadata import entry_points
 
 from metarl.learning.families import TaskFamily
+from metarl.learning.grader_plugins import grader_problems, refresh_graders
 
 FAMILY_ENTRY_POINT_GROUP = "metarl.task_families"
 """Entry-point group under which a package registers task families."""
@@ -52,6 +55,10 @@ def load_reference(name: str, reference: str, source: str) -> TaskFamily:
         raise FamilyRegistryError(f"{source}: family {name!r} -> {reference!r} is not a metarl TaskFamily")
     if family.name != name:
         raise FamilyRegistryError(f"{source}: family registered as {name!r} calls itself {family.name!r}; register it under its own name")
+    problems = grader_problems(family.grader)
+    if problems:
+        listed = "; ".join(f"{problem.field}: {problem.message} ({problem.fix})" for problem in problems)
+        raise FamilyRegistryError(f"{source}: family {name!r} -> {reference!r} has an unusable grader: {listed}")
     return family
 
 
@@ -95,5 +102,6 @@ def registered_family(name: str) -> TaskFamily:
 
 
 def refresh_registry() -> None:
-    """Forget the loaded registry (after installing a plugin into a running process)."""
+    """Forget the loaded registry and plugin graders (after installing a plugin into a running process)."""
     registered_families.cache_clear()
+    refresh_graders()

@@ -47,13 +47,17 @@ def grader_code_digest() -> str:
 
 
 def eval_identity(task: TaskSpec) -> str:
-    """What the task's hidden eval and grader are, beyond the code: the grader's options, and the hidden
-    eval's file content or, for a generated one, a non-reversible fingerprint of the deployment secret."""
+    """What the task's hidden eval and grader are, beyond the code: the grader's options, the source of the
+    plugin graders it uses, and the hidden eval's file content or, for a generated one, a non-reversible
+    fingerprint of the deployment secret."""
     from metarl.learning.data_families import family_for
     from metarl.learning.eval_secret import active_eval_secret, secret_fingerprint
+    from metarl.learning.grader_plugins import grader_sources
 
     family = family_for(task)
     digest = hashlib.sha256(json.dumps(dict(family.grader), sort_keys=True).encode())
+    for name, source in sorted(grader_sources(family.grader).items()):
+        digest.update(b"plugin\0" + name.encode() + b"\0" + source)
     if task.hidden_eval.path is not None:
         digest.update(b"file\0" + Path(task.hidden_eval.path).read_bytes())
     else:

@@ -112,20 +112,26 @@ def test_a_plugin_family_registers_through_its_entry_point(plugin_installed: Non
     assert type(family).__module__ == "metarl_vowels"
     assert set(registry.BUILTIN_FAMILIES) < set(registry.registered_families())
     spec = load_task_spec(PLUGIN_SITE / "vowel_count.toml")
-    assert family_for(spec) is family
-    hidden = family.hidden_eval(spec.hidden_eval.n_items)
+    assert spec.grader is not None and spec.grader.kind == "plugin"  # the package's own plugin grader, with the spec's options
+    from_spec = family_for(spec)
+    assert isinstance(from_spec, DataFamily) and from_spec.generator is family and from_spec.grader == spec.grader.model_dump()
+    hidden = from_spec.hidden_eval(spec.hidden_eval.n_items)
+    assert hidden == family.hidden_eval(spec.hidden_eval.n_items)
     assert len({family.item_key(item.prompt) for item in hidden}) == spec.hidden_eval.n_items
-    for item in generate_dataset(family, 300, seed=1, difficulty=(0.0, 1.0)):
+    for item in generate_dataset(from_spec, 300, seed=1, difficulty=(0.0, 1.0)):
         assert not family.is_hidden_eval_item(item.prompt)
-        assert family.grade(item, item.answer) == 1.0
-    assert family.grade(hidden[0], "9" if hidden[0].answer != "9" else "8") == 0.0
+        assert from_spec.grade(item, item.answer) == 1.0 and family.grade(item, item.answer) == 1.0
+    answer = int(hidden[0].answer)
+    assert from_spec.grade(hidden[0], str((answer + 3) % 10)) == 0.0 and from_spec.grade(hidden[0], str(answer + 1)) == 0.5
+    words = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+    assert from_spec.grade(hidden[0], words[answer].upper()) == 1.0 and from_spec.is_exact(hidden[0], words[answer])
 
 
-def test_without_the_plugin_its_spec_names_an_unknown_family() -> None:
+def test_without_the_plugin_its_spec_names_an_unknown_family_and_grader() -> None:
     registry.refresh_registry()
     with pytest.raises(ConfigError) as raised:
         load_task_spec(PLUGIN_SITE / "vowel_count.toml")
-    assert [problem.field for problem in raised.value.problems] == ["family"]
+    assert [problem.field for problem in raised.value.problems] == ["family", "grader.plugin"]
 
 
 def test_a_name_registered_twice_is_refused() -> None:

@@ -26,7 +26,7 @@ def test_the_graders_import_only_the_standard_library() -> None:
     tree = ast.parse(GRADERS_FILE.read_text(encoding="utf-8"))
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    assert imported <= {"__future__", "re", "math", "typing", "collections.abc"}
+    assert imported <= {"__future__", "re", "math", "sys", "typing", "collections.abc", "importlib", "importlib.metadata"}  # importlib: plugins, in metarl only
     # and the file runs on a bare interpreter: no site-packages, no metarl (as in the sandbox and in the pod's package)
     code = f"ns = {{}}; exec(compile(open({str(GRADERS_FILE)!r}).read(), 'g', 'exec'), ns); print(ns['grade']('addition', '42', '32'))"
     run = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60, check=False)
@@ -44,6 +44,8 @@ def test_every_copy_of_the_import_name_agrees() -> None:
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Constant)
     }
     assert assigned["GRADERS_MODULE"] == graders.GRADERS_MODULE
+    assert sandbox_runner.PLUGIN_MODULE_PREFIX == assigned["PLUGIN_MODULE_PREFIX"] == graders.PLUGIN_MODULE_PREFIX
+    assert isolation.sandbox_plugin_path("spelled_count") == f"/sandbox/{graders.PLUGIN_MODULE_PREFIX}spelled_count.py"
 
 
 def test_every_family_is_known_to_the_graders() -> None:

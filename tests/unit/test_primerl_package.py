@@ -55,15 +55,20 @@ def fake_vf(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "datasets", datasets)
 
 
-def install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: JobSpec, module_source: str, rows: list[dict]):  # type: ignore[no-untyped-def]
+def install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: JobSpec, module_source: str, rows: list[dict], plugin_graders: dict[str, bytes] | None = None
+):  # type: ignore[no-untyped-def]
     dataset = "".join(json.dumps(row) + "\n" for row in rows).encode()
-    bundle = build_bundle(spec, module_source.encode(), dataset)
+    bundle = build_bundle(spec, module_source.encode(), dataset, plugin_graders=plugin_graders)
     write_bundle(bundle, str(tmp_path / "bundle"))
     monkeypatch.syspath_prepend(str(tmp_path / "bundle" / "env"))
     name = bundle.manifest.env_module
     for loaded in [key for key in sys.modules if key == name or key.startswith(name + ".")]:
         monkeypatch.delitem(sys.modules, loaded)
     monkeypatch.setitem(sys.modules, graders.GRADERS_MODULE, sys.modules.get(graders.GRADERS_MODULE))  # the package sets it: undone after the test
+    for plugin in plugin_graders or {}:
+        alias = graders.plugin_module_name(plugin)
+        monkeypatch.setitem(sys.modules, alias, sys.modules.get(alias))  # the package sets these too
     return importlib.import_module(name)
 
 

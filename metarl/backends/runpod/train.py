@@ -694,11 +694,13 @@ class RunpodTrain:
             log.warning("runpod job %s has no workspace (simulated agent): no prime-rl bundle is written", job_name)
             return
         from metarl.backends.runpod.primerl.compiler import compile_bundle, pod_compile_options, write_bundle
+        from metarl.learning.data_families import family_for
+        from metarl.learning.grader_plugins import grader_sources
         from metarl.workspace import WorkspaceError
 
         options = pod_compile_options(self.config.gpu_count, ctx.train_seconds)
         try:
-            bundle = compile_bundle(job, ctx.workspace_uri, options)
+            bundle = compile_bundle(job, ctx.workspace_uri, options, grader_sources(family_for(ctx.task).grader))
         except WorkspaceError as err:
             raise PermanentBackendError(f"job bundle of {job_name}: {err.message}") from None
         write_bundle(bundle, self.store.uri(self.bundle_path(job_name)))

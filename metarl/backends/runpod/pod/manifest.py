@@ -7,6 +7,7 @@ A bundle is a folder in artifact storage (any fsspec URL)::
     env/pyproject.toml                the agent's environment as an installable package
     env/<module>/__init__.py          load_environment(): a verifiers SingleTurnEnv + rubric
     env/<module>/metarl_graders.py    metarl's task-family graders (metarl/graders.py), for the agent's module
+    env/<module>/metarl_grader_*.py   the plugin graders the task's grader uses (their registered files)
     env/<module>/agent_environment.py the agent's environment/reward module, unchanged
     env/<module>/dataset.jsonl        the agent's dataset, unchanged
     env/<module>/job_reward.json      reward component weights from job.toml

@@ -37,14 +37,15 @@ plus what the pod fixes (:class:`CompileOptions`):
 - ``[orchestrator] max_off_policy_steps``, ``[inference] gpu_memory_utilization`` and ``[file_monitor]``
   (``metrics.jsonl``).
 
-``compile_bundle`` adds the environment package (see :mod:`metarl.backends.runpod.primerl.env_template`) and a
-manifest; ``write_bundle`` stores the bundle under any fsspec URL. Everything but the workspace
+``compile_bundle`` adds the environment package (see :mod:`metarl.backends.runpod.primerl.env_template`; it ships
+metarl/graders.py and the plugin grader files the task's grader uses) and a manifest; ``write_bundle`` stores the bundle under any fsspec URL. Everything but the workspace
 read and the write is pure.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -283,19 +284,24 @@ def pyproject_text(env_id: str, module: str) -> str:
     )
 
 
-def package_digest(environment_source: bytes, dataset: bytes, weights: dict[str, float]) -> str:
-    """Content digest that names the environment package (same workspace, same package)."""
+def package_digest(environment_source: bytes, dataset: bytes, weights: dict[str, float], plugin_graders: Mapping[str, bytes] | None = None) -> str:
+    """Content digest that names the environment package (same workspace, same graders, same package)."""
     parts = [template_source(), graders_source(), environment_source, dataset, json.dumps(weights, sort_keys=True).encode()]
+    parts += [name.encode() + b"\0" + source for name, source in sorted((plugin_graders or {}).items())]
     return sha256_hex(b"\0".join(sha256_hex(part).encode() for part in parts))
 
 
-def package_files(module: str, env_id: str, environment_source: bytes, dataset: bytes, weights: dict[str, float]) -> dict[str, bytes]:
-    """Files of the environment package, relative to the bundle root."""
+def package_files(
+    module: str, env_id: str, environment_source: bytes, dataset: bytes, weights: dict[str, float], plugin_graders: Mapping[str, bytes] | None = None
+) -> dict[str, bytes]:
+    """Files of the environment package, relative to the bundle root; ``plugin_graders`` (name -> source) are
+    the plugin grader files the task's grader uses, shipped as ``metarl_grader_NAME.py``."""
     root = f"{PACKAGE_DIR}/{module}"
     return {
         f"{PACKAGE_DIR}/pyproject.toml": pyproject_text(env_id, module).encode(),
         f"{root}/__init__.py": template_source(),
         f"{root}/{graders.GRADERS_MODULE}.py": graders_source(),
+        **{f"{root}/{graders.plugin_module_name(name)}.py": source for name, source in sorted((plugin_graders or {}).items())},
         f"{root}/{AGENT_MODULE}.py": environment_source,
         f"{root}/{DATASET_FILE}": dataset,
         f"{root}/{REWARD_CONFIG_FILE}": (json.dumps({"weights": weights}, indent=2, sort_keys=True) + "\n").encode(),
@@ -312,13 +318,15 @@ class CompiledBundle(BaseModel):
     files: dict[str, bytes] = Field(min_length=2, max_length=64, description="Relative path -> content (manifest included)")
 
 
-def build_bundle(job: JobSpec, environment_source: bytes, dataset: bytes, options: CompileOptions | None = None) -> CompiledBundle:
-    """The bundle of a job from its environment module and dataset bytes (pure)."""
+def build_bundle(
+    job: JobSpec, environment_source: bytes, dataset: bytes, options: CompileOptions | None = None, plugin_graders: Mapping[str, bytes] | None = None
+) -> CompiledBundle:
+    """The bundle of a job from its environment module and dataset bytes and the plugin graders its task's grader uses (name -> source; pure)."""
     options = options or CompileOptions()
     weights = reward_weights(job)
-    env_id, module = env_names(package_digest(environment_source, dataset, weights))
+    env_id, module = env_names(package_digest(environment_source, dataset, weights, plugin_graders))
     config = compile_rl_config(job, env_id, options)
-    files = {RL_TOML_FILE: render_rl_toml(config).encode(), **package_files(module, env_id, environment_source, dataset, weights)}
+    files = {RL_TOML_FILE: render_rl_toml(config).encode(), **package_files(module, env_id, environment_source, dataset, weights, plugin_graders)}
     lora = config["trainer"].get("model", {}).get("lora")
     manifest = BundleManifest(
         prime_rl_tag=PRIME_RL_TAG,
@@ -337,8 +345,11 @@ def build_bundle(job: JobSpec, environment_source: bytes, dataset: bytes, option
     return CompiledBundle(manifest=manifest, rl_config=config, files=files)
 
 
-def compile_bundle(job: JobSpec, files_dir: str | Path, options: CompileOptions | None = None) -> CompiledBundle:
-    """The bundle of a probed workspace: reads its environment module and dataset with the tools' confinement.
+def compile_bundle(
+    job: JobSpec, files_dir: str | Path, options: CompileOptions | None = None, plugin_graders: Mapping[str, bytes] | None = None
+) -> CompiledBundle:
+    """The bundle of a probed workspace: reads its environment module and dataset with the tools' confinement
+    (``plugin_graders``: the task's, :func:`metarl.learning.grader_plugins.grader_sources`).
 
     Raises :class:`metarl.workspace.WorkspaceError` when a file cannot be read.
     """
@@ -346,7 +357,7 @@ def compile_bundle(job: JobSpec, files_dir: str | Path, options: CompileOptions 
 
     environment_source = read_workspace_bytes(files_dir, job.environment.module)
     dataset = read_workspace_bytes(files_dir, job.dataset.path)
-    return build_bundle(job, environment_source, dataset, options)
+    return build_bundle(job, environment_source, dataset, options, plugin_graders)
 
 
 def write_bundle(bundle: CompiledBundle, url: str, storage_options: dict[str, Any] | None = None) -> list[str]:

@@ -9,8 +9,9 @@ bridge calls ``verifiers.load_environment("<this module>")``, which calls
 - Dataset: ``dataset.jsonl`` of the workspace (``{"prompt", "answer"}`` per line); each prompt
   is the user message (no system prompt), each answer the rubric's ``answer``.
 - Graders: the package ships metarl's task-family graders (metarl/graders.py) as its submodule
-  ``metarl_graders``; importing the package makes it importable under that top-level name, as in
-  metarl's sandbox, so the agent's module may ``import metarl_graders``.
+  ``metarl_graders`` and each plugin grader the task's grader uses as ``metarl_grader_NAME``;
+  importing the package makes them importable under those top-level names, as in metarl's
+  sandbox, so the agent's module may ``import metarl_graders`` and its plugin graders are found.
 - Rubric: when the agent's module defines ``COMPONENTS``, one reward function per component
   named in job.toml ``[reward.components]``, with its weight (``reward`` itself is logged as a
   zero-weight metric); otherwise the module's ``reward`` with weight 1.
@@ -35,10 +36,16 @@ DATASET_FILE = "dataset.jsonl"
 REWARD_CONFIG_FILE = "job_reward.json"
 AGENT_MODULE = "agent_environment"
 GRADERS_MODULE = "metarl_graders"
+PLUGIN_MODULE_PREFIX = "metarl_grader_"
 SCORE_ERRORS = (ArithmeticError, AttributeError, LookupError, TypeError, ValueError, RecursionError)
 _THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
 
 sys.modules[GRADERS_MODULE] = importlib.import_module(f"{__name__}.{GRADERS_MODULE}")
+for _plugin in sorted(
+    entry.name[: -len(".py")] for entry in resources.files(__name__).iterdir() if entry.name.startswith(PLUGIN_MODULE_PREFIX) and entry.name.endswith(".py")
+):
+    sys.modules[_plugin] = importlib.import_module(f"{__name__}.{_plugin}")
+sys.modules[GRADERS_MODULE].IMPORT_PLUGINS = False  # the plugin graders shipped here are all there is
 
 
 def _field(message: Any, name: str) -> Any:
