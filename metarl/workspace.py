@@ -456,11 +456,35 @@ job.toml `[reward.components]` must be one of its keys.
 
 Rules: the module runs in a sandbox with no network, no processes or threads, no file writes and
 no environment; it may read only files inside the workspace and may import only these standard
-modules: {modules}; and `{GRADERS_MODULE}`, the task families' own graders (for example
-`{GRADERS_MODULE}.grade(family, answer, completion)` and `{GRADERS_MODULE}.is_well_formed(family, completion)`).
+modules: {modules}; and `{GRADERS_MODULE}`, the task families' own graders (see "This task's grader" below).
 Top-level code runs once at import, under the same time and memory limits.
 The probe imports it, calls `{ENVIRONMENT_FUNCTION}` on sample items of this task and requires the
 correct answer to score strictly higher than wrong ones."""
+
+
+def task_grader(task: TaskSpec) -> Mapping[str, Any]:
+    """The grader mapping of the task's family: its spec's ``[grader]``, else the registered family's own
+    (exact match when the family cannot be built here)."""
+    from metarl.learning.data_families import EXACT_GRADER, family_for
+
+    if task.grader is not None:
+        return task.grader.model_dump()
+    try:
+        return family_for(task).grader
+    except KeyError:
+        return dict(EXACT_GRADER)
+
+
+def grader_contract(task: TaskSpec) -> str:
+    """How the agent's environment module grades with this task's own grader (the mapping is public)."""
+    return f"""`{GRADERS_MODULE}` grades with a grader mapping; this task's is
+
+    GRADER = {dict(task_grader(task))!r}
+
+Pass it where a grader is asked for: `{GRADERS_MODULE}.grade(GRADER, answer, completion)` (1 for an
+exact answer, else a share in [0, 1] for a near miss), `{GRADERS_MODULE}.is_exact(answer, completion, GRADER)`,
+`{GRADERS_MODULE}.is_well_formed(GRADER, completion)` and
+`{GRADERS_MODULE}.reward_components("{task.family}", max_tokens, GRADER)` (a {COMPONENTS_NAME} mapping)."""
 
 
 def dataset_contract(task: TaskSpec) -> str:
@@ -553,6 +577,10 @@ def render_task_md(task: TaskSpec, feedback: Sequence[FieldProblem] = (), limits
         "### The environment module",
         "",
         environment_contract(),
+        "",
+        "### This task's grader",
+        "",
+        grader_contract(task),
         "",
         "### The dataset",
         "",

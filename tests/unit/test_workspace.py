@@ -444,3 +444,24 @@ def test_property_dispatch_always_answers(tmp_path_factory: pytest.TempPathFacto
     assert len(ws.transcript) == len(calls)
     assert len((ws.root / TRANSCRIPT_FILE).read_text(encoding="utf-8").splitlines()) == len(calls)
     assert outside_entries(base) == []
+
+
+@pytest.mark.parametrize("spec", ["tasks_specs/addition.toml", "tasks_specs/date_format.toml", "tests/fixtures/families/capitals/capitals.toml"])
+def test_task_md_gives_the_tasks_own_grader_as_a_python_literal_that_grades_the_family(spec: str) -> None:
+    import ast
+    import random
+
+    from metarl import graders
+    from metarl.learning.data_families import family_for
+    from metarl.runconfig import load_task_spec
+    from metarl.workspace import render_task_md
+
+    task = load_task_spec(Path(__file__).resolve().parents[2] / spec)
+    text = render_task_md(task)
+    literal = text.split("    GRADER = ", 1)[1].split("\n", 1)[0]
+    grader = ast.literal_eval(literal)
+    family = family_for(task)
+    assert grader == dict(family.grader)
+    example = family.generate(random.Random(3), 0.5)
+    assert graders.grade(grader, example.answer, example.answer) == 1.0
+    assert graders.grade(grader, example.answer, example.answer + "x") == family.grade(example, example.answer + "x")
