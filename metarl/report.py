@@ -2,12 +2,15 @@
 
 Writes into one folder: `index.html`, `steps.csv` and `latency.csv` (one row per outer step), and
 one PNG per plot that has data. Plots are drawn with matplotlib's Agg canvas (no pyplot, no display).
+Given the rows of a `bench.versus_search` CSV (`metarl/versus_search.py`), it also draws the agent
+against the searches (`versus_search.png`) and adds their summary to the page.
 """
 
 from __future__ import annotations
 
 import html
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from metarl.report_tables import STAGES, Cell, Change, ReportData, Table, change, latency_table, series, step_table, to_csv
+from metarl.versus_search import BUDGETS, METHOD_LABELS, METHODS, SINGLE_JOB_METHODS, VersusRow, interval_text, summarize, zero_shot_lines
 
 STEPS_CSV = "steps.csv"
 LATENCY_CSV = "latency.csv"
@@ -75,10 +79,13 @@ LINE_PLOTS: tuple[LinePlot, ...] = (
 )
 COST_PNG = "cost.png"
 LATENCY_PNG = "latency.png"
+VERSUS_PNG = "versus_search.png"
 
 
-def write_report(data: ReportData, out_dir: Path) -> Path:
-    """Write the report of one run into out_dir (created if needed); returns the path of index.html."""
+def write_report(data: ReportData, out_dir: Path, versus_rows: Sequence[VersusRow] = ()) -> Path:
+    """Write the report of one run into out_dir (created if needed); returns the path of index.html.
+
+    ``versus_rows``: the rows of a versus-search CSV to draw beside the run's plots (none: no such section)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     steps = step_table(data.steps)
     latency = latency_table(data.steps, data.durations)
@@ -89,8 +96,9 @@ def write_report(data: ReportData, out_dir: Path) -> Path:
         drawn[plot.file] = _keep_or_remove(out_dir / plot.file, draw_line_plot(out_dir / plot.file, steps, plot))
     drawn[COST_PNG] = _keep_or_remove(out_dir / COST_PNG, draw_cost_plot(out_dir / COST_PNG, steps))
     drawn[LATENCY_PNG] = _keep_or_remove(out_dir / LATENCY_PNG, draw_latency_plot(out_dir / LATENCY_PNG, latency))
+    drawn[VERSUS_PNG] = _keep_or_remove(out_dir / VERSUS_PNG, bool(versus_rows) and draw_versus_search_plot(out_dir / VERSUS_PNG, versus_rows))
     index = out_dir / INDEX
-    _write_text(index, render_html(data, steps, latency, drawn))
+    _write_text(index, render_html(data, steps, latency, drawn, versus_rows))
     return index
 
 
@@ -189,6 +197,51 @@ def draw_latency_plot(path: Path, latency: Table) -> bool:
     return True
 
 
+def draw_versus_search_plot(path: Path, rows: Sequence[VersusRow]) -> bool:
+    """Best score so far against inner jobs spent, a line per method and a panel per family (held-out first); False when no point."""
+    points = summarize(rows)
+    if not points:
+        return False
+    held_out = {point.family: point.held_out for point in points}
+    families = sorted(held_out, key=lambda family: (not held_out[family], family))
+    fig = _figure(0.5 + 4.2 * len(families), 4.2)
+    axes = fig.subplots(1, len(families), squeeze=False)[0]
+    for ax, family in zip(axes, families):
+        mine = [point for point in points if point.family == family]
+        for method in METHODS:
+            line = [point for point in mine if point.method == method]
+            if not line:
+                continue
+            xs = [point.budget for point in line]
+            ys = [point.best.mean for point in line]
+            lows = [point.best.low if point.best.low is not None else point.best.mean for point in line]
+            highs = [point.best.high if point.best.high is not None else point.best.mean for point in line]
+            if method in SINGLE_JOB_METHODS:
+                errors = [[y - low for y, low in zip(ys, lows)], [high - y for y, high in zip(ys, highs)]]
+                ax.errorbar(xs, ys, yerr=errors, fmt="s", capsize=4, color="black", label=METHOD_LABELS[method])
+                continue
+            drawn = ax.plot(xs, ys, marker="o", label=METHOD_LABELS[method])
+            ax.fill_between(xs, lows, highs, alpha=0.15, color=drawn[0].get_color())
+        ax.axhline(mine[0].floor, color="grey", linestyle=":", linewidth=1.0, label="floor: small base model")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(BUDGETS), [str(budget) for budget in BUDGETS])
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"{family} (held out)" if held_out[family] else family)
+        ax.set_xlabel("inner jobs spent")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("best hidden-eval score so far")
+    axes[0].legend(loc="best", fontsize="small")
+    title = "Best score so far against inner jobs spent (mean and 95% t-interval over seeds, clipped to [0, 1])"
+    if any(row.mode == "quick" for row in rows):
+        title = f"QUICK RUN (short jobs; not comparable to a full run)\n{title}"
+    missing = [METHOD_LABELS[method] for method in METHODS if method not in {row.method for row in rows}]
+    if missing:
+        title += f"\nnot in the CSV: {', '.join(missing)}"
+    fig.suptitle(title, fontsize="medium")
+    fig.savefig(path, format="png")
+    return True
+
+
 # ---- HTML -------------------------------------------------------------------------------------
 
 STYLE = """
@@ -217,7 +270,7 @@ def fmt(value: Cell, digits: int = 4) -> str:
     return str(value)
 
 
-def render_html(data: ReportData, steps: Table, latency: Table, drawn: dict[str, bool]) -> str:
+def render_html(data: ReportData, steps: Table, latency: Table, drawn: dict[str, bool], versus_rows: Sequence[VersusRow] = ()) -> str:
     """The report page; every text from the records is escaped, images and tables are linked relatively."""
     run = data.run
     parts = [
@@ -247,6 +300,8 @@ def render_html(data: ReportData, steps: Table, latency: Table, drawn: dict[str,
     latency_caption = "Median and p90 seconds of the finished claims of each stage, over the episodes of each outer batch."
     latency_empty = "no stage claim of a batched episode has finished yet"
     parts.append(_figure_html(LATENCY_PNG, "Stage latency per outer step", latency_caption, drawn.get(LATENCY_PNG, False), latency_empty))
+    if versus_rows:
+        parts.append(_versus_section(versus_rows, drawn.get(VERSUS_PNG, False)))
     parts.append("<h2>Numbers</h2>")
     parts.append(
         f'<p>As CSV: <a href="{STEPS_CSV}">{STEPS_CSV}</a> (one row per outer step), <a href="{LATENCY_CSV}">{LATENCY_CSV}</a> '
@@ -277,6 +332,33 @@ def _summary(data: ReportData, steps: Table) -> str:
         rows.append(("message", esc(run.message)))
     body = "".join(f'<tr><th class="text">{key}</th><td class="text">{value}</td></tr>' for key, value in rows)
     return f"<table>{body}</table>"
+
+
+def _versus_section(rows: Sequence[VersusRow], drawn: bool) -> str:
+    """The versus-search comparison: its plot, the zero-shot lines of the held-out families and the summary table."""
+    quick = any(row.mode == "quick" for row in rows)
+    parts = ["<h2>Versus search</h2>"]
+    if quick:
+        parts.append(
+            '<p class="simulated"><strong>QUICK RUN.</strong> Short jobs on scaled-down base models: it checks the bench, its numbers are not comparable to a full run.</p>'
+        )
+    caption = (
+        "From the bench.versus_search CSV given with --versus-search: best hidden-eval score so far against inner jobs spent, "
+        "mean and 95% t-interval over seeds (clipped to [0, 1]). A job the probe rejects is spent and adds no score; the floor is the small base model's score."
+    )
+    parts.append(_figure_html(VERSUS_PNG, "Versus search", caption, drawn, "the CSV has no points"))
+    points = summarize(rows)
+    for family in sorted({point.family for point in points if point.held_out}):
+        parts.extend(f"<p>{esc(line)}</p>" for line in zero_shot_lines(points, family))
+    head = "".join(f"<th>{name}</th>" for name in ("method", "family", "held out", "jobs", "seeds", "best so far [95% CI]", "pass rate", "CPU s", "USD"))
+    body = "".join(
+        f'<tr><td class="text">{esc(METHOD_LABELS[point.method])}</td><td class="text">{esc(point.family)}</td>'
+        f'<td class="text">{"yes" if point.held_out else "no"}</td><td>{point.budget}</td><td>{point.best.n}</td>'
+        f'<td class="text">{esc(interval_text(point.best))}</td><td>{point.pass_rate:.2f}</td><td>{point.cpu_s:.1f}</td><td>{point.cost_usd:.2f}</td></tr>'
+        for point in points
+    )
+    parts.append(f"<table><tr>{head}</tr>{body}</table>")
+    return "\n".join(parts)
 
 
 def _improvement_note(found: Change) -> str:

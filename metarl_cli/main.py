@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="write one run's report: an HTML page, PNG plots and CSV tables")
     report.add_argument("run_id", help="the run's id or a unique prefix of it")
     report.add_argument("--out", type=Path, help="output folder (default: <artifacts root or METARL_HOME>/reports/RUN_ID)")
+    report.add_argument(
+        "--versus-search", type=Path, metavar="CSV", help="also draw this bench.versus_search CSV (the agent against the searches) beside the run's plots"
+    )
 
     worker = sub.add_parser("worker", help="start one worker pool (services mode)")
     worker.add_argument("--pool", required=True, choices=["agent", "probe", "train", "eval", "outer"])
@@ -384,6 +387,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from metarl.report_tables import default_report_dir, printable
     from metarl.store.runs import runs_transaction
 
+    versus_rows = []
+    if args.versus_search is not None:
+        from metarl.versus_search import read_versus_csv
+
+        versus_rows = read_versus_csv(args.versus_search)  # a bad CSV is a ConfigError naming its row and column, before any service starts
     with Services(None, None, spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
         run_id = resolved_run_id(runs, args.run_id)
         if isinstance(run_id, int):
@@ -397,7 +405,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     out = args.out if args.out is not None else default_report_dir(data.artifacts_root, home, data.run.id)
     try:
-        index = write_report(data, out)
+        index = write_report(data, out, versus_rows)
     except OSError as err:
         print(f"error: cannot write the report to {printable(str(out))}: {err.strerror or err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

@@ -205,6 +205,15 @@ def test_report_of_a_run_without_outer_steps(tmp_path: Path, pg_url: str) -> Non
     assert "the run has no outer steps yet" in " ".join(page.text)
     assert len(read_csv(out / "steps.csv")) == 0 and len(read_csv(out / "latency.csv")) == 0
 
+    from metarl.versus_search import rows_to_csv
+    from tests.unit.test_versus_search import bench_rows
+
+    versus = tmp_path / "versus.csv"
+    versus.write_text(rows_to_csv(bench_rows()))
+    compared = metarl_cli(["report", run_id, "--out", str(tmp_path / "versus"), "--versus-search", str(versus)], env, timeout=120)
+    assert compared.returncode == 0, compared.stderr + compared.stdout
+    assert parse(tmp_path / "versus" / "index.html").images == ["versus_search.png"], "the comparison beside a run with no plots of its own"
+
 
 def test_report_bad_input(tmp_path: Path, pg_url: str) -> None:
     env = dict(os.environ, METARL_DATABASE_URL=pg_url, METARL_HOME=str(tmp_path / "home"))

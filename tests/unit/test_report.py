@@ -290,3 +290,37 @@ def test_rewriting_a_report_removes_plots_that_lost_their_data(tmp_path: Path) -
     assert not (tmp_path / "latency.png").exists()
     assert "latency.png" not in parse(tmp_path / "index.html").images
     assert (tmp_path / "reward.png").exists()
+
+
+def test_a_versus_search_csv_is_drawn_beside_the_run_and_summarised(tmp_path: Path) -> None:
+    from metarl.report import VERSUS_PNG
+    from tests.unit.test_versus_search import bench_rows
+
+    rows = [row.model_copy(update={"mode": "quick"}) for row in bench_rows(seeds=3, jobs=4)]
+    index = write_report(report_data(2), tmp_path, rows)
+    page = parse(index)
+    assert VERSUS_PNG in page.images and (tmp_path / VERSUS_PNG).read_bytes()[:8] == PNG_MAGIC
+    text = " ".join(page.text)
+    assert "Versus search" in text and "QUICK RUN." in text
+    assert "zero-shot on date_format: trained agent's first job 0.650" in text
+    assert "Optuna TPE" in text and "sensible preset" in text
+    write_report(report_data(2), tmp_path)
+    assert not (tmp_path / VERSUS_PNG).exists(), "a report without the CSV drops the old comparison"
+
+
+def test_metarl_report_refuses_a_bad_versus_search_csv_before_touching_the_database(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from metarl.versus_search import rows_to_csv
+    from metarl_cli.main import main
+    from tests.unit.test_versus_search import bench_rows
+
+    lines = rows_to_csv(bench_rows(seeds=1)).splitlines()
+    header = lines[0].split(",")
+    cells = lines[3].split(",")
+    cells[header.index("best_so_far")] = "-0.5"
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join([*lines[:3], ",".join(cells)]) + "\n")
+    code = main(["report", "no-such-run", "--versus-search", str(bad), "--out", str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    assert code == 2
+    assert error.startswith(f"error: {bad}: 1 problem(s)") and "row 3 (line 4), column best_so_far" in error
+    assert not (tmp_path / "out").exists()
