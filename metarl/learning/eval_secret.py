@@ -76,6 +76,28 @@ def install_eval_secret(artifacts_root: str | Path) -> None:
     _installed[:] = [secret]
 
 
+def install_existing_eval_secret(artifacts_root: str | Path) -> bool:
+    """Install the deployment's secret when it already exists (the environment variable, or the file under
+    ``artifacts_root``), creating and exporting nothing; False when there is none yet."""
+    value = os.environ.get(EVAL_SECRET_ENV)
+    if value:
+        _installed[:] = [_checked(value, EVAL_SECRET_ENV)]
+        return True
+    try:
+        path = secret_path(artifacts_root)
+    except EvalSecretMissing:
+        return False
+    if not path.is_file():
+        return False
+    _installed[:] = [_checked(path.read_text(encoding="utf-8"), str(path))]
+    return True
+
+
+def install_provisional_eval_secret() -> None:
+    """Install a random secret held in memory only (a dry run before the deployment has one: what it keys is provisional)."""
+    _installed[:] = [secrets.token_hex(SECRET_BYTES).encode()]
+
+
 DEFAULT_TOOL_ARTIFACTS = ".metarl/artifacts"
 """The artifacts root a bench or script outside a run keys its hidden evals by (a run's default root too)."""
 

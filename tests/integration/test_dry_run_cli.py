@@ -233,3 +233,30 @@ def test_dry_run_flags_need_dry_run(sandbox: tuple[dict[str, str], Path], record
     result = metarl_cli(["run", str(EXAMPLES / "sim.toml"), "--json"], env, timeout=60, cwd=cwd)
     assert result.returncode == EXIT_CONFIG_ERROR and "need --dry-run" in result.stderr
     assert not Path(env["METARL_HOME"]).exists() and recorder.count() == 0
+
+
+def test_local_example_without_a_secret_writes_none_and_says_its_model_paths_are_provisional(
+    sandbox: tuple[dict[str, str], Path], recorder: ConnectionRecorder
+) -> None:
+    env, cwd = sandbox
+    env = {key: value for key, value in env.items() if key not in ("METARL_EVAL_SECRET", "METARL_EVAL_SECRET_FILE")}
+    out = dry_run((env, cwd), recorder, str(EXAMPLES / "local.toml"))
+    assert "no hidden-eval secret yet" in out and "provisional" in out
+    assert list(cwd.iterdir()) == [], "the dry run created a secret file"
+
+
+def test_local_example_keys_its_model_paths_by_the_existing_secret_file(sandbox: tuple[dict[str, str], Path], recorder: ConnectionRecorder) -> None:
+    env, cwd = sandbox
+    env = {key: value for key, value in env.items() if key not in ("METARL_EVAL_SECRET", "METARL_EVAL_SECRET_FILE")}
+    config = cwd.parent / "local.toml"
+    config.write_text((EXAMPLES / "local.toml").read_text().replace('"../tasks_specs"', f'"{REPO / "tasks_specs"}"') + '\n[artifacts]\nroot = "arts"\n')
+    key = cwd.parent / "arts" / "secrets" / "eval_partition.key"
+    key.parent.mkdir(parents=True)
+    key.write_text("a" * 64 + "\n")
+    first = metarl_cli(["run", str(config), "--dry-run"], env, timeout=180, cwd=cwd.parent)
+    key.write_text("b" * 64 + "\n")
+    second = metarl_cli(["run", str(config), "--dry-run"], env, timeout=180, cwd=cwd.parent)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert "no hidden-eval secret yet" not in first.stdout
+    paths = [[line for line in result.stdout.splitlines() if "base model local-s" in line] for result in (first, second)]
+    assert paths[0] and paths[0] != paths[1], "the model path does not follow the deployment's secret"
