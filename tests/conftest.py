@@ -120,3 +120,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+PLUGIN_SITE = REPO / "tests" / "fixtures" / "families" / "plugin_site"
+"""A site folder holding the test plugin package `metarl_vowels` and its dist-info (entry points)."""
+
+
+@pytest.fixture
+def plugin_installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The test plugin package on sys.path with its dist-info (its entry points), the registries reloaded."""
+    from metarl.learning import registry
+
+    monkeypatch.syspath_prepend(str(PLUGIN_SITE))
+    registry.refresh_registry()
+    yield
+    registry.refresh_registry()

@@ -213,13 +213,18 @@ def load_plugin(plugin: PluginGraderFile) -> Any:
     return module
 
 
-def plugin_entries() -> list[tuple[str, str, str]]:
-    """(name, module, distribution) of every installed package's plugin grader entry point."""
+def installed_entry_points(group: str) -> list[tuple[str, str, str]]:
+    """(name, value, distribution) of every installed package's entry point in ``group``, each once."""
     found: set[tuple[str, str, str]] = set()
-    for entry in entry_points(group=GRADER_ENTRY_POINT_GROUP):
+    for entry in entry_points(group=group):
         distribution = entry.dist.name if entry.dist is not None else "an unnamed distribution"
         found.add((entry.name, entry.value, distribution))
     return sorted(found)
+
+
+def plugin_entries() -> list[tuple[str, str, str]]:
+    """(name, module, distribution) of every installed package's plugin grader entry point."""
+    return installed_entry_points(GRADER_ENTRY_POINT_GROUP)
 
 
 def build_grader_registry(entries: Iterable[tuple[str, str, str]]) -> dict[str, PluginGraderFile]:

@@ -20,10 +20,9 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Iterable
-from importlib.metadata import entry_points
 
 from metarl.learning.families import TaskFamily
-from metarl.learning.grader_plugins import grader_problems, refresh_graders
+from metarl.learning.grader_plugins import grader_problems, installed_entry_points, refresh_graders
 
 FAMILY_ENTRY_POINT_GROUP = "metarl.task_families"
 """Entry-point group under which a package registers task families."""
@@ -64,11 +63,7 @@ def load_reference(name: str, reference: str, source: str) -> TaskFamily:
 
 def plugin_references() -> list[tuple[str, str, str]]:
     """(name, reference, distribution) of every installed package's family entry point."""
-    found = []
-    for entry in entry_points(group=FAMILY_ENTRY_POINT_GROUP):
-        distribution = entry.dist.name if entry.dist is not None else "an unnamed distribution"
-        found.append((entry.name, entry.value, distribution))
-    return sorted(found)
+    return installed_entry_points(FAMILY_ENTRY_POINT_GROUP)
 
 
 def build_registry(references: Iterable[tuple[str, str, str]]) -> dict[str, TaskFamily]:

@@ -12,14 +12,12 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tomli_w
 from sqlalchemy import select
 
-from metarl.learning import registry
 from metarl.learning.data_families import family_for
 from metarl.learning.eval_secret import SECRET_FILE
 from metarl.pools import WorkerPools
@@ -119,22 +117,12 @@ def files_with_prompts(root: Path, prompts: set[str]) -> list[str]:
     return found
 
 
-@pytest.fixture
-def plugin_here(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The plugin importable in this process too (the test loads its spec and draws its hidden eval)."""
-    monkeypatch.syspath_prepend(str(PLUGIN_SITE))
-    registry.refresh_registry()
-    yield
-    monkeypatch.undo()
-    registry.refresh_registry()
-
-
 def test_new_families_run_through_the_local_loop(
     tmp_path: Path,
     plugin_env: dict[str, str],
     plugin_pools: WorkerPools,
     pg_url: str,
-    plugin_here: None,
+    plugin_installed: None,
 ) -> None:
     config = local_run_config(tmp_path)
     logs = tmp_path / "logs"

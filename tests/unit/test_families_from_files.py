@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,15 +29,6 @@ PLUGIN_SITE = FIXTURES / "plugin_site"
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-@pytest.fixture
-def plugin_installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The plugin package on sys.path with its dist-info (its entry point), the registry reloaded."""
-    monkeypatch.syspath_prepend(str(PLUGIN_SITE))
-    registry.refresh_registry()
-    yield
-    registry.refresh_registry()
 
 
 def test_a_data_defined_family_loads_from_its_files() -> None:

@@ -63,15 +63,6 @@ def is_well_formed(completion, options):
 
 
 @pytest.fixture
-def plugin_installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The fixture package on sys.path with its dist-info (its entry points), the registries reloaded."""
-    monkeypatch.syspath_prepend(str(PLUGIN_SITE))
-    registry.refresh_registry()
-    yield
-    registry.refresh_registry()
-
-
-@pytest.fixture
 def fresh_graders() -> Iterator[None]:
     """No plugin grader loaded before the test, and none left after it."""
     registry.refresh_registry()
