@@ -594,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     install_eval_secret(args.artifacts)
     torch.set_num_threads(1)
-    wall_started, date_started = time.monotonic(), datetime.now(UTC)
+    wall_started, date_started, commit = time.monotonic(), datetime.now(UTC), git_commit()
     try:
         config, specs = load_run(args.config)
         held_out = [task_id for task_id in config.run.tasks if specs[task_id].held_out]
@@ -652,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "started": date_started.isoformat(timespec="seconds"),
         "wall_s": round(wall, 1),
-        "commit": git_commit(),
+        "commit": commit,
         "trained_agent": provenance.model_dump() if provenance is not None else "missing: no --policy given",
         "floor": "best so far starts at the local-s base model's hidden-eval score; rejected and failed jobs are spent and add no score",
         "cost": "local backends are not billed (metarl/dry_run.py): cost_usd 0, CPU seconds are the cost",

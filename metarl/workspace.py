@@ -465,14 +465,13 @@ correct answer to score strictly higher than wrong ones."""
 def task_grader(task: TaskSpec) -> Mapping[str, Any]:
     """The grader mapping of the task's family: its spec's ``[grader]``, else the registered family's own
     (exact match when the family cannot be built here)."""
-    from metarl.learning.data_families import EXACT_GRADER, family_for
+    from metarl.learning.data_families import family_for, grader_mapping
 
-    if task.grader is not None:
-        return task.grader.model_dump()
     try:
-        return family_for(task).grader
+        generator = family_for(task) if task.grader is None else None
     except KeyError:
-        return dict(EXACT_GRADER)
+        generator = None
+    return grader_mapping(task, generator)
 
 
 def grader_contract(task: TaskSpec) -> str:
