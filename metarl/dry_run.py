@@ -730,10 +730,21 @@ def services_line(config: RunConfig) -> str:
     return f"embedded default under {settings.metarl_home()}; not started"
 
 
-def build_plan(config: RunConfig, specs: dict[str, TaskSpec], config_path: Path, prices: dict[str, float]) -> DryRunPlan:
-    """Everything the dry run prints. Touches no network, service or file (the model cache is only looked at)."""
+def build_plan(config: RunConfig, specs: dict[str, TaskSpec], config_path: Path, prices: dict[str, float], *, provisional_secret: bool = False) -> DryRunPlan:
+    """Everything the dry run prints. Touches no network, service or file (the model cache is only looked at).
+
+    ``provisional_secret``: the deployment has no hidden-eval secret yet, so the local base-model paths
+    (keyed by it) are those of a provisional one and the plan says so.
+    """
+    from metarl.learning.eval_secret import EVAL_SECRET_ENV, SECRET_FILE
+
     estimate = estimate_costs(config, specs, prices)
     models, notes = local_models(config, specs)
+    if provisional_secret:
+        notes.append(
+            f"no hidden-eval secret yet ({EVAL_SECRET_ENV} unset, no {SECRET_FILE} under the artifacts root): the first run creates one; "
+            "the local base-model paths above depend on it and are provisional"
+        )
     if isinstance(config.backends.train, RunpodTrainBackend):
         notes.append("the compiled rl.toml uses the probe's placeholder environment id; a real job's is the digest of its environment package")
         notes.append(

@@ -194,18 +194,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 def dry_run(args: argparse.Namespace, config: Any, specs: dict[str, Any]) -> int:
     """`run --dry-run`: print the plan of a loaded run config; no service, API or file is touched."""
     from metarl.dry_run import build_plan, parse_gpu_prices, render_json, render_text
-    from metarl.learning.eval_secret import EVAL_SECRET_ENV, SECRET_FILE, install_existing_eval_secret, install_provisional_eval_secret
+    from metarl.learning.eval_secret import install_existing_eval_secret, install_provisional_eval_secret
 
     prices = parse_gpu_prices(args.usd_per_gpu_hour, config.backends.train, str(args.config))
     has_secret = install_existing_eval_secret(config.artifacts.root)
     if not has_secret:
         install_provisional_eval_secret()
-    plan = build_plan(config, specs, args.config, prices)
-    if not has_secret:
-        plan.notes.append(
-            f"no hidden-eval secret yet ({EVAL_SECRET_ENV} unset, no {SECRET_FILE} under the artifacts root): the first run creates one; "
-            "the local base-model paths above depend on it and are provisional"
-        )
+    plan = build_plan(config, specs, args.config, prices, provisional_secret=not has_secret)
     sys.stdout.write(render_json(plan) + "\n" if args.json else render_text(plan))
     sys.stdout.flush()
     return 0

@@ -236,6 +236,14 @@ def test_the_dry_run_shows_gpu_budgets_and_learning_rates() -> None:
     assert "learning_rate 0.001 (LoRA 0.001), kl_coef 0 (k3 KL to the base model)" in local_text and "Cost per job" not in local_text
 
 
+def test_a_plan_without_a_secret_says_its_local_model_paths_are_provisional() -> None:
+    config, specs = example("quickstart")
+    provisional = render_text(build_plan(config, specs, EXAMPLES / "quickstart.toml", {}, provisional_secret=True))
+    settled = render_text(build_plan(config, specs, EXAMPLES / "quickstart.toml", {}))
+    assert "no hidden-eval secret yet" in provisional and "provisional" in provisional
+    assert "no hidden-eval secret yet" not in settled
+
+
 def test_tinker_estimate_is_the_token_upper_bound_and_the_cap_binds() -> None:
     config, specs = example("tinker")
     estimate = estimate_costs(config, specs, {})
