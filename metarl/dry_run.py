@@ -734,13 +734,13 @@ def build_plan(config: RunConfig, specs: dict[str, TaskSpec], config_path: Path,
     """Everything the dry run prints. Touches no network, service or file (the model cache is only looked at).
 
     ``provisional_secret``: the deployment has no hidden-eval secret yet, so the local base-model paths
-    (keyed by it) are those of a provisional one and the plan says so.
+    (keyed by it) are those of a provisional one; the plan says so when it lists any.
     """
     from metarl.learning.eval_secret import EVAL_SECRET_ENV, SECRET_FILE
 
     estimate = estimate_costs(config, specs, prices)
     models, notes = local_models(config, specs)
-    if provisional_secret:
+    if provisional_secret and models:
         notes.append(
             f"no hidden-eval secret yet ({EVAL_SECRET_ENV} unset, no {SECRET_FILE} under the artifacts root): the first run creates one; "
             "the local base-model paths above depend on it and are provisional"

@@ -242,6 +242,9 @@ def test_a_plan_without_a_secret_says_its_local_model_paths_are_provisional() ->
     settled = render_text(build_plan(config, specs, EXAMPLES / "quickstart.toml", {}))
     assert "no hidden-eval secret yet" in provisional and "provisional" in provisional
     assert "no hidden-eval secret yet" not in settled
+    sim, sim_specs = example("sim")
+    assert not build_plan(sim, sim_specs, EXAMPLES / "sim.toml", {}).local_models
+    assert "no hidden-eval secret yet" not in render_text(build_plan(sim, sim_specs, EXAMPLES / "sim.toml", {}, provisional_secret=True))
 
 
 def test_tinker_estimate_is_the_token_upper_bound_and_the_cap_binds() -> None:
