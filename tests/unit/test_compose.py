@@ -79,7 +79,13 @@ def render(node: Any, env: dict[str, str]) -> Any:
     return node
 
 
-TEST_ENV = {"POSTGRES_PASSWORD": "pw-from-env", "FLOWER_BASIC_AUTH": "ops:auth-from-env"}
+TEST_ENV = {
+    "POSTGRES_PASSWORD": "pw-from-env",
+    "FLOWER_BASIC_AUTH": "ops:auth-from-env",
+    "METARL_EVAL_SECRET": "eval-secret-from-env-0123456789",
+    "MINIO_ROOT_USER": "minio-user-from-env",
+    "MINIO_ROOT_PASSWORD": "minio-pw-from-env",
+}
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +245,7 @@ def test_flower(services: dict[str, Any], raw: dict[str, Any]) -> None:
     assert any(str(port).startswith("127.0.0.1:") and str(port).endswith(":5555") for port in flower["ports"])
 
 
-@pytest.mark.parametrize("variable", ["POSTGRES_PASSWORD", "FLOWER_BASIC_AUTH"])
+@pytest.mark.parametrize("variable", sorted(TEST_ENV))
 def test_secrets_are_required_from_the_environment(raw: dict[str, Any], variable: str) -> None:
     env = {key: value for key, value in TEST_ENV.items() if key != variable}
     with pytest.raises(MissingVariable, match=variable):
