@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group
 from rich.table import Table
 
@@ -23,10 +24,20 @@ def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
 
 def status_tables(status: dict[str, Any]) -> Group:
     run = status["run"]
+    newest = status.get("held_out_latest")
     head = _table(
         f"run {run['id']}",
-        ["name", "status", "policy version", "cost $", "message"],
-        [[run["name"], run["status"], run["policy_version"], f"{status['cost_usd_total']:.4f}", run["message"]]],
+        ["name", "status", "policy version", "held-out", "cost $", "message"],
+        [
+            [
+                run["name"],
+                run["status"],
+                run["policy_version"],
+                held_out_text(newest["reward"], newest["policy_version"]) if newest else None,
+                f"{status['cost_usd_total']:.4f}",
+                run["message"],
+            ]
+        ],
     )
     stages = _table("episodes per stage", list(status["episodes_by_stage"]), [list(status["episodes_by_stage"].values())])
     queues = _table("queue depths", list(status["queue_depths"]), [list(status["queue_depths"].values())])
@@ -70,7 +81,7 @@ def status_tables(status: dict[str, Any]) -> Group:
                 s["episodes"],
                 s["dropped_stale"],
                 _r(s["reward_mean"]),
-                _r(s["held_out_reward"]),
+                held_out_text(s["held_out_reward"], s.get("held_out_version")),
                 _r(s["cost_usd"]),
             ]
             for s in shown
@@ -84,14 +95,25 @@ def status_tables(status: dict[str, Any]) -> Group:
 
 
 def runs_table(runs: list[dict[str, Any]]) -> Table:
-    """The run list; the id column never shrinks (it is what a user copies): the other columns wrap instead."""
-    table = Table(title="runs", title_justify="left")
-    table.add_column("id", no_wrap=True, min_width=max([len(r["id"]) for r in runs], default=2))
-    for column in ("name", "status", "version", "cost $", "created (UTC)"):
-        table.add_column(column, overflow="fold")
-    for r in runs:
-        table.add_row(r["id"], r["name"], r["status"], str(r["policy_version"]), f"{r['cost_usd']:.4f}", _minute(r["created_at"]))
+    """The run list in 80 columns: each run's short id (`short_id`, a prefix `metarl status` accepts) and status whole; the name wraps."""
+    table = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+    ids = [r.get("short_id", r["id"]) for r in runs]
+    table.add_column("id", no_wrap=True, min_width=max(map(len, ids), default=2))
+    table.add_column("name", overflow="fold", min_width=8)
+    table.add_column("status", no_wrap=True, min_width=max([len(r["status"]) for r in runs], default=6))
+    table.add_column("version", no_wrap=True, justify="right")
+    table.add_column("cost $", no_wrap=True, justify="right")
+    table.add_column("created (UTC)", min_width=10)
+    for short_id, r in zip(ids, runs, strict=True):
+        table.add_row(short_id, r["name"], r["status"], str(r["policy_version"]), f"{r['cost_usd']:.4f}", _minute(r["created_at"]))
     return table
+
+
+def held_out_text(reward: float | None, version: int | None, digits: int = 4) -> str | None:
+    """A held-out mean reward and the policy version it was sampled under, as `0.6800 (v2)`; None when there is none (pure)."""
+    if reward is None:
+        return None
+    return f"{reward:.{digits}f}" + ("" if version is None else f" (v{version})")
 
 
 def _minute(iso_time: str) -> str:

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from metarl.render import held_out_text
 from metarl.store.progress import read_progress
 from orchestrator.loop import TickReport
 
@@ -28,6 +29,15 @@ def display_due(now: float, last_shown: float | None, live: bool, finished: bool
     if live:
         return now - last_shown >= LIVE_REFRESH_S
     return finished or now - last_shown >= LINE_EVERY_S
+
+
+def progress_line(snap: dict[str, Any]) -> str:
+    """The progress as one log line (pure); the held-out reward, once there is one, names its policy version."""
+    held_out = held_out_text(snap["held_out"], snap["held_out_version"], digits=3)
+    return (
+        f"[{snap['status']}] episodes {snap['episodes_done']}/{snap['episodes_total']} outer step {snap['outer_step']}/{snap['max_outer_steps']} "
+        f"reward {snap['reward']}" + ("" if held_out is None else f" held-out {held_out}") + f" cost ${snap['cost_usd']:.4f}"
+    )
 
 
 class ProgressDisplay:
@@ -57,7 +67,7 @@ class ProgressDisplay:
             f"{snap['episodes_done']}/{snap['episodes_total']}",
             f"{snap['outer_step']}/{snap['max_outer_steps']}",
             "-" if snap["reward"] is None else f"{snap['reward']:.3f}",
-            "-" if snap["held_out"] is None else f"{snap['held_out']:.3f}",
+            held_out_text(snap["held_out"], snap["held_out_version"], digits=3) or "-",
             f"{snap['cost_usd']:.4f}",
         )
         return table
@@ -72,12 +82,7 @@ class ProgressDisplay:
         if self.live is not None:
             self.live.update(self.render(snap))
         else:
-            print(
-                f"[{snap['status']}] episodes {snap['episodes_done']}/{snap['episodes_total']} outer step {snap['outer_step']}/{snap['max_outer_steps']} "
-                f"reward {snap['reward']} cost ${snap['cost_usd']:.4f}",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(progress_line(snap), file=sys.stderr, flush=True)
 
     def print_summary(self) -> None:
         snap = self.snapshot()

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
 
 from metarl.domain.transitions import TERMINAL_STAGES
 from metarl.store.db import session_scope
 from metarl.store.ledger import run_total_usd
 from metarl.store.records import Episode, OuterStatus, OuterStep, Run
+from metarl.store.status import newest_held_out
 from metarl.store.step_metrics import held_out_reward_by_version
 
 
@@ -27,13 +27,9 @@ class ProgressSnapshot:
     reward: float | None
     """Mean reward of that step's batch."""
     held_out: float | None
+    """Mean reward of the held-out groups of `held_out_version`, the newest policy version with evaluated ones."""
+    held_out_version: int | None
     cost_usd: float
-
-
-def latest_held_out_reward(session: Session, run_id: str) -> float | None:
-    """Mean reward of the newest policy version whose held-out groups were evaluated (from the records, as `metarl status` reads it)."""
-    by_version = held_out_reward_by_version(session, run_id)
-    return by_version[max(by_version)] if by_version else None
 
 
 def read_progress(database_url: str, run_id: str) -> ProgressSnapshot:
@@ -44,6 +40,7 @@ def read_progress(database_url: str, run_id: str) -> ProgressSnapshot:
         last = session.execute(
             select(OuterStep).where(OuterStep.run_id == run_id, OuterStep.status == OuterStatus.done).order_by(OuterStep.step.desc()).limit(1)
         ).scalar_one_or_none()
+        held_out = newest_held_out(held_out_reward_by_version(session, run_id))  # as `metarl status` reads it
         return ProgressSnapshot(
             status=run.status.value if run else "?",
             episodes_done=done,
@@ -51,6 +48,7 @@ def read_progress(database_url: str, run_id: str) -> ProgressSnapshot:
             outer_step=last.step if last else 0,
             max_outer_steps=run.config["run"]["max_outer_steps"] if run else 0,
             reward=last.metrics.get("reward_mean") if last else None,
-            held_out=latest_held_out_reward(session, run_id),
+            held_out=held_out["reward"] if held_out else None,
+            held_out_version=held_out["policy_version"] if held_out else None,
             cost_usd=run_total_usd(session, run_id),
         )

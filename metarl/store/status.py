@@ -8,6 +8,7 @@ imports, bench.scale); the listing and the episode report use the ORM.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -104,24 +105,47 @@ def _filesystem_depth(folder: Path, queue: str) -> int:
     return sum(1 for name in folder.iterdir() if name.name.endswith(f".{queue}.msg"))
 
 
+SHORT_ID_MIN_LENGTH = 8
+"""Fewest characters of a run id that the runs table shows."""
+
+
 def list_runs(session: Session) -> list[dict[str, Any]]:
-    from sqlalchemy import select
+    """The 50 newest runs, each with `short_id`: the id's shortest unique prefix (:func:`unique_prefix`)."""
+    from sqlalchemy import func, select
 
     from metarl.store.ledger import run_total_usd
     from metarl.store.records import Run
 
-    runs = session.execute(select(Run).order_by(Run.created_at.desc()).limit(50)).scalars().all()
+    in_order = func.lower(Run.id).collate("C")
+    neighbours = select(
+        Run.id.label("id"), func.lag(Run.id).over(order_by=in_order).label("before"), func.lead(Run.id).over(order_by=in_order).label("after")
+    ).subquery()
+    found = session.execute(
+        select(Run, neighbours.c.before, neighbours.c.after).join(neighbours, neighbours.c.id == Run.id).order_by(Run.created_at.desc()).limit(50)
+    ).all()
     return [
         {
             "id": run.id,
+            "short_id": unique_prefix(run.id, (before, after)),
             "name": run.name,
             "status": run.status.value,
             "policy_version": run.policy_version,
             "created_at": run.created_at.isoformat(),
             "cost_usd": round(run_total_usd(session, run.id), 4),
         }
-        for run in runs
+        for run, before, after in found
     ]
+
+
+def unique_prefix(run_id: str, neighbours: Iterable[str | None], minimum: int = SHORT_ID_MIN_LENGTH) -> str:
+    """The shortest prefix of `run_id`, at least `minimum` long, that `metarl.store.run_ids.resolve_run_id` resolves to it (pure).
+
+    `neighbours` are the ids just before and after it in case-insensitive byte order (None at
+    either end): no other id shares a longer prefix with it.
+    """
+    own = run_id.lower()
+    shared = max((len(os.path.commonprefix([own, other.lower()])) for other in neighbours if other is not None), default=0)
+    return run_id[: max(minimum, shared + 1)]
 
 
 RUN_SQL = "SELECT id, name, status, policy_version, status_message, stop_requested, created_at, finished_at FROM runs WHERE id = %(run_id)s"
@@ -297,13 +321,27 @@ def status_document(
             for e, t, s, v, total, job, val, eff, speed in recent
         ],
         "outer_steps": [outer_step_line(step, held_out) for step in steps],
+        "held_out_latest": newest_held_out(held_out),
     }
 
 
+def newest_held_out(held_out: dict[int, float]) -> dict[str, Any] | None:
+    """The newest policy version with an evaluated held-out mean, and that mean (None: none yet; pure)."""
+    if not held_out:
+        return None
+    version = max(held_out)
+    return {"policy_version": version, "reward": held_out[version]}
+
+
 def outer_step_line(step_row: tuple[Any, ...], held_out: dict[int, float]) -> dict[str, Any]:
-    """One row of OUTER_STEPS_SQL as the status shows it; a held-out reward found in the records wins over the stored one (pure)."""
+    """One row of OUTER_STEPS_SQL as the status shows it (pure).
+
+    The held-out reward is that of the step's starting version (`held_out_version`, None with no
+    reward): one found in the records wins over the one stored when the step ran.
+    """
     step, status, before, after, groups, episodes, dropped, metrics = step_row
     metrics = metrics or {}
+    held_out_reward = held_out.get(before, metrics.get("held_out_reward_mean"))
     return {
         "step": step,
         "status": status,
@@ -312,7 +350,8 @@ def outer_step_line(step_row: tuple[Any, ...], held_out: dict[int, float]) -> di
         "episodes": episodes,
         "dropped_stale": dropped,
         "reward_mean": metrics.get("reward_mean"),
-        "held_out_reward": held_out.get(before, metrics.get("held_out_reward_mean")),
+        "held_out_reward": held_out_reward,
+        "held_out_version": None if held_out_reward is None else before,
         "cost_usd": metrics.get("cost_usd_total"),
     }
 

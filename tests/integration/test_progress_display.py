@@ -8,8 +8,8 @@ from sqlalchemy import update
 from metarl.backends.base import CostItem
 from metarl.store.db import session_scope, sql_transaction
 from metarl.store.episodes import record_costs
-from metarl.store.records import Episode, OuterStatus, OuterStep, Run, Stage
-from metarl_cli.progress import ProgressDisplay
+from metarl.store.records import Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Reward, Run, Stage
+from metarl_cli.progress import ProgressDisplay, progress_line
 from orchestrator.loop import TickReport
 from tests.integration.helpers import new_episode
 
@@ -54,8 +54,35 @@ def test_the_snapshot_is_the_run_s_records(pg_url: str) -> None:
         "max_outer_steps": 3,
         "reward": 0.25,
         "held_out": None,
+        "held_out_version": None,
         "cost_usd": 2.0,
     }
+
+
+def test_the_held_out_figure_is_the_newest_evaluated_version_s_and_names_it(pg_url: str) -> None:
+    run_id, _ = new_episode(pg_url, Stage.done)
+    with session_scope(pg_url) as session:
+        session.execute(update(Run).where(Run.id == run_id).values(config={"run": {"max_outer_steps": 3}}))
+        for version, status, total in ((0, GroupStatus.evaluated, 0.25), (1, GroupStatus.evaluated, 0.75), (2, GroupStatus.open, 0.0)):
+            group = EpisodeGroup(run_id=run_id, task_id="date_format", policy_version=version, size=1, held_out=True, status=status)
+            session.add(group)
+            session.flush()
+            episode = Episode(
+                run_id=run_id,
+                group_id=group.id,
+                index_in_group=0,
+                task_id="date_format",
+                policy_version=version,
+                held_out=True,
+                stage=Stage.done,
+                probe_attempt=1,
+            )
+            session.add(episode)
+            session.flush()
+            session.add(Reward(episode_id=episode.id, run_id=run_id, total=total, job=total, validation=1.0, efficiency=0.0, speed=0.0, weights={}))
+    snap = ProgressDisplay(pg_url, run_id).snapshot()
+    assert (snap["held_out"], snap["held_out_version"]) == (0.75, 1)  # v2's group is still open
+    assert "held-out 0.750 (v1)" in progress_line(snap)
 
 
 def test_off_a_terminal_a_line_is_printed_at_the_start_every_five_seconds_and_at_the_end(

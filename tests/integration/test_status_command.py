@@ -13,7 +13,9 @@ import pytest
 from metarl.store import db
 from metarl.store.db import psycopg_connection, session_scope
 from metarl.store.migration_head import head_revision, libpq_uri, revision_of
-from metarl.store.status import run_status
+from metarl.store.records import Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Reward, Run, RunStatus, Stage
+from metarl.store.run_ids import resolve_run_id
+from metarl.store.status import list_runs, run_status
 from tests.conftest import REPO, metarl_cli
 from tests.integration.helpers import finished_episode
 
@@ -85,3 +87,68 @@ def test_status_with_the_database_down_says_so(tmp_path: Path) -> None:
     )
     secret = metarl_cli(["status", "x"], status_env(tmp_path, "postgresql+psycopg://postgres:hunter2@127.0.0.1:9/nothing"), timeout=120)
     assert "hunter2" not in secret.stderr and ":***@" in secret.stderr
+
+
+def add_held_out_group(pg_url: str, run_id: str, version: int, total: float) -> None:
+    """An evaluated held-out group of one rewarded episode sampled under `version`."""
+    with session_scope(pg_url) as session:
+        group = EpisodeGroup(run_id=run_id, task_id="date_format", policy_version=version, size=1, held_out=True, status=GroupStatus.evaluated)
+        session.add(group)
+        session.flush()
+        episode = Episode(
+            run_id=run_id, group_id=group.id, index_in_group=0, task_id="date_format", policy_version=version, held_out=True, stage=Stage.done, probe_attempt=1
+        )
+        session.add(episode)
+        session.flush()
+        session.add(Reward(episode_id=episode.id, run_id=run_id, total=total, job=total, validation=1.0, efficiency=0.0, speed=0.0, weights={}))
+
+
+def test_status_names_the_policy_version_of_every_held_out_reward(tmp_path: Path, pg_url: str) -> None:
+    run_id, _ = finished_episode(pg_url)
+    with session_scope(pg_url) as session:
+        for step in (1, 2):
+            session.add(
+                OuterStep(
+                    run_id=run_id,
+                    step=step,
+                    status=OuterStatus.done,
+                    policy_version_before=step - 1,
+                    policy_version_after=step,
+                    n_groups=1,
+                    n_episodes=1,
+                    metrics={"reward_mean": 0.5},
+                )
+            )
+    add_held_out_group(pg_url, run_id, 0, 0.25)
+    add_held_out_group(pg_url, run_id, 2, 1.125)
+    env = dict(status_env(tmp_path, pg_url), COLUMNS="200")
+    shown = json.loads(metarl_cli(["status", run_id, "--json"], env, timeout=120).stdout)
+    assert [(s["step"], s["held_out_reward"], s["held_out_version"]) for s in shown["outer_steps"]] == [(1, 0.25, 0), (2, None, None)]
+    assert shown["held_out_latest"] == {"policy_version": 2, "reward": 1.125}
+    tables = metarl_cli(["status", run_id], env, timeout=120)
+    assert "1.1250 (v2)" in tables.stdout and "0.2500 (v0)" in tables.stdout, tables.stdout
+
+
+def test_the_runs_table_shows_short_ids_that_resolve_and_fits_80_columns(tmp_path: Path, pg_url: str) -> None:
+    import psycopg
+
+    finished_episode(pg_url)
+    twins = ["abcdef01-1111-4111-8111-111111111111", "abcdef01-2222-4222-8222-222222222222", "abcdef02-3333-4333-8333-333333333333"]
+    with session_scope(pg_url) as session:
+        for index, run_id in enumerate(twins):
+            session.add(Run(id=run_id, name="a-long-run-name-with-no-spaces-" * 2, config={}, task_specs={}, status=list(RunStatus)[index]))
+    with session_scope(pg_url) as session:
+        listed = list_runs(session)
+    short = {row["id"]: row["short_id"] for row in listed}
+    assert [short[run_id] for run_id in twins] == ["abcdef01-1", "abcdef01-2", "abcdef02"]
+    with psycopg.connect(libpq_uri(pg_url)) as connection:
+        assert all(resolve_run_id(connection, prefix) == run_id for run_id, prefix in short.items())
+
+    env = dict(status_env(tmp_path, pg_url), COLUMNS="80")
+    table = metarl_cli(["status"], env, timeout=120)
+    lines = table.stdout.splitlines()
+    assert table.returncode == 0 and max(len(line) for line in lines) <= 80, table.stdout + table.stderr
+    for row in listed:
+        (line,) = [line for line in lines if line.startswith(f" {row['short_id']} ")]
+        assert f" {row['status']} " in line and row["id"] not in line, table.stdout
+    assert {row["id"] for row in json.loads(metarl_cli(["status", "--json"], env, timeout=120).stdout)} == set(short)
