@@ -66,6 +66,7 @@ def reap(pid: int) -> None:
 
 def run_inner_job(request: InnerJobRequest) -> InnerJobResult:
     """Launch, poll and score one job with the local backends, as a run's train and eval stages do."""
+    from metarl.artifact_store import ArtifactStore
     from metarl.backends.base import EpisodeContext
     from metarl.backends.local.train import LocalEval, LocalTrain
     from schemas.base import parse_toml_text, validate_model
@@ -80,7 +81,8 @@ def run_inner_job(request: InnerJobRequest) -> InnerJobResult:
         LocalTrainBackend(
             type="local", max_concurrent_jobs=request.workers, torch_threads_per_job=1, model_scale=request.model_scale, model_cache_dir=request.cache_dir
         ),
-        Path(request.jobs_dir),
+        ArtifactStore(request.jobs_dir),
+        jobs_dir=Path(request.jobs_dir),
     )
     launched = trainer.launch(ctx, job, request.name)
     try:

@@ -38,3 +38,31 @@ class BudgetExceeded(MetarlError):
 
 class RunNotFound(MetarlError):
     """No run with that id."""
+
+
+class PlatformFault(MetarlError):
+    """Infrastructure failed, not the agent's job: an artifact a stage cannot read, a missing or disagreeing
+    hidden-eval secret, an unreachable store. Never an episode failure: retried, then the run pauses with the cause."""
+
+    retryable = True
+    """False when retrying on the same deployment cannot help (a config fault): the run pauses at once."""
+
+
+class ArtifactStoreUnavailable(PlatformFault):
+    """The artifact store could not be read or written (unreachable, refused, a digest that does not match)."""
+
+
+class ArtifactMissing(PlatformFault):
+    """An artifact a stage needs is not in the store."""
+
+
+class ArtifactStoreNotShared(PlatformFault):
+    """A local-folder artifact root read from a host that does not share it."""
+
+    retryable = False
+
+
+class HiddenEvalSecretFault(PlatformFault):
+    """This host has no hidden-eval secret, or not the one the run's other hosts hold."""
+
+    retryable = False

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from metarl.messaging.queues import QUEUES
-from metarl.settings import BROKER_ENV, DATABASE_ENV
+from metarl.settings import BROKER_ENV, DATABASE_ENV, HOST_ENV
 
 log = logging.getLogger("metarl.pools")
 
@@ -51,7 +51,22 @@ def worker_command(pool: str, concurrency: int = 1, autoscale: str | None = None
     """
     if pool not in QUEUES:
         raise ValueError(f"unknown pool {pool!r}: use one of {', '.join(QUEUES)}")
-    command = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", pool, "-n", f"{pool}@%h", "-l", loglevel, "-E", "--without-mingle"]
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.app",
+        "worker",
+        "-Q",
+        pool,
+        "-n",
+        f"{pool}@{os.environ[HOST_ENV] if os.environ.get(HOST_ENV) else '%h'}",
+        "-l",
+        loglevel,
+        "-E",
+        "--without-mingle",
+    ]
     if autoscale:
         largest, smallest = parse_autoscale(autoscale)
         command += ["--autoscale", f"{largest},{smallest}"]

@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="start a run from a run config (embedded services unless METARL_DATABASE_URL is set)")
     run.add_argument("config", type=Path)
+    run.add_argument("--new", action="store_true", help="start a second run even when an unfinished run of the same name exists (default: continue that run)")
     _service_flags(run)
     run.add_argument(
         "--dry-run", action="store_true", help="print the pods, images, compiled prime-rl configs and cost estimate; call no API, start and write nothing"
@@ -102,14 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--retry-failed", action="store_true", help="a failed run: retry its failed outer step from the same saved policy version (fix the cause first)"
     )
     _service_flags(resume)
+    _config_flag(resume)
 
     stop = sub.add_parser("stop", help="ask a run to stop gracefully (in-flight episodes finish)")
     stop.add_argument("run_id", help="the run's id or a unique prefix of it")
+    _config_flag(stop)
 
     status = sub.add_parser("status", help="show runs, or one run in detail")
     status.add_argument("run_id", nargs="?", help="the run's id or a unique prefix of it (none: list the runs)")
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     status.add_argument("--episode", type=whole_number(1, BIGINT_MAX, "an episode id"), help="what happened to one episode and what it cost")
+    _config_flag(status)
 
     report = sub.add_parser("report", help="write one run's report: an HTML page, PNG plots and CSV tables")
     report.add_argument("run_id", help="the run's id or a unique prefix of it")
@@ -117,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--versus-search", type=Path, metavar="CSV", help="also draw this bench.versus_search CSV (the agent against the searches) beside the run's plots"
     )
+    _config_flag(report)
 
     worker = sub.add_parser("worker", help="start one worker pool (services mode)")
     worker.add_argument("--pool", required=True, choices=["agent", "probe", "train", "eval", "outer"])
@@ -126,9 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--autoscale", type=autoscale_arg, metavar="MAX,MIN", help="grow and shrink between MIN and MAX worker processes (Flower can change the range)"
     )
     worker.add_argument("--loglevel", type=str.lower, choices=CELERY_LOG_LEVELS, default="info")
+    _config_flag(worker)
 
     db = sub.add_parser("db", help="database migrations")
     db.add_argument("action", choices=["upgrade", "current"])
+    _config_flag(db)
 
     metrics = sub.add_parser("metrics", help="serve Prometheus metrics (queue depths, stages, latencies, costs)")
     metrics.add_argument("--port", type=whole_number(1, 65535, "a TCP port"), default=9108)
@@ -139,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds between the serving loop's wake-ups (scrapes read the records when they come)",
     )
+    _config_flag(metrics)
 
     from metarl_cli.probe_command import add_parser as add_probe_parser
 
@@ -147,6 +155,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tasks_parser(sub)
     return parser
+
+
+def _config_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="CONFIG",
+        help="read [services] of this run config, as `metarl run CONFIG` does (METARL_DATABASE_URL and METARL_BROKER_URL win)",
+    )
+
+
+def configured_services(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(database URL, broker URL) of the command's `--config` [services], or (None, None): the environment then decides, as for every command."""
+    path = getattr(args, "config", None)
+    if path is None:
+        return None, None
+    from metarl.runconfig import load_run
+
+    config, _specs = load_run(path)
+    return config.services.database_url, config.services.broker_url
 
 
 def _service_flags(parser: argparse.ArgumentParser) -> None:
@@ -182,13 +210,45 @@ def cmd_run(args: argparse.Namespace) -> int:
         if (refusal := preflight_isolation(config)) is not None:
             print(f"error: {refusal}", file=sys.stderr)
             return EXIT_CONFIG_ERROR
+    from metarl.errors import PlatformFault
+
     with ExitStack() as stack:
         services = stack.enter_context(Services(config.services.database_url, config.services.broker_url, spawn_workers=not args.no_workers))
+        from metarl.store.runs import runs_transaction
         from orchestrator.loop import create_run
 
-        run_id = create_run(services.database_url, config, specs)
-        print(f"run {run_id} ({config.run.name}) created; resume with `metarl resume {run_id}`", flush=True)
+        if not args.new:
+            with runs_transaction(services.database_url) as runs:
+                earlier = runs.newest_run_named(config.run.name)
+            if earlier is not None:
+                return continue_run_named(services, earlier, args)
+        try:
+            run_id = create_run(services.database_url, config, specs)
+        except PlatformFault as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_CONFIG_ERROR
+        print(f"run {run_id} ({config.run.name}) created; `metarl run {args.config}` or `metarl resume {run_id}` continues it", flush=True)
         return drive(services, run_id, quiet=args.quiet)
+
+
+def continue_run_named(services: Services, earlier: Any, args: argparse.Namespace) -> int:
+    """`metarl run CONFIG` when a run of that name exists: continue it while unfinished, else say what it became (a restart
+    policy that runs the command again never starts a second run; `--new` does)."""
+    from schemas.states import RESUMABLE_RUN_STATUSES, RunStatus
+
+    second = f"`metarl run {args.config} --new` starts a second run"
+    if earlier.status in RESUMABLE_RUN_STATUSES:
+        print(f"continuing run {earlier.run_id} ({earlier.status.value}); {second} instead", flush=True)
+        return drive(services, earlier.run_id, quiet=args.quiet)
+    if earlier.status == RunStatus.failed:
+        print(
+            f"error: run {earlier.run_id} of this name failed: {earlier.status_message}\n"
+            f"fix the cause, then `metarl resume {earlier.run_id} --retry-failed`; or {second}",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED_RUN
+    print(f"run {earlier.run_id} of this name is {earlier.status.value} ({earlier.status_message or 'no message'}); {second}", flush=True)
+    return 0
 
 
 def dry_run(args: argparse.Namespace, config: Any, specs: dict[str, Any]) -> int:
@@ -208,7 +268,7 @@ def dry_run(args: argparse.Namespace, config: Any, specs: dict[str, Any]) -> int
 
 def cmd_resume(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
-        services = stack.enter_context(Services(None, None, spawn_workers=not args.no_workers))
+        services = stack.enter_context(Services(*configured_services(args), spawn_workers=not args.no_workers))
         from metarl.store.failed_runs import NotRetryable
         from metarl.store.records import RunStatus
         from metarl.store.runs import runs_transaction
@@ -241,6 +301,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def drive(services: Services, run_id: str, quiet: bool) -> int:
+    from metarl.errors import PlatformFault
     from metarl.messaging.celery_app import make_app
     from metarl.store.records import RunStatus
     from metarl_cli.progress import ProgressDisplay
@@ -256,22 +317,44 @@ def drive(services: Services, run_id: str, quiet: bool) -> int:
     except OrchestratorBusy as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BUSY
+    except PlatformFault as err:
+        from metarl.store.run_hosts import pause_run
+
+        pause_run(services.database_url, run_id, f"paused: {err}")
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_FAILED_RUN
     except KeyboardInterrupt:
+        mark_interrupted(services, run_id, "interrupted (Ctrl-C)")
         print(f"\ninterrupted: run {run_id} is kept; `metarl resume {run_id}` continues it", file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
     if status == RunStatus.running:
+        mark_interrupted(services, run_id, "interrupted (SIGTERM)")
         print(f"stopped this process; run {run_id} continues with `metarl resume {run_id}`")
         return 0
     display.print_summary()
+    if status == RunStatus.paused:
+        from metarl.store.runs import runs_transaction
+
+        with runs_transaction(services.database_url) as runs:
+            summary = runs.summary(run_id)
+        print(f"error: run {run_id} {summary.status_message if summary else 'paused'}; fix the cause, then `metarl resume {run_id}`", file=sys.stderr)
     return 0 if status in (RunStatus.finished, RunStatus.stopped) else 1
+
+
+def mark_interrupted(services: Services, run_id: str, message: str) -> None:
+    """The run's orchestrator stopped: show the run as `interrupted` (resumable) unless it has ended."""
+    from metarl.store.runs import runs_transaction
+
+    with runs_transaction(services.database_url) as runs:
+        runs.mark_interrupted(run_id, f"{message}; `metarl resume {run_id}` continues it")
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from metarl.store.runs import runs_transaction
 
-    with Services(None, None, spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
+    with Services(*configured_services(args), spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
         run_id = resolved_run_id(runs, args.run_id)
         if isinstance(run_id, int):
             return run_id
@@ -285,14 +368,15 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from metarl import settings
 
-    database_url = settings.database_url(None)
+    config_database, config_broker = configured_services(args)
+    database_url = settings.database_url(config_database)
     if database_url and args.run_id is not None and args.episode is None:
-        shown = run_status_at_head(args, database_url, settings.broker_url(None))
+        shown = run_status_at_head(args, database_url, settings.broker_url(config_broker))
         if shown is not None:
             return shown
     from metarl.store.runs import runs_transaction
 
-    with Services(None, None, spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
+    with Services(config_database, config_broker, spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
         run_id = None if args.run_id is None else resolved_run_id(runs, args.run_id)
         if isinstance(run_id, int):
             return run_id
@@ -388,6 +472,7 @@ def show_run_status(status: dict[str, Any], *, as_json: bool) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write the report of one run (HTML, PNG, CSV) and print the path of its index.html."""
+    from metarl.artifact_store import is_remote_root
     from metarl.report_tables import default_report_dir, printable
     from metarl.store.runs import runs_transaction
 
@@ -396,7 +481,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         from metarl.versus_search import read_versus_csv
 
         versus_rows = read_versus_csv(args.versus_search)  # a bad CSV is a ConfigError naming its row and column, before any service starts
-    with Services(None, None, spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
+    with Services(*configured_services(args), spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
         run_id = resolved_run_id(runs, args.run_id)
         if isinstance(run_id, int):
             return run_id
@@ -414,11 +499,29 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"error: cannot write the report to {printable(str(out))}: {err.strerror or err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     print(index.resolve())
+    if data.artifacts_root and is_remote_root(data.artifacts_root):
+        from metarl.artifact_store import ArtifactStore
+        from metarl.errors import ArtifactStoreUnavailable
+
+        try:
+            stored = ArtifactStore(data.artifacts_root).put_tree(out, f"reports/{data.run.id}")
+        except ArtifactStoreUnavailable as err:
+            print(f"error: the report is written here but not stored in the run's artifact store: {err}", file=sys.stderr)
+            return EXIT_FAILED_RUN
+        print(f"stored: {stored.partition('#')[0]}/index.html")
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from metarl import settings
     from metarl.pools import worker_command
+
+    config_database, config_broker = configured_services(args)
+    for name, value in ((settings.DATABASE_ENV, settings.database_url(config_database)), (settings.BROKER_ENV, settings.broker_url(config_broker))):
+        if not value:
+            print(f"error: a worker needs {name} (or --config CONFIG with [services]): the pools share the run's database and broker", file=sys.stderr)
+            return EXIT_CONFIG_ERROR
+        os.environ[name] = value
 
     command = worker_command(args.pool, args.concurrency, args.autoscale, args.loglevel)
     os.execv(command[0], command)
@@ -428,7 +531,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_db(args: argparse.Namespace) -> int:
     from metarl.store import db
 
-    with Services(None, None, spawn_workers=False, migrate=False) as services:
+    with Services(*configured_services(args), spawn_workers=False, migrate=False) as services:
         if args.action == "upgrade":
             db.upgrade(services.database_url)
         print(f"database at revision {db.current_revision(services.database_url)}")
@@ -440,7 +543,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
     problem = listen_problem(args.host, args.port)
     if problem is None:
-        with Services(None, None, spawn_workers=False) as services:
+        with Services(*configured_services(args), spawn_workers=False) as services:
             try:
                 serve_metrics(services.database_url, services.broker_url, args.host, args.port, args.interval)
             except OSError as err:  # taken between the check and the start
@@ -486,7 +589,12 @@ class Services:
 
         if self.database_url_setting:
             self.database_url = self.database_url_setting
+            if self.spawn_workers or self.migrate:
+                note_services_mode(self.home, self.database_url_setting, self.broker_url_setting)
         else:
+            refusal = services_mode_refusal(self.home)
+            if refusal is not None:
+                raise SystemExit(f"error: {refusal}")
             from metarl.embedded import EmbeddedServices
 
             self.embedded = EmbeddedServices(self.home)
@@ -511,6 +619,37 @@ class Services:
             self.pools.stop()
         if self.embedded is not None:
             self.embedded.stop()
+
+
+SERVICES_NOTE = "services.json"
+"""Written under METARL_HOME by a command that used configured services: which ones (passwords left out)."""
+
+
+def note_services_mode(home: Path, database_url: str, broker_url: str | None) -> None:
+    """Record under `home` that runs of this folder live in services mode, so a later command does not open the embedded database."""
+    from metarl.store.status import without_password
+
+    home.mkdir(parents=True, exist_ok=True)
+    note = {"database_url": without_password(database_url), "broker_url": without_password(broker_url) if broker_url else None}
+    (home / SERVICES_NOTE).write_text(json.dumps(note, indent=2) + "\n", encoding="utf-8")
+
+
+def services_mode_refusal(home: Path) -> str | None:
+    """Why this command must not open the embedded database (a run of this folder lives in services mode), or None."""
+    path = home / SERVICES_NOTE
+    if not path.is_file():
+        return None
+    try:
+        note = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        note = {}
+    from schemas.config_error import printable
+
+    return (
+        f"runs of {home} live in services mode (database {printable(str(note.get('database_url')))}, broker {printable(str(note.get('broker_url')))}), "
+        f"but METARL_DATABASE_URL is not set, so this command would open the empty embedded database. Fix: set METARL_DATABASE_URL and "
+        f"METARL_BROKER_URL as for `metarl run`, or pass --config CONFIG; remove {path} to use the embedded database here again"
+    )
 
 
 COMMANDS = {

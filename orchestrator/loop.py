@@ -14,12 +14,17 @@ from dataclasses import dataclass, field
 from celery import Celery
 from kombu.exceptions import OperationalError as BrokerUnreachable
 
-from metarl.domain.batching import GroupView, groups_to_open, oldest_fresh_version, plan_batch, tasks_to_open
+from metarl.artifact_store import ArtifactStore, is_remote_root
+from metarl.domain.batching import GroupView, groups_to_open, oldest_fresh_version, plan_batch, tasks_to_open, window_failure_cause
+from metarl.errors import HiddenEvalSecretFault
+from metarl.learning.eval_secret import install_eval_secret, installed_fingerprint
 from metarl.messaging.dispatch import send_outer, send_stage
+from metarl.settings import host_name
 from metarl.store.claims import utcnow
 from metarl.store.db import DATABASE_UNREACHABLE, unreachable_reason
 from metarl.store.reconcile import StageDispatch
 from metarl.store.records import RunStatus, Stage
+from metarl.store.run_hosts import record_host, secret_disagreement
 from metarl.store.run_lock import RunLock
 from metarl.store.run_tick import RunTick, run_tick
 from metarl.store.runs import create_run as insert_run
@@ -37,10 +42,31 @@ MAX_OUTAGE_WAIT_S = 5.0
 
 
 def create_run(database_url: str, config: RunConfig, task_specs: dict[str, TaskSpec]) -> str:
-    """Insert the run row and policy version 0 (its state from the outer backend); return the run id."""
+    """Insert the run row and policy version 0 (its state from the outer backend); return the run id.
+
+    Under a local-folder artifact root, the root records that this host made the run (`ArtifactStore.mark_run`), so
+    a worker on a host without that folder stops the run instead of failing its episodes.
+    """
     from metarl.backends.registry import outer_backend
 
-    return insert_run(database_url, config, task_specs, lambda run_id: outer_backend(config).initial_state(run_id, config))
+    install_eval_secret(config.artifacts.root, create=not is_remote_root(config.artifacts.root))
+
+    def initial_state(run_id: str) -> str | None:
+        ArtifactStore(config.artifacts.root).mark_run(run_id)
+        return outer_backend(config).initial_state(run_id, config)
+
+    run_id = insert_run(database_url, config, task_specs, initial_state)
+    record_orchestrator_host(database_url, run_id, config)
+    return run_id
+
+
+def record_orchestrator_host(database_url: str, run_id: str, config: RunConfig) -> None:
+    """Install the deployment's secret and record this host's fingerprint; HiddenEvalSecretFault when there is none or the run's hosts disagree."""
+    install_eval_secret(config.artifacts.root, create=not is_remote_root(config.artifacts.root))
+    hosts = record_host(database_url, run_id, host_name(), "orchestrator", installed_fingerprint())
+    disagreement = secret_disagreement(hosts)
+    if disagreement is not None:
+        raise HiddenEvalSecretFault(f"{disagreement}: give every host the same METARL_EVAL_SECRET, then `metarl resume {run_id}`")
 
 
 @dataclass
@@ -98,7 +124,9 @@ class Orchestrator:
 
     def setup(self) -> RunConfig:
         self._acquire_lock()
-        return take_up_run(self.database_url, self.run_id)
+        config = take_up_run(self.database_url, self.run_id)
+        record_orchestrator_host(self.database_url, self.run_id, config)
+        return config
 
     def stop(self) -> None:
         self._lock.release()
@@ -120,7 +148,11 @@ class Orchestrator:
             outer_ids += orphan_steps
             counts = tick.counts()
             report.dropped_stale, resample_tasks = self._drop_stale_groups(tick, config)
-            counts = counts.after_dropping(report.dropped_stale)
+            unscored = tick.drop_unscored_groups()
+            resample_tasks += unscored
+            counts = counts.after_dropping(report.dropped_stale + len(unscored))
+            if self._fail_if_window_failed(tick, config, report):
+                return report
             created, counts = self._maybe_create_outer_step(tick, config, counts)
             if created is not None:
                 report.outer_step_created = created
@@ -208,6 +240,17 @@ class Orchestrator:
             tick.set_status_message(message)
             log.warning(message)
         report.messages.append(message)
+        return True
+
+    def _fail_if_window_failed(self, tick: RunTick, config: RunConfig, report: TickReport) -> bool:
+        """Pause the run when the last window of trainable episodes all failed for one cause (no outer step can learn from them)."""
+        window = config.window.in_flight
+        cause = window_failure_cause(tick.recent_trainable_outcomes(window), window)
+        if cause is None:
+            return False
+        tick.end(RunStatus.paused, utcnow(), f"paused: the last {window} episodes all failed, none scored, for one cause: {cause}")
+        report.status, report.finished = tick.status, True
+        log.error("run %s %s", tick.run_id, tick.status_message)
         return True
 
     def _drop_stale_groups(self, tick: RunTick, config: RunConfig) -> tuple[int, list[str]]:

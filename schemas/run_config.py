@@ -68,6 +68,12 @@ class LocalTrainBackend(StrictModel):
     poll_interval_s: float = Field(default=1.0, ge=0.05, le=600, description="Seconds between polls of a running job")
     model_scale: float = Field(default=1.0, gt=0.0, le=10.0, description="Pretraining scale of the base models (tests use less)")
     model_cache_dir: str | None = Field(default=None, max_length=4096, description="Base-model cache (default METARL_CACHE_DIR or ~/.cache/metarl/models)")
+    host_silence_s: float = Field(
+        default=60.0,
+        ge=5.0,
+        le=86_400.0,
+        description="A job whose train host has not polled it for this long is presumed lost with its host and started again by the train host that polls it",
+    )
 
 
 class LocalEvalBackend(StrictModel):

@@ -17,11 +17,18 @@ class RunStatus(str, enum.Enum):
     stopped = "stopped"
     finished = "finished"
     failed = "failed"
+    paused = "paused"
+    """A platform fault stopped it (the message says which and the fix); `metarl resume` or `metarl run` continues it."""
+    interrupted = "interrupted"
+    """Its orchestrator was stopped (Ctrl-C, SIGTERM); stages in flight finish, `metarl resume` or `metarl run` continues it."""
 
 
-ENDED_RUN_STATUSES: tuple[RunStatus, ...] = (RunStatus.stopped, RunStatus.finished, RunStatus.failed)
+ENDED_RUN_STATUSES: tuple[RunStatus, ...] = (RunStatus.stopped, RunStatus.finished, RunStatus.failed, RunStatus.paused)
 """The statuses of a run that has ended: no tick, stage or outer step works for it any more (`metarl resume`
-may start a stopped or failed one again). The one definition of "run ended", for Python and SQL alike."""
+may start a stopped, paused or failed one again). The one definition of "run ended", for Python and SQL alike."""
+
+RESUMABLE_RUN_STATUSES: tuple[RunStatus, ...] = (RunStatus.running, RunStatus.stopping, RunStatus.interrupted, RunStatus.paused)
+"""The statuses of an unfinished run that `metarl run CONFIG` takes up again instead of starting a second run of the same name."""
 
 
 class Stage(str, enum.Enum):
@@ -42,6 +49,8 @@ class ClaimStatus(str, enum.Enum):
     done = "done"
     failed = "failed"
     abandoned = "abandoned"
+    pending = "pending"
+    """Given back by a worker that could not work it for a platform fault: the next claim takes it without a takeover."""
 
 
 class GroupStatus(str, enum.Enum):

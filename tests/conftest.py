@@ -135,3 +135,24 @@ def plugin_installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     registry.refresh_registry()
     yield
     registry.refresh_registry()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An S3-compatible server (moto) on 127.0.0.1 for the session; its endpoint URL (tests/s3_server.py)."""
+    from tests.s3_server import s3_server
+
+    with s3_server(tmp_path_factory.mktemp("s3")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket on the session's S3 server, with this process's AWS_* environment pointing at it; its name."""
+    from tests.s3_server import make_bucket, s3_env
+
+    for name, value in s3_env(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    bucket = f"metarl-{uuid.uuid4().hex[:12]}"
+    make_bucket(s3_endpoint, bucket)
+    return bucket

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import os
-import socket
 
-from metarl.settings import DATABASE_ENV
+from metarl.settings import DATABASE_ENV, host_name
 
 
 def database_url() -> str:
@@ -16,4 +15,4 @@ def database_url() -> str:
 
 
 def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return f"{host_name()}:{os.getpid()}"

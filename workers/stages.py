@@ -7,20 +7,23 @@ from __future__ import annotations
 
 import errno
 import logging
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from celery import Task
 from celery.signals import task_failure
 
+from metarl.artifact_store import DIGEST_MARK, ArtifactStore
 from metarl.backends import registry
 from metarl.backends.base import BaseScoreKey, EpisodeContext
+from metarl.backends.local.agent import workspace_key
 from metarl.domain.retry import WORKER_BACKOFF, backoff_delay
 from metarl.domain.transitions import Transition, after_agent, after_eval, after_probe, after_train
-from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError, describe_error
-from metarl.learning.eval_secret import install_eval_secret
+from metarl.errors import CapacityError, PermanentBackendError, PlatformFault, TransientBackendError, describe_error
 from metarl.messaging.dispatch import send_stage
 from metarl.probe import probe_job_text
 from metarl.store.baselines import baseline_lookup, store_base_score
@@ -37,6 +40,7 @@ from schemas.run_config import RunConfig
 from workers.app import app
 from workers.common import database_url, worker_name
 from workers.heartbeat import Heartbeater
+from workers.hosts import PlatformBlocked, check_this_host, pause_for_fault
 
 log = logging.getLogger("metarl.worker")
 
@@ -77,7 +81,9 @@ def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token
     """
 
     def load_unless_abandoned(reads: ClaimReads, claimed: StageClaimed) -> Any:
-        install_eval_secret(claimed.config.artifacts.root)  # before anything draws or keys a hidden eval
+        blocked = check_this_host(claimed.ctx.run_id, claimed.config, stage.value)  # the secret first: before anything draws or keys a hidden eval
+        if blocked is not None:
+            return blocked
         if load is None or claimed.claim.takeovers > claimed.config.retries.max_stage_attempts:
             return None
         return load(reads, claimed)
@@ -96,6 +102,9 @@ def claim_episode_stage(stage: Stage, episode_id: int, probe_attempt: int, token
         return None
     claimed = outcome.claimed
     claim, config = claimed.claim, claimed.config
+    if isinstance(outcome.loaded, PlatformBlocked):
+        pause_for_fault(claimed.ctx.run_id, stage.value, outcome.loaded.fault, claim)
+        return None
     job = StageJob(
         claim=claim, config=config, ctx=claimed.ctx, job_toml=claimed.row.job_toml, loaded=outcome.loaded, attempts=claimed.row.passed_attempt_and_tokens
     )
@@ -174,6 +183,51 @@ def run_with_retries(task: Task, job: StageJob, stage: Stage, work: Callable[[],
     except PermanentBackendError as err:
         fail_episode(job, stage, str(err))
         return None
+    except PlatformFault as err:
+        return platform_fault(task, job, stage, err)
+
+
+def platform_fault(task: Task, job: StageJob, stage: Stage, fault: PlatformFault) -> None:
+    """Infrastructure failed, not the job: retry with backoff while it may pass, then pause the run with the cause. The
+    episode keeps its stage and is charged nothing; `metarl resume` takes the stage up again."""
+    if fault.retryable:
+        failures = count_transient_failure(database_url(), job.claim)
+        if failures < job.config.retries.max_stage_attempts:
+            delay = backoff_delay(WORKER_BACKOFF, failures)
+            log.warning("platform fault at %s episode=%s (%s); retry in %ss", stage.value, job.ctx.episode_id, fault, delay)
+            raise task.retry(args=[job.ctx.episode_id, job.ctx.probe_attempt], kwargs={"token": job.claim.token}, countdown=delay, max_retries=None) from None
+    pause_for_fault(job.ctx.run_id, stage.value, fault, job.claim)
+    return None
+
+
+def run_store(job: StageJob) -> ArtifactStore:
+    """The run's artifact store as this host reaches it."""
+    return ArtifactStore(job.config.artifacts.root)
+
+
+def with_local_workspace(job: StageJob) -> EpisodeContext:
+    """The episode's context with its workspace as a folder on this host (a verified copy from the store under a URL root)."""
+    if job.ctx.workspace_uri is None:
+        return job.ctx
+    return job.ctx.model_copy(update={"workspace_uri": str(run_store(job).tree(job.ctx.workspace_uri))})
+
+
+def stored_workspace(job: StageJob, folder: str | None) -> str | None:
+    """Put the workspace the agent wrote on this host into the run's store; its reference (None: no workspace)."""
+    if folder is None:
+        return None
+    store = run_store(job)
+    reference = store.put_tree(Path(folder), f"{workspace_key(job.ctx)}/files")
+    if store.remote:
+        shutil.rmtree(store.working_dir(workspace_key(job.ctx)), ignore_errors=True)
+    return reference
+
+
+def local_checkpoint(job: StageJob, checkpoint: str | None) -> str | None:
+    """A checkpoint the store holds, as a verified folder on this host; any other URI as it is (a backend's own storage)."""
+    if checkpoint is None or DIGEST_MARK not in checkpoint:
+        return checkpoint
+    return str(run_store(job).tree(checkpoint))
 
 
 def heartbeating(job: StageJob) -> Heartbeater:
@@ -195,8 +249,13 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     lookup = baseline_lookup(
         database_url(), job.ctx.task, lambda model: registry.base_score_key(job.config, job.ctx.task, model), lambda: registry.eval_backend(job.config)
     )
+
+    def attempt() -> Any:
+        written = backend.run_attempt(job.ctx, baseline=lookup)
+        return written.model_copy(update={"workspace_uri": stored_workspace(job, written.workspace_uri)})
+
     with heartbeating(job) as beat:
-        submission = run_with_retries(self, job, Stage.agent, lambda: backend.run_attempt(job.ctx, baseline=lookup))
+        submission = run_with_retries(self, job, Stage.agent, attempt)
     if submission is None or beat.lost.is_set():
         return "abandoned"
     to = after_agent(probe_attempt)
@@ -231,7 +290,9 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     checks = registry.probe_checks(job.config)
     if workspace_uri is not None:
         minimum = job.config.sandbox.min_isolation
-        verdict = run_with_retries(self, job, Stage.probe, lambda: probe_workspace_or_fail(workspace_uri, job.ctx.task, checks, job.ctx.seed, minimum))
+        verdict = run_with_retries(
+            self, job, Stage.probe, lambda: probe_workspace_or_fail(str(with_local_workspace(job).workspace_uri), job.ctx.task, checks, job.ctx.seed, minimum)
+        )
         if verdict is None:
             return "failed"
         log.info("probe episode=%s attempt=%s passed=%s isolation=%s", episode_id, probe_attempt, verdict.passed, verdict.isolation)
@@ -371,7 +432,7 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     name, external_id, state, status = inner.name, inner.external_id, dict(inner.backend_state or {}), inner.status
     if external_id is None:
         try:
-            launched = run_with_retries(self, job, Stage.train, lambda: backend.launch(job.ctx, spec, name))
+            launched = run_with_retries(self, job, Stage.train, lambda: backend.launch(with_local_workspace(job), spec, name))
         except CapacityError as err:
             note_capacity_wait(url, job.claim, f"capacity: {err}")
             return poll_again(max(5.0, backend.poll_interval_s()))
@@ -381,7 +442,7 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
         return poll_again(backend.poll_interval_s())
     if status != InnerJobStatus.running:
         return finish_train(job, episode_id, probe_attempt, status, inner.error)
-    polled = run_with_retries(self, job, Stage.train, lambda: backend.poll(job.ctx, spec, external_id, state))
+    polled = run_with_retries(self, job, Stage.train, lambda: backend.poll(with_local_workspace(job), spec, external_id, state))
     if polled is None:
         return "failed"
     ended = None if polled.status == "running" else (InnerJobStatus.succeeded if polled.status == "succeeded" else InnerJobStatus.failed)
@@ -447,7 +508,7 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
                 return "failed"
             store_base_score(url, inputs.base_key, base)
             base_score = base.score
-        trained = run_with_retries(self, job, Stage.eval, lambda: backend.score_trained(job.ctx, spec, checkpoint, state))
+        trained = run_with_retries(self, job, Stage.eval, lambda: backend.score_trained(job.ctx, spec, local_checkpoint(job, checkpoint), state))
     if trained is None or beat.lost.is_set():
         return "abandoned"
     to = after_eval(probe_attempt)

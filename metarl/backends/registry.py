@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from metarl.artifact_store import ArtifactStore
 from metarl.backends.base import AgentBackend, BaseScoreKey, EvalBackend, OuterBackend, TrainBackend
 from metarl.backends.local.agent import LocalAgent, LocalOuter
 from metarl.backends.local.train import LocalEval, LocalTrain, local_compile_problems
@@ -45,10 +44,10 @@ def agent_backend(config: RunConfig) -> AgentBackend:
 def train_backend(config: RunConfig) -> TrainBackend:
     backend = config.backends.train
     if isinstance(backend, LocalTrainBackend):
-        return LocalTrain(backend, Path(config.artifacts.root) / "jobs", min_isolation=config.sandbox.min_isolation)
+        return LocalTrain(backend, ArtifactStore(config.artifacts.root), min_isolation=config.sandbox.min_isolation)
     if isinstance(backend, RunpodTrainBackend):
         return RunpodTrain(backend, config.artifacts.root, config.budget, runpod_runs(), pod_eval=pod_eval_config(config))
-    return SimTrain(backend, Path(config.artifacts.root) / "sim-cloud")
+    return SimTrain(backend, ArtifactStore(config.artifacts.root).working_dir("sim-cloud"))
 
 
 def runpod_runs(database_url: str | None = None) -> RunpodRunStore | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -64,3 +65,20 @@ def group_complete(n_finished: int, size: int) -> bool:
 def tasks_to_open(count: int, resample_tasks: list[str], trainable: list[str], opened_so_far: int) -> list[str]:
     """The task of each of `count` new groups: first the tasks of dropped groups to resample, then the trainable tasks in turn."""
     return [resample_tasks[index] if index < len(resample_tasks) else trainable[(opened_so_far + index) % len(trainable)] for index in range(count)]
+
+
+def common_failure_cause(errors: list[str | None]) -> str | None:
+    """The one cause shared by every error (digits ignored, so episode ids and counts do not tell causes apart); None if they differ."""
+    if not errors or any(error is None for error in errors):
+        return None
+    causes = {re.sub(r"\d+", "N", str(error)) for error in errors}
+    return str(errors[0]) if len(causes) == 1 else None
+
+
+def window_failure_cause(outcomes: list[tuple[bool, str | None]], window: int) -> str | None:
+    """Why the run cannot go on: the last `window` ended trainable episodes (newest first: rewarded?, error) all failed
+    for one cause; None while fewer ended, any was rewarded, or their causes differ."""
+    recent = outcomes[:window]
+    if window < 1 or len(recent) < window or any(rewarded for rewarded, _error in recent):
+        return None
+    return common_failure_cause([error for _rewarded, error in recent])

@@ -3,9 +3,11 @@
 Resolution (:func:`active_eval_secret`): the secret installed in this process
 (:func:`install_eval_secret`, which workers call with the run's artifacts root), else the
 ``METARL_EVAL_SECRET`` environment variable, else the file that ``METARL_EVAL_SECRET_FILE`` names.
-``install_eval_secret`` takes the environment variable, else the file ``secrets/eval_partition.key``
-under the artifacts root, created on first use with mode 0600, and exports that file's path (never
-the secret) for child processes. The secret itself never leaves this module except as HMAC keys:
+``install_eval_secret`` takes the environment variable, else the file the deployment named in
+``METARL_EVAL_SECRET_FILE``, else the file ``secrets/eval_partition.key`` under a local artifacts root,
+and exports that file's path (never the secret) for child processes. Only the command that creates
+or takes up a run may create that file (mode 0600, on first use): a worker never makes a secret of
+its own, so pools on several hosts all hold the deployment's one secret or stop the run. The secret itself never leaves this module except as HMAC keys:
 :func:`secret_fingerprint` is the only value derived from it that may be stored (a base-score key).
 """
 
@@ -18,6 +20,8 @@ import os
 import secrets
 from pathlib import Path
 
+from metarl.errors import HiddenEvalSecretFault
+
 EVAL_SECRET_ENV = "METARL_EVAL_SECRET"
 EVAL_SECRET_FILE_ENV = "METARL_EVAL_SECRET_FILE"
 SECRET_FILE = Path("secrets") / "eval_partition.key"
@@ -26,9 +30,12 @@ MIN_SECRET_CHARS = 16
 FINGERPRINT_MESSAGE = b"metarl hidden-eval secret fingerprint v1"
 
 _installed: list[bytes] = []
+_DEPLOYMENT_SECRET_FILE = os.environ.get(EVAL_SECRET_FILE_ENV)
+"""The secret file the deployment named before this process exported one of its own."""
+SHARED_SECRET_FIX = f"set {EVAL_SECRET_ENV} (or {EVAL_SECRET_FILE_ENV}, a file holding it) to the deployment's hidden-eval secret, the same on every host"
 
 
-class EvalSecretMissing(RuntimeError):
+class EvalSecretMissing(HiddenEvalSecretFault):
     """No hidden-eval secret is available to this process."""
 
 
@@ -61,19 +68,40 @@ def read_or_create_secret_file(path: Path) -> bytes:
     return _checked(path.read_text(encoding="utf-8"), str(path))
 
 
-def install_eval_secret(artifacts_root: str | Path) -> None:
-    """Make the deployment's secret this process's (and its children's) hidden-eval secret."""
+def install_eval_secret(artifacts_root: str | Path, *, create: bool = True) -> None:
+    """Make the deployment's secret this process's (and its children's) hidden-eval secret.
+
+    ``create=False`` (workers): never create the local root's file; EvalSecretMissing with the fix when there is no secret.
+    """
     value = os.environ.get(EVAL_SECRET_ENV)
     if value:
-        secret = _checked(value, EVAL_SECRET_ENV)
-    else:
+        _installed[:] = [_checked(value, EVAL_SECRET_ENV)]
+        return
+    if _DEPLOYMENT_SECRET_FILE:
         try:
-            path = secret_path(artifacts_root)
-        except EvalSecretMissing:
-            return  # a remote artifacts root: the secret must come from the environment (active_eval_secret says so)
+            _installed[:] = [_checked(Path(_DEPLOYMENT_SECRET_FILE).read_text(encoding="utf-8"), EVAL_SECRET_FILE_ENV)]
+        except OSError as exc:
+            raise EvalSecretMissing(f"{EVAL_SECRET_FILE_ENV} names an unreadable file: {exc.strerror}") from None
+        return
+    try:
+        path = secret_path(artifacts_root)
+    except EvalSecretMissing:
+        if create:
+            return  # a tool with a remote root: the secret must come from the environment (active_eval_secret says so)
+        raise EvalSecretMissing(f"no hidden-eval secret on this host (the artifacts root is not a local folder): {SHARED_SECRET_FIX}") from None
+    if create:
         secret = read_or_create_secret_file(path)
-        os.environ[EVAL_SECRET_FILE_ENV] = str(path.resolve())
+    elif path.is_file():
+        secret = _checked(path.read_text(encoding="utf-8"), str(path))
+    else:
+        raise EvalSecretMissing(f"no hidden-eval secret on this host (no {path}, which only the run's own host creates): {SHARED_SECRET_FIX}")
+    os.environ[EVAL_SECRET_FILE_ENV] = str(path.resolve())
     _installed[:] = [secret]
+
+
+def installed_fingerprint() -> str:
+    """The fingerprint of this process's hidden-eval secret (:func:`secret_fingerprint`); EvalSecretMissing when it has none."""
+    return secret_fingerprint(active_eval_secret())
 
 
 def install_existing_eval_secret(artifacts_root: str | Path) -> bool:

@@ -46,7 +46,8 @@ def redispatch_cutoffs(now: dt.datetime, redispatch_after_s: float, lease_s: flo
 
 
 def orphaned_episodes(session: Session, run_id: str, now: dt.datetime, redispatch_after_s: float, lease_s: float, startup: bool) -> list[StageDispatch]:
-    """Active episodes whose current stage has no live claim and was not dispatched recently; marked dispatched now.
+    """Active episodes whose current stage has no live claim (none, a stale one, or one given back for a platform fault)
+    and was not dispatched recently; marked dispatched now.
 
     At startup (resume) every unclaimed stage is re-sent at once; a duplicate finds its claim and stops.
     """
@@ -61,7 +62,10 @@ def orphaned_episodes(session: Session, run_id: str, now: dt.datetime, redispatc
         .where(Episode.run_id == run_id, Episode.stage.in_(ACTIVE_STAGES))
         .where(
             or_(
-                and_(claim.id.is_(None), or_(Episode.dispatched_at.is_(None), Episode.dispatched_at <= cutoffs.unclaimed_before)),
+                and_(
+                    or_(claim.id.is_(None), claim.status == ClaimStatus.pending),
+                    or_(Episode.dispatched_at.is_(None), Episode.dispatched_at <= cutoffs.unclaimed_before),
+                ),
                 and_(claim.status == ClaimStatus.running, claim.heartbeat_at < cutoffs.stale_before, Episode.dispatched_at < cutoffs.stale_before),
             )
         )

@@ -314,6 +314,19 @@ class CostEntry(Base):
     created_at: Mapped[dt.datetime] = _now_column()
 
 
+class RunHost(Base):
+    """A host that worked on a run and the fingerprint of the hidden-eval secret it held (migration 0012)."""
+
+    __tablename__ = "run_hosts"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    host: Mapped[str] = mapped_column(String(128), primary_key=True)
+    secret_fingerprint: Mapped[str | None] = mapped_column(String(16))
+    role: Mapped[str] = mapped_column(String(32), nullable=False)
+    first_seen_at: Mapped[dt.datetime] = _now_column()
+    last_seen_at: Mapped[dt.datetime] = _now_column()
+
+
 class RunSpend(Base):
     """A run's total of the cost ledger and its number of lines, kept equal to the ledger's sum by triggers on
     `cost_ledger` (migration 0008): the budget checks read this one row instead of summing the ledger."""

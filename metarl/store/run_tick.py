@@ -21,7 +21,7 @@ from metarl.errors import RunNotFound
 from metarl.store.db import session_scope
 from metarl.store.episodes import open_groups, run_config_of
 from metarl.store.reconcile import StageDispatch, orphaned_episodes, orphaned_outer_steps
-from metarl.store.records import RUN_ROW_LOCK, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus
+from metarl.store.records import RUN_ROW_LOCK, Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Run, RunStatus, Stage
 from metarl.store.tick_counts import TickCounts, read_tick_counts
 from schemas.run_config import RunConfig
 
@@ -104,6 +104,33 @@ class RunTick:
         for group in stale:
             group.status = GroupStatus.dropped
         return [group.task_id for group in stale]
+
+    def drop_unscored_groups(self) -> list[str]:
+        """Mark dropped the complete trainable groups none of whose episodes ended with a reward (an outer step on them
+        would learn nothing); their task ids, to open again."""
+        rewarded = select(Episode.id).where(Episode.group_id == EpisodeGroup.id, Episode.stage == Stage.done).exists()
+        unscored = (
+            self._session.execute(
+                select(EpisodeGroup).where(
+                    EpisodeGroup.run_id == self._run.id, EpisodeGroup.status == GroupStatus.complete, EpisodeGroup.held_out.is_(False), ~rewarded
+                )
+            )
+            .scalars()
+            .all()
+        )
+        for group in unscored:
+            group.status = GroupStatus.dropped
+        return [group.task_id for group in unscored]
+
+    def recent_trainable_outcomes(self, limit: int) -> list[tuple[bool, str | None]]:
+        """The newest `limit` ended trainable episodes, newest first: (ended with a reward, error)."""
+        rows = self._session.execute(
+            select(Episode.stage, Episode.error)
+            .where(Episode.run_id == self._run.id, Episode.held_out.is_(False), Episode.stage.in_((Stage.done, Stage.failed)))
+            .order_by(Episode.finished_at.desc().nulls_last(), Episode.id.desc())
+            .limit(limit)
+        ).all()
+        return [(stage == Stage.done, error) for stage, error in rows]
 
     def complete_groups(self) -> list[CompleteGroup]:
         """The run's complete trainable groups (not yet batched)."""

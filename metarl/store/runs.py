@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from metarl.errors import RunNotFound
@@ -53,7 +53,7 @@ def create_run(database_url: str, config: RunConfig, task_specs: Mapping[str, Ta
 
 
 def take_up_run(database_url: str, run_id: str) -> RunConfig:
-    """An orchestrator starts driving the run: a stopped run (or one stopping with no stop request) runs again; its config.
+    """An orchestrator starts driving the run: a stopped, paused or interrupted run (or one stopping with no stop request) runs again; its config.
 
     Raises RunNotFound when there is no such run.
     """
@@ -63,7 +63,9 @@ def take_up_run(database_url: str, run_id: str) -> RunConfig:
         run = session.get(Run, run_id)
         if run is None:
             raise RunNotFound(f"no run with id {run_id}")
-        if run.status == RunStatus.stopped or (run.status == RunStatus.stopping and not run.stop_requested):
+        if run.status == RunStatus.interrupted and run.stop_requested:
+            run.status = RunStatus.stopping  # a stop asked for before the interruption still holds
+        elif run.status in (RunStatus.stopped, RunStatus.paused, RunStatus.interrupted) or (run.status == RunStatus.stopping and not run.stop_requested):
             run.status = RunStatus.running
             run.stop_requested = False
             run.status_message = "resumed"
@@ -105,6 +107,21 @@ class RunsTransaction:
         """Ask the run to stop gracefully; False when there is no such run."""
         stopped = self._session.execute(update(Run).where(Run.id == run_id).values(stop_requested=True).returning(Run.id)).scalar_one_or_none()
         return stopped is not None
+
+    def newest_run_named(self, name: str) -> RunSummary | None:
+        """The newest run called `name` (what `metarl run CONFIG` continues or reports); None when there is none."""
+        run = self._session.execute(select(Run).where(Run.name == name).order_by(Run.created_at.desc()).limit(1)).scalar_one_or_none()
+        return None if run is None else RunSummary(run.id, run.status, run.status_message, run.policy_version)
+
+    def mark_interrupted(self, run_id: str, message: str) -> bool:
+        """A run whose orchestrator was stopped (Ctrl-C, SIGTERM) shows `interrupted`; False when it had already ended."""
+        marked = self._session.execute(
+            update(Run)
+            .where(Run.id == run_id, Run.status.in_((RunStatus.running, RunStatus.stopping)))
+            .values(status=RunStatus.interrupted, status_message=message)
+            .returning(Run.id)
+        ).scalar_one_or_none()
+        return marked is not None
 
     def list_runs(self) -> list[dict[str, Any]]:
         """The newest runs as `metarl status` lists them (`metarl.store.status.list_runs`)."""

@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from metarl.artifact_store import ArtifactStore
 from metarl.backends.base import EpisodeContext
 from metarl.backends.local import job as local_job
 from metarl.backends.local.agent import environment_source
@@ -259,7 +260,8 @@ def test_launched_job_trains_on_the_workspace_module(model_root: Path, tmp_path:
     hostile = workspace(tmp_path, HOSTILE_MODULES["reads_environment"][0], "hostile-ws")
     shutil.copy(files / "dataset.jsonl", hostile / "dataset.jsonl")
     backend = LocalTrain(
-        LocalTrainBackend(type="local", max_concurrent_jobs=2, poll_interval_s=0.2, model_scale=TINY_SCALE, model_cache_dir=str(model_root)), tmp_path / "jobs"
+        LocalTrainBackend(type="local", max_concurrent_jobs=2, poll_interval_s=0.2, model_scale=TINY_SCALE, model_cache_dir=str(model_root)),
+        ArtifactStore(str(tmp_path)),
     )
     results = {}
     for name, folder in (("good", files), ("hostile", hostile)):

@@ -257,6 +257,7 @@ VERDICT_LOG = re.compile(r"probe episode=(\d+) attempt=1 passed=(True|False) iso
 
 def test_hostile_workspaces_through_a_real_probe_worker(tmp_path, pg_url, redis_url, probe_worker, worker_user, victim, abstract_listener, workspaces):
     config, specs = load_run(sim_config(tmp_path, name="hostile", extra="max_probe_attempts = 1\n"))
+    config = config.model_copy(update={"artifacts": config.artifacts.model_copy(update={"root": str(workspaces / "artifacts")})})  # every worker user reads it
     task = specs[TASK_ID]
     run_id = create_run(pg_url, config, specs)
     tag, listener = abstract_listener

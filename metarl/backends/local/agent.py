@@ -1,5 +1,6 @@
 """The `local` trainer agent and outer update: a small torch policy over the compact job language,
-trained with importance-sampling GRPO. Policy states are files under `<artifacts>/policy/<run>/`."""
+trained with importance-sampling GRPO. Policy states are files under `<artifacts>/policy/<run>/`, stored and read
+through the run's artifact store (`metarl.artifact_store`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from metarl.artifact_store import ArtifactStore
 from metarl.backends.base import (
     AgentSubmission,
     EpisodeContext,
@@ -28,27 +30,39 @@ _POLICY_CACHE: OrderedDict[str, object] = OrderedDict()
 POLICY_CACHE_SIZE = 4
 
 
-def policy_path(artifacts_root: str, run_id: str, version: int, attempt: str | None = None) -> Path:
-    """Where a policy version's state is saved: `vNNNNN.pt` for the initial version, `vNNNNN-<attempt>.pt`
+def policy_key(run_id: str, version: int, attempt: str | None = None) -> str:
+    """The store key of a policy version's state: `vNNNNN.pt` for the initial version, `vNNNNN-<attempt>.pt`
     for an update, so that an update taken over while it ran never overwrites the state of the
-    attempt that published the version (the published path is the one in policy_versions)."""
+    attempt that published the version (the published reference is the one in policy_versions)."""
     name = f"v{version:05d}" if attempt is None else f"v{version:05d}-{attempt}"
-    return Path(artifacts_root) / "policy" / run_id / f"{name}.pt"
+    return f"policy/{run_id}/{name}.pt"
 
 
 def saved_states(artifacts_root: str, run_id: str, version: int) -> list[Path]:
-    """Every state saved for a version by any update attempt, published or not."""
+    """Every state saved for a version by any update attempt under a local root, published or not."""
     return sorted((Path(artifacts_root) / "policy" / run_id).glob(f"v{version:05d}-*.pt"))
 
 
-def load_policy(state_uri: str):
-    """Load a saved policy version (cached per process: versions are immutable once saved)."""
+def save_policy_state(policy: Any, artifacts_root: str, run_id: str, version: int, attempt: str | None = None) -> str:
+    """Save a policy's state into the run's artifact store; its reference."""
+    store = ArtifactStore(artifacts_root)
+    key = policy_key(run_id, version, attempt)
+    path = store.working_dir(key)
+    policy.save_state(path)
+    reference = store.put_file(path, key)
+    if store.remote:
+        path.unlink(missing_ok=True)
+    return reference
+
+
+def load_policy(state_uri: str, artifacts_root: str | None = None):
+    """Load a saved policy version through the run's artifact store (cached per process: versions are immutable once saved)."""
     from metarl.policy.local_policy import LocalPolicy
 
     if state_uri in _POLICY_CACHE:
         _POLICY_CACHE.move_to_end(state_uri)
         return _POLICY_CACHE[state_uri]
-    policy = LocalPolicy.from_state(state_uri)
+    policy = LocalPolicy.from_state(ArtifactStore(artifacts_root or ".").file(state_uri))
     _POLICY_CACHE[state_uri] = policy
     while len(_POLICY_CACHE) > POLICY_CACHE_SIZE:
         _POLICY_CACHE.popitem(last=False)
@@ -129,8 +143,14 @@ def rollout_max_tokens(parsed: dict) -> int:
         return DEFAULT_MAX_TOKENS
 
 
+def workspace_key(ctx: EpisodeContext) -> str:
+    """The store key of an attempt's workspace folder (the agent's tools write its `files/` and transcript there)."""
+    return f"workspaces/{ctx.run_id}/{ctx.episode_id}/{ctx.probe_attempt}"
+
+
 def workspace_root(ctx: EpisodeContext) -> Path:
-    return Path(ctx.artifacts_root) / "workspaces" / ctx.run_id / str(ctx.episode_id) / str(ctx.probe_attempt)
+    """Where the agent builds the attempt's workspace on this host (its place under a local root, else a scratch folder)."""
+    return ArtifactStore(ctx.artifacts_root).working_dir(workspace_key(ctx))
 
 
 def write_workspace(ctx: EpisodeContext, job_toml: str, baseline: Callable[[str], float] | None = None) -> Path:
@@ -182,7 +202,7 @@ class LocalAgent:
         if ctx.policy_state_uri is None:
             raise ValueError(f"policy version {ctx.policy_version} of run {ctx.run_id} has no saved state")
         torch.set_num_threads(1)
-        policy = load_policy(ctx.policy_state_uri)
+        policy = load_policy(ctx.policy_state_uri, ctx.artifacts_root)
         sampled = policy.sample(context_for_episode(ctx), seed=sample_seed(ctx.seed, ctx.probe_attempt), temperature=self.config.temperature)
         job_toml = sampled.render(seed=ctx.seed)
         workspace = write_workspace(ctx, job_toml, baseline)
@@ -207,10 +227,8 @@ class LocalOuter:
     def initial_state(self, run_id: str, config: RunConfig) -> str:
         from metarl.policy.local_policy import LocalPolicy, PolicyConfig
 
-        path = policy_path(config.artifacts.root, run_id, 0)
-        if not path.exists():
-            LocalPolicy(PolicyConfig(init_seed=self.agent.init_seed, default_bias=self.agent.prior_default_bias)).save_state(path)
-        return str(path)
+        policy = LocalPolicy(PolicyConfig(init_seed=self.agent.init_seed, default_bias=self.agent.prior_default_bias))
+        return save_policy_state(policy, config.artifacts.root, run_id, 0)
 
     def update(self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None) -> OuterResult:
         import torch
@@ -222,7 +240,7 @@ class LocalOuter:
         if base_state_uri is None:
             raise ValueError(f"policy version {version - 1} of run {run_id} has no saved state")
         torch.set_num_threads(1)
-        policy = LocalPolicy.from_state(base_state_uri)
+        policy = LocalPolicy.from_state(ArtifactStore(config.artifacts.root).file(base_state_uri))
         groups: dict[int, list[OuterBatchEpisode]] = {}
         for episode in batch:
             groups.setdefault(episode.group_id, []).append(episode)
@@ -241,6 +259,5 @@ class LocalOuter:
             max_grad_norm=self.config.max_grad_norm,
             temperature=self.agent.temperature,
         )
-        path = policy_path(config.artifacts.root, run_id, version, attempt=uuid.uuid4().hex[:12])
-        policy.save_state(path)
-        return OuterResult(state_uri=str(path), metrics={key: float(value) for key, value in metrics.items()})
+        state_uri = save_policy_state(policy, config.artifacts.root, run_id, version, attempt=uuid.uuid4().hex[:12])
+        return OuterResult(state_uri=state_uri, metrics={key: float(value) for key, value in metrics.items()})

@@ -27,6 +27,7 @@ from typing import Any
 
 import psutil
 
+from metarl.artifact_store import ArtifactStore
 from metarl.backends.base import BaseModelIdentity, EpisodeContext, LaunchResult, PollResult, Score
 from metarl.errors import PermanentBackendError
 from metarl.graders import REWARD_COMPONENTS
@@ -173,14 +174,22 @@ def last_log_line(path: Path) -> str:
 
 
 class LocalTrain:
-    """Inner jobs as detached local trainer processes; launch is idempotent by job name."""
+    """Inner jobs as detached local trainer processes on the train host that launched them; launch is idempotent by job name.
+
+    The job's folder is on that host (under a local root, the root's `jobs/`; else a scratch folder in the host's
+    cache) and its state records the host. The host's polls keep `seen_at` fresh; when a job finishes under a remote
+    store, its checkpoint and metrics are stored there. A poll that lands on another train host waits while the job's
+    host is seen, and after `host_silence_s` of silence (the host is gone, with its trainer) starts the job again on
+    its own host; the state lists the hosts it was lost with (`relaunched_after`).
+    """
 
     name = "local"
     simulated = False
 
-    def __init__(self, config: LocalTrainBackend, jobs_dir: Path, *, min_isolation: IsolationLevel = "full"):
+    def __init__(self, config: LocalTrainBackend, store: ArtifactStore, *, min_isolation: IsolationLevel = "full", jobs_dir: Path | None = None):
         self.config = config
-        self.jobs_dir = jobs_dir
+        self.store = store
+        self.jobs_dir = jobs_dir if jobs_dir is not None else store.working_dir("jobs")
         self.min_isolation = min_isolation
 
     def capacity(self) -> int:
@@ -190,11 +199,15 @@ class LocalTrain:
         return self.config.poll_interval_s
 
     def launch(self, ctx: EpisodeContext, job: JobSpec, job_name: str) -> LaunchResult:
+        return LaunchResult(external_id=f"local-{job_name}", state=self._start(ctx, job, job_name))
+
+    def _start(self, ctx: EpisodeContext, job: JobSpec, job_name: str) -> dict[str, Any]:
+        """Start the job's trainer on this host unless its folder here shows it started already; the job's state."""
         job_dir = (self.jobs_dir / job_name).resolve()
         job_dir.mkdir(parents=True, exist_ok=True)
         launch_file = job_dir / LAUNCH_FILE
         if launch_file.exists():
-            return LaunchResult(external_id=f"local-{job_name}", state=json.loads(launch_file.read_text(encoding="utf-8")))
+            return json.loads(launch_file.read_text(encoding="utf-8"))
         try:
             compiled = compile_local_job(
                 job, ctx.task, self.config.model_scale, environment_reward=ctx.workspace_uri is not None, min_isolation=self.min_isolation
@@ -233,22 +246,32 @@ class LocalTrain:
                 start_new_session=True,
                 env=env,
             )
-        state = {"job_dir": str(job_dir), "pid": process.pid, "create_time": psutil.Process(process.pid).create_time(), "launched_at": time.time()}
+        now = time.time()
+        state = {
+            "job_dir": str(job_dir),
+            "pid": process.pid,
+            "create_time": psutil.Process(process.pid).create_time(),
+            "launched_at": now,
+            "host": self.store.host,
+            "seen_at": now,
+        }
         temporary = launch_file.with_suffix(".tmp")
         temporary.write_text(json.dumps(state), encoding="utf-8")
         temporary.replace(launch_file)
-        return LaunchResult(external_id=f"local-{job_name}", state=state)
+        return state
 
     def poll(self, ctx: EpisodeContext, job: JobSpec, external_id: str, state: dict[str, Any]) -> PollResult:
+        if state.get("host", self.store.host) != self.store.host:
+            return self._poll_from_another_host(ctx, job, external_id, state)
+        state = {**state, "seen_at": time.time()}
         job_dir = Path(state["job_dir"])
         status_file = job_dir / STATUS_FILE
         if status_file.exists():
             status = json.loads(status_file.read_text(encoding="utf-8"))
-            metrics = str(job_dir / "metrics.jsonl")
+            metrics = self._stored_metrics(job_dir, external_id)
             if status["status"] == "succeeded":
-                return PollResult(
-                    status="succeeded", state=state, checkpoint_uri=str(job_dir / "checkpoint"), metrics_uri=metrics, train_seconds=status["train_seconds"]
-                )
+                checkpoint = self.store.put_tree(job_dir / "checkpoint", f"jobs/{external_id.removeprefix('local-')}/checkpoint")
+                return PollResult(status="succeeded", state=state, checkpoint_uri=checkpoint, metrics_uri=metrics, train_seconds=status["train_seconds"])
             return PollResult(
                 status="failed", state=state, metrics_uri=metrics, train_seconds=status.get("train_seconds"), error=status.get("error", "trainer failed")
             )
@@ -257,6 +280,22 @@ class LocalTrain:
         if status_file.exists():
             return self.poll(ctx, job, external_id, state)
         return PollResult(status="failed", state=state, error=f"trainer process ended without a status: {last_log_line(job_dir / 'trainer.log')}")
+
+    def _stored_metrics(self, job_dir: Path, external_id: str) -> str | None:
+        """The job's metrics file as a reference in the store (None when the trainer wrote none)."""
+        metrics = job_dir / "metrics.jsonl"
+        if not metrics.is_file():
+            return None
+        return self.store.put_file(metrics, f"jobs/{external_id.removeprefix('local-')}/metrics.jsonl")
+
+    def _poll_from_another_host(self, ctx: EpisodeContext, job: JobSpec, external_id: str, state: dict[str, Any]) -> PollResult:
+        """A poll on a train host other than the job's: wait while its host polls it; start it here once that host fell silent."""
+        silent_s = time.time() - float(state.get("seen_at", state.get("launched_at", 0.0)))
+        if silent_s < self.config.host_silence_s:
+            return PollResult(status="running", state=state)
+        lost_with = [*state.get("relaunched_after", []), str(state.get("host"))]
+        started = self._start(ctx, job, external_id.removeprefix("local-"))
+        return PollResult(status="running", state={**started, "relaunched_after": lost_with})
 
 
 class LocalEval:
