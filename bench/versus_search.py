@@ -84,7 +84,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bench._versus_jobs import SMALL_MODEL, InnerJobRequest, InnerJobResult, base_score, build_base_model, run_inner_job, worker_setup
 from metarl.backends.local.agent import sample_seed
 from metarl.backends.local.train import local_compile_problems
-from metarl.learning.eval_secret import add_artifacts_argument, install_eval_secret
+from metarl.learning.eval_secret import EvalSecretMissing, add_artifacts_argument, install_tool_eval_secret
 from metarl.policy import job_language as jl
 from metarl.probe import ProbeVerdict, probe_job_text
 from metarl.versus_search import (
@@ -582,8 +582,37 @@ def plan_from_args(args: argparse.Namespace, held_out: list[str]) -> BenchPlan:
     return BenchPlan.model_validate({**plan.model_dump(), **update})
 
 
+OPTIONAL_MODULES = {"optuna": "the Optuna TPE baseline (optuna_tpe)"}
+"""Modules of the dev extra the bench imports only after its base models are built: checked before any work."""
+DEV_EXTRA_FIX = "pip install -e '.[dev]'"
+
+
+def missing_optional_modules(modules: Mapping[str, str] | None = None) -> list[str]:
+    """One line (module, what needs it, the fix) per optional module (default :data:`OPTIONAL_MODULES`) that cannot be imported."""
+    import importlib
+
+    missing = []
+    for name, use in (OPTIONAL_MODULES if modules is None else modules).items():
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            missing.append(f"{name} cannot be imported ({err}); {use} needs it. Fix: {DEV_EXTRA_FIX}")
+    return missing
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison, write and check its output; 0 when the output has the expected shape."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    missing = missing_optional_modules()
+    if missing:
+        for line in missing:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    try:
+        install_tool_eval_secret(args.artifacts)
+    except EvalSecretMissing as err:
+        print(f"error: --artifacts: {err}", file=sys.stderr)
+        return 2
     import torch
 
     from metarl.policy.local_policy import LocalPolicy, PolicyConfig
@@ -591,8 +620,6 @@ def main(argv: list[str] | None = None) -> int:
     from metarl.runconfig import load_run
     from schemas.run_config import LocalAgentBackend
 
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    install_eval_secret(args.artifacts)
     torch.set_num_threads(1)
     wall_started, date_started, commit = time.monotonic(), datetime.now(UTC), git_commit()
     try:

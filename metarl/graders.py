@@ -1,6 +1,7 @@
 """The task families' graders, defined once: partial credit, exact match, the format check and the length penalty.
 
-Standard library only (``re``, ``math``, ``sys``), and no import of metarl: the same file runs in three places.
+Standard library only (``re``, ``math``, ``sys``, ``functools``), plus ``re2`` (the google-re2 wheel) where it can be
+imported, and no import of metarl: the same file runs in three places.
 
 - In metarl, :mod:`metarl.learning.families` grades with it (training rewards, hidden evals).
 - In the sandbox (:mod:`metarl.sandbox`) it is importable by an environment module as ``metarl_graders``:
@@ -25,15 +26,30 @@ the pod's environment package load the file under that name beforehand; in metar
 is imported through its entry point on first use. Its ``grade`` must return a number in [0, 1] and its
 ``is_exact`` and ``is_well_formed`` a bool; anything else raises :class:`PluginGraderError` (never a
 clamped reward).
+
+Regular expressions (``regex_extract``'s ``pattern``, a ``format_pattern``) run in time linear in the text,
+with RE2's syntax and semantics (no backreferences or lookaround, ``\\d``, ``\\w``, ``\\s`` and ``\\b`` ASCII,
+``$`` the end of the text unless ``(?m)``): with RE2 itself where ``re2`` can be imported (metarl's
+processes), else with :class:`LinearPattern`, a Pike VM in pure Python (the sandbox, whose ``python -I -S``
+sees no site-packages, and a pod image without google-re2). :mod:`schemas.graders` refuses a pattern that
+RE2 cannot compile when the task spec is loaded.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
 from collections.abc import Callable, Mapping
+from re import _constants as _sre  # type: ignore[attr-defined]
+from re import _parser as _sre_parser  # type: ignore[attr-defined]
 from typing import Any
+
+try:
+    import re2 as _re2
+except ImportError:  # the sandbox (python -I -S: no site-packages) and a pod image without google-re2: LinearPattern
+    _re2 = None
 
 GRADERS_MODULE = "metarl_graders"
 """The name under which an environment module imports this file (in the sandbox and on the pod)."""
@@ -165,6 +181,313 @@ def plugin_verdict(grader: Grader, function: str, *texts: str) -> bool:
     return value
 
 
+class PatternError(ValueError):
+    """A grader pattern the linear-time engines cannot run (a backreference, lookaround or another feature RE2 lacks)."""
+
+
+def _encodable(text: str) -> str:
+    """``text`` with lone surrogates (which UTF-8, and so RE2, cannot hold) replaced by U+FFFD, one for one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in text)
+    return text
+
+
+_ASCII_DIGITS = frozenset("0123456789")
+_ASCII_SPACE = frozenset("\t\n\f\r ")
+_ASCII_WORD = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+_CATEGORIES: dict[Any, Callable[[str], bool]] = {
+    _sre.CATEGORY_DIGIT: lambda ch: ch in _ASCII_DIGITS,
+    _sre.CATEGORY_NOT_DIGIT: lambda ch: ch not in _ASCII_DIGITS,
+    _sre.CATEGORY_SPACE: lambda ch: ch in _ASCII_SPACE,
+    _sre.CATEGORY_NOT_SPACE: lambda ch: ch not in _ASCII_SPACE,
+    _sre.CATEGORY_WORD: lambda ch: ch in _ASCII_WORD,
+    _sre.CATEGORY_NOT_WORD: lambda ch: ch not in _ASCII_WORD,
+}
+"""RE2's character classes: ASCII only."""
+_CHAR, _SPLIT, _JMP, _SAVE, _ASSERT, _MATCH = range(6)
+_MAX_PROGRAM = 50_000
+"""Most instructions of one compiled pattern (RE2 caps repetition at 1000, so its patterns stay far below this)."""
+
+
+def _folded_variants(ch: str) -> tuple[str, ...]:
+    return (ch, ch.lower(), ch.upper())
+
+
+class LinearPattern:
+    """A regular expression run by a Pike VM (a Thompson NFA that tracks captures): time linear in the text, whatever the pattern.
+
+    The pattern is parsed by the standard library's parser and compiled to a small program; matching
+    keeps at most one thread per instruction, ordered by priority, so the leftmost match is the one a
+    backtracking engine would prefer (RE2's leftmost-first semantics). Only what RE2 supports is
+    accepted (:class:`PatternError` otherwise), with RE2's meanings: ``\\d``, ``\\w``, ``\\s`` and ``\\b``
+    are ASCII, ``$`` is the end of the text (the end of a line with ``(?m)``), ``.`` is any character but
+    a newline (any with ``(?s)``).
+    """
+
+    def __init__(self, pattern: str) -> None:
+        try:
+            parsed = _sre_parser.parse(pattern, 0)
+        except re.error as exc:
+            raise PatternError(f"not a valid regular expression: {exc}") from None
+        self.pattern = pattern
+        self.groups = parsed.state.groups - 1
+        self.program: list[tuple[Any, ...]] = [(_SAVE, 0)]
+        self._emit(parsed, parsed.state.flags)
+        self.program += [(_SAVE, 1), (_MATCH,)]
+
+    # -- compiling --------------------------------------------------------------------------
+
+    def _add(self, instruction: tuple[Any, ...]) -> int:
+        if len(self.program) >= _MAX_PROGRAM:
+            raise PatternError(f"the pattern compiles to more than {_MAX_PROGRAM} instructions: use smaller repetition counts")
+        self.program.append(instruction)
+        return len(self.program) - 1
+
+    def _patch(self, at: int, instruction: tuple[Any, ...]) -> None:
+        self.program[at] = instruction
+
+    def _emit(self, items: Any, flags: int) -> None:
+        for op, arg in items:
+            self._emit_one(op, arg, flags)
+
+    def _emit_one(self, op: Any, arg: Any, flags: int) -> None:
+        if op in (_sre.LITERAL, _sre.NOT_LITERAL, _sre.ANY, _sre.IN):
+            self._add((_CHAR, self._char_test(op, arg, flags)))
+        elif op is _sre.SUBPATTERN:
+            group, add_flags, del_flags, body = arg
+            inner = (flags | add_flags) & ~del_flags
+            if group is not None:
+                self._add((_SAVE, 2 * group))
+            self._emit(body, inner)
+            if group is not None:
+                self._add((_SAVE, 2 * group + 1))
+        elif op is _sre.BRANCH:
+            self._emit_branch(arg[1], flags)
+        elif op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT):
+            self._emit_repeat(arg, flags, greedy=op is _sre.MAX_REPEAT)
+        elif op is _sre.AT:
+            self._add((_ASSERT, self._assertion(arg, flags)))
+        else:
+            raise PatternError(f"{str(op).lower()} is not supported (graders match in linear time, as RE2 does: no backreferences or lookaround)")
+
+    def _emit_branch(self, alternatives: list[Any], flags: int) -> None:
+        jumps = []
+        for index, alternative in enumerate(alternatives):
+            if index < len(alternatives) - 1:
+                split = self._add((_SPLIT, 0, 0))
+                self._emit(alternative, flags)
+                jumps.append(self._add((_JMP, 0)))
+                self._patch(split, (_SPLIT, split + 1, len(self.program)))
+            else:
+                self._emit(alternative, flags)
+        for jump in jumps:
+            self._patch(jump, (_JMP, len(self.program)))
+
+    def _emit_repeat(self, arg: tuple[int, int, Any], flags: int, *, greedy: bool) -> None:
+        least, most, body = arg
+        if most == _sre.MAXREPEAT:
+            # x{n,} is n-1 copies and x+, and x* is (x+)?, as RE2 compiles them: a body that can match the empty
+            # string then still gets its one empty iteration (its groups set), which a plain loop back would lose
+            for _ in range(max(least - 1, 0)):
+                self._emit(body, flags)
+            skip = self._add((_SPLIT, 0, 0)) if least == 0 else None
+            start = len(self.program)
+            self._emit(body, flags)
+            again = self._add((_SPLIT, 0, 0))
+            after = len(self.program)
+            for split, target in ((skip, start), (again, start)):
+                if split is not None:
+                    self._patch(split, (_SPLIT, target, after) if greedy else (_SPLIT, after, target))
+            return
+        for _ in range(least):
+            self._emit(body, flags)
+        splits = []
+        for _ in range(most - least):
+            splits.append(self._add((_SPLIT, 0, 0)))
+            self._emit(body, flags)
+        after = len(self.program)
+        for split in splits:
+            self._patch(split, (_SPLIT, split + 1, after) if greedy else (_SPLIT, after, split + 1))
+
+    @staticmethod
+    def _assertion(code: Any, flags: int) -> str:
+        multiline = bool(flags & _sre.SRE_FLAG_MULTILINE)
+        if code is _sre.AT_BEGINNING:
+            return "line_start" if multiline else "text_start"
+        if code is _sre.AT_BEGINNING_STRING:
+            return "text_start"
+        if code is _sre.AT_END:
+            return "line_end" if multiline else "text_end"
+        if code is _sre.AT_END_STRING:
+            return "text_end"
+        if code is _sre.AT_BOUNDARY:
+            return "word_boundary"
+        if code is _sre.AT_NON_BOUNDARY:
+            return "not_word_boundary"
+        raise PatternError(f"the anchor {str(code).lower()} is not supported")
+
+    @staticmethod
+    def _char_test(op: Any, arg: Any, flags: int) -> Callable[[str], bool]:
+        fold = bool(flags & _sre.SRE_FLAG_IGNORECASE)
+        if op is _sre.ANY:
+            if flags & _sre.SRE_FLAG_DOTALL:
+                return lambda ch: True
+            return lambda ch: ch != "\n"
+        if op in (_sre.LITERAL, _sre.NOT_LITERAL):
+            wanted = chr(arg)
+            if fold:
+                options = frozenset(_folded_variants(wanted))
+                positive: Callable[[str], bool] = lambda ch: any(variant in options for variant in _folded_variants(ch))  # noqa: E731
+            else:
+                positive = lambda ch: ch == wanted  # noqa: E731
+            if op is _sre.NOT_LITERAL:
+                return lambda ch: not positive(ch)
+            return positive
+        negate = False
+        literals: set[str] = set()
+        ranges: list[tuple[int, int]] = []
+        categories: list[Callable[[str], bool]] = []
+        for item_op, item_arg in arg:
+            if item_op is _sre.NEGATE:
+                negate = True
+            elif item_op is _sre.LITERAL:
+                literals.add(chr(item_arg))
+            elif item_op is _sre.RANGE:
+                ranges.append(item_arg)
+            elif item_op is _sre.CATEGORY and item_arg in _CATEGORIES:
+                categories.append(_CATEGORIES[item_arg])
+            else:
+                raise PatternError(f"{str(item_op).lower()} in a character class is not supported")
+
+        def member(ch: str) -> bool:
+            code = ord(ch)
+            return ch in literals or any(low <= code <= high for low, high in ranges) or any(test(ch) for test in categories)
+
+        def test(ch: str) -> bool:
+            found = any(member(variant) for variant in _folded_variants(ch)) if fold else member(ch)
+            return found != negate
+
+        return test
+
+    # -- matching ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _holds(kind: str, text: str, position: int) -> bool:
+        before = text[position - 1] if position > 0 else ""
+        after = text[position] if position < len(text) else ""
+        if kind == "text_start":
+            return position == 0
+        if kind == "text_end":
+            return position == len(text)
+        if kind == "line_start":
+            return position == 0 or before == "\n"
+        if kind == "line_end":
+            return position == len(text) or after == "\n"
+        boundary = (before in _ASCII_WORD and before != "") != (after in _ASCII_WORD and after != "")
+        return boundary if kind == "word_boundary" else not boundary
+
+    def _follow(self, threads: list[tuple[int, tuple[Any, ...]]], seen: set[int], start: int, captures: tuple[Any, ...], text: str, position: int) -> None:
+        """Add the thread at ``start`` and every thread it reaches without reading a character, in priority order."""
+        program = self.program
+        stack = [(start, captures)]
+        while stack:
+            pc, caps = stack.pop()
+            if pc in seen:
+                continue
+            seen.add(pc)
+            instruction = program[pc]
+            kind = instruction[0]
+            if kind == _JMP:
+                stack.append((instruction[1], caps))
+            elif kind == _SPLIT:
+                stack.append((instruction[2], caps))
+                stack.append((instruction[1], caps))
+            elif kind == _SAVE:
+                slot = instruction[1]
+                stack.append((pc + 1, caps[:slot] + (position,) + caps[slot + 1 :]))
+            elif kind == _ASSERT:
+                if self._holds(instruction[1], text, position):
+                    stack.append((pc + 1, caps))
+            else:
+                threads.append((pc, caps))
+
+    def _run(self, text: str, *, anchored: bool, full: bool) -> LinearMatch | None:
+        program = self.program
+        empty: tuple[Any, ...] = (None,) * (2 * self.groups + 2)
+        threads: list[tuple[int, tuple[Any, ...]]] = []
+        seen: set[int] = set()
+        found: tuple[Any, ...] | None = None
+        for position in range(len(text) + 1):
+            if found is None and (position == 0 or not anchored):
+                self._follow(threads, seen, 0, empty, text, position)
+            if not threads:
+                if found is not None or anchored:
+                    break
+                seen = set()
+                continue
+            char = text[position] if position < len(text) else None
+            following: list[tuple[int, tuple[Any, ...]]] = []
+            following_seen: set[int] = set()
+            for pc, caps in threads:
+                instruction = program[pc]
+                if instruction[0] == _MATCH:
+                    if full and position != len(text):
+                        continue
+                    found = caps
+                    break  # the threads after this one have lower priority
+                if char is not None and instruction[1](char):
+                    self._follow(following, following_seen, pc + 1, caps, text, position + 1)
+            threads, seen = following, following_seen
+        return None if found is None else LinearMatch(text, found)
+
+    def search(self, text: str) -> LinearMatch | None:
+        """The leftmost match in ``text`` (as ``re.search``), or None."""
+        return self._run(text, anchored=False, full=False)
+
+    def fullmatch(self, text: str) -> LinearMatch | None:
+        """A match of the whole of ``text`` (as ``re.fullmatch``), or None."""
+        return self._run(text, anchored=True, full=True)
+
+
+class LinearMatch:
+    """A match of a :class:`LinearPattern`: its groups, as ``re.Match.group``."""
+
+    def __init__(self, text: str, captures: tuple[Any, ...]) -> None:
+        self._text = text
+        self._captures = captures
+
+    def group(self, index: int = 0) -> str | None:
+        """The text group ``index`` matched (0: the whole match), or None when it took no part in the match."""
+        start, end = self._captures[2 * index], self._captures[2 * index + 1]
+        return None if start is None or end is None else self._text[start:end]
+
+    def span(self, index: int = 0) -> tuple[int, int]:
+        """(start, end) of group ``index``, (-1, -1) when it took no part in the match."""
+        start, end = self._captures[2 * index], self._captures[2 * index + 1]
+        return (-1, -1) if start is None or end is None else (start, end)
+
+
+def _re2_options() -> Any:
+    options = _re2.Options()
+    options.log_errors = False  # a refused pattern is reported by the caller, not logged by the C++ library
+    return options
+
+
+@functools.lru_cache(maxsize=256)
+def compiled_pattern(pattern: str) -> Any:
+    """A grader pattern compiled for linear-time matching (``.search``, ``.fullmatch``, ``.group``): RE2 where ``re2``
+    can be imported, else :class:`LinearPattern`; :class:`PatternError` for a pattern neither accepts."""
+    if _re2 is None:
+        return LinearPattern(pattern)
+    try:
+        return _re2.compile(pattern, _re2_options())
+    except _re2.error as exc:
+        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise PatternError(f"RE2 cannot compile it: {reason}") from None
+
+
 def normalize_completion(completion: str) -> str:
     """The completion as graded: surrounding whitespace removed."""
     return completion.strip()
@@ -214,7 +537,7 @@ def _number(text: str) -> float | None:
 
 def extracted(grader: Grader, completion: str) -> str | None:
     """The text a ``regex_extract`` grader grades: its ``group`` of the pattern's first match, or None."""
-    match = re.search(grader["pattern"], completion)
+    match = compiled_pattern(grader["pattern"]).search(_encodable(completion))
     if match is None:
         return None
     group = match.group(int(grader.get("group", 0)))
@@ -310,7 +633,7 @@ def is_well_formed(family: str | Grader, completion: str) -> bool:
         return _folded(grader, text) in {_folded(grader, choice) for choice in grader["choices"]}
     pattern = grader.get("format_pattern")
     if pattern is not None:
-        return re.fullmatch(pattern, text) is not None
+        return compiled_pattern(pattern).fullmatch(_encodable(text)) is not None
     charset = grader.get("charset", "number" if grader["kind"] == "numeric" else "any")
     if not _charset_ok(charset, text):
         return False

@@ -28,10 +28,11 @@ What the sandboxed process gets (level ``full``):
   ``/sandbox/metarl_graders.py`` (:mod:`metarl.graders`, which the runner loads), each registered
   plugin grader's file at ``/sandbox/metarl_grader_NAME.py`` (:mod:`metarl.learning.grader_plugins`,
   loaded by the runner too) and the workspace at
-  ``/workspace`` (the working directory, read-only: the protocol needs no writes); a private
-  ``/tmp`` tmpfs of ``tmp_bytes``; a minimal read-only ``/dev`` (null, zero, full, random,
-  urandom, tty, a private pts); no ``/etc`` at all, no host ``/tmp``, ``/home``, ``/run``, no
-  other workspace;
+  ``/workspace`` (the working directory, read-only: the protocol needs no writes); an empty
+  read-only ``/tmp`` (issue 40: a writable tmpfs caps bytes but not inodes, and one module made
+  300,000 empty files in it; nothing in the sandbox is writable); a minimal read-only ``/dev``
+  (null, zero, full, random, urandom, tty, a private pts); no ``/etc`` at all, no host ``/tmp``,
+  ``/home``, ``/run``, no other workspace;
 - an environment of ``LC_ALL``, ``PATH`` and ``LD_LIBRARY_PATH`` only; ``--new-session`` (no
   controlling terminal), ``--die-with-parent`` (the sandbox dies with the worker thread that
   started it); no_new_privs;
@@ -39,9 +40,16 @@ What the sandboxed process gets (level ``full``):
 - then, inside, the runner's own layers (:mod:`metarl.sandbox_runner`): rlimits (CPU, address
   space, file size, open files, no core, no new processes) and the audit hook.
 
-Level ``process`` is the older layering without bubblewrap (rlimits, the audit hook, a network
-namespace and ``nobody`` where the kernel allows): a deployment accepts it only with
-``[sandbox] min_isolation = "process"`` in its run config (:class:`schemas.run_config.SandboxConfig`).
+Level ``process`` is for hosts that refuse user namespaces: no bubblewrap, so the runner walls
+itself in from kernel features that need none, before the agent's code (``sandbox_runner._kernel_wall``):
+Landlock (:mod:`metarl.landlock`: read the workspace, the standard library without site-packages,
+the interpreter, the runner and the graders; nothing else, no writes anywhere), the seccomp filter
+of ``full`` with the additions of :func:`metarl.seccomp.instructions` for a process without
+namespaces (no sockets or IPC, no metadata changes, no other process by pid), ``nobody`` for a
+root worker, no_new_privs and the rlimits; a network namespace where the kernel allows one. A
+deployment accepts it only with ``[sandbox] min_isolation = "process"`` in its run config
+(:class:`schemas.run_config.SandboxConfig`), and it runs only where the kernel has Landlock
+(:func:`process_wall_problem`); never on the audit hook alone.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from metarl import seccomp
+from metarl import landlock, seccomp
 from metarl.graders import GRADERS_MODULE, plugin_module_name
 
 IsolationLevel = Literal["process", "full"]
@@ -251,7 +259,6 @@ def bwrap_command(
     runner: str,
     workspace: str,
     as_root: bool,
-    tmp_bytes: int,
     seccomp_fd: int,
     argv: list[str],
     graders: str | None = None,
@@ -281,7 +288,9 @@ def bwrap_command(
     command += ["--clearenv"]
     for key, value in {**SANDBOX_ENV, "LD_LIBRARY_PATH": ":".join(root.library_path)}.items():
         command += ["--setenv", key, value]
-    command += ["--size", str(tmp_bytes), "--tmpfs", "/tmp"]  # first: binds of an interpreter under /tmp go on top of it
+    # /tmp first: binds of an interpreter under /tmp go on top of it; made read-only at the end with the root (nothing
+    # in the sandbox is writable: no file, and no inode, to fill)
+    command += ["--size", "4096", "--perms", "0555", "--tmpfs", "/tmp"]
     for folder in parent_folders(root):
         command += ["--perms", "0755", "--dir", folder]  # else bwrap copies the host's modes (a 0700 /root)
     for target, path in root.symlinks:
@@ -301,6 +310,7 @@ def bwrap_command(
         "--proc", "/proc",
         "--dev", "/dev",
         "--remount-ro", "/dev",
+        "--remount-ro", "/tmp",
         "--remount-ro", "/",
         "--chdir", SANDBOX_WORKSPACE,
         "--seccomp", str(seccomp_fd),
@@ -397,7 +407,7 @@ def _check_host(runner: str, modules: tuple[str, ...]) -> HostIsolation:
         try:
             drop = f"import os; os.setgroups([]); os.setgid({SANDBOX_UID}); os.setuid({SANDBOX_UID})" if as_root else "pass"
             argv = [root.interpreter, "-I", "-S", "-c", drop]
-            command = bwrap_command(bwrap, root, runner=runner, workspace=workspace, as_root=as_root, tmp_bytes=1 << 20, seccomp_fd=fd, argv=argv)
+            command = bwrap_command(bwrap, root, runner=runner, workspace=workspace, as_root=as_root, seccomp_fd=fd, argv=argv)
             process = subprocess.run(command, pass_fds=(fd,), capture_output=True, env={}, timeout=HOST_CHECK_SECONDS, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return HostIsolation(bwrap, root, f"bwrap could not run: {exc}")
@@ -416,5 +426,38 @@ def unavailable_message(problem: str, minimum: IsolationLevel) -> str:
         "Fix: allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ also "
         "kernel.apparmor_restrict_unprivileged_userns=0), or under Docker run the probe and train services with the "
         "security options of docker-compose.yml (seccomp, apparmor and systempaths unconfined), or run the worker as root on the host; "
-        f'only if you accept weaker isolation (rlimits and the audit hook), set {SETTING} = "process" in the run config'
+        f'only if you accept weaker isolation (no namespaces: Landlock, seccomp, nobody and rlimits, see docs/security.md), set {SETTING} = "process" in the run config'
+    )
+
+
+_wall_problem: list[str | None] = []
+_wall_lock = threading.Lock()
+
+
+def process_wall_problem() -> str | None:
+    """Why this host cannot build level ``process``'s kernel wall (None: it can), checked once per process.
+
+    The wall is Landlock (any ABI, for the file system) and the seccomp filter of
+    :func:`metarl.seccomp.instructions` with ``own_pid``; see :func:`metarl.landlock.restrict_self`.
+    """
+    with _wall_lock:
+        if not _wall_problem:
+            try:
+                seccomp.filter_program(platform.machine(), own_pid=1)
+                problem = landlock.availability()[1]
+            except seccomp.UnsupportedMachine as err:
+                problem = str(err)
+            _wall_problem.append(problem)
+        return _wall_problem[0]
+
+
+def process_unavailable_message(full_problem: str, wall_problem: str) -> str:
+    """The refusal when neither level can run here: why not, and the fixes for each (the process level is
+    never run on the audit hook alone)."""
+    return (
+        f"this host cannot isolate agent-written code at any level: {SETTING} = 'full' needs bubblewrap ({full_problem}), "
+        f"and {SETTING} = 'process' needs Landlock ({wall_problem}). Fix: allow unprivileged user namespaces "
+        "(sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ also kernel.apparmor_restrict_unprivileged_userns=0) or run "
+        "the worker as root, for the full level; or run the workers on a kernel with Landlock enabled (Linux 5.13+, "
+        "CONFIG_SECURITY_LANDLOCK=y, landlock in the lsm= boot parameter), for the process level"
     )

@@ -9,8 +9,10 @@ graders (:class:`metarl.learning.grpo.RewardComponentWeights`), exactly as befor
 This module holds
 
 - the pure contract every reward function is held to (:func:`checked_rewards`: the right count of
-  finite numbers, rejected beyond ``RewardBounds.reject_above``, clamped to ``RewardBounds.clip``),
-  and :func:`failed_job_status`, which turns a failure into the inner job's final status;
+  rewards, each judged by :mod:`metarl.reward_rule`, the one rule the probe and the prime-rl
+  environment apply too: finite numbers, rejected beyond ``RewardBounds.reject_above``, clamped to
+  ``RewardBounds.clip``), and :func:`failed_job_status`, which turns a failure into the inner
+  job's final status;
 - :class:`SandboxRewardSource`, the reward function of a local inner job: the agent's
   ``reward(prompt, completion, answer)`` run by :mod:`metarl.sandbox` with the probe's isolation
   (bubblewrap and seccomp, the workspace copy at ``/workspace``, rlimits, empty environment, the
@@ -47,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from metarl import reward_rule
 from metarl.errors import MetarlError
 from metarl.isolation import IsolationLevel
 from schemas.base import printable
@@ -83,12 +86,14 @@ class RewardFunctionError(MetarlError):
 
 
 class RewardBounds(BaseModel):
-    """How the rewards a reward function returns are checked and clamped."""
+    """How the rewards a reward function returns are checked and clamped (the bounds of :mod:`metarl.reward_rule`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    clip: float = Field(default=100.0, gt=0.0, le=1e9, description="Accepted rewards are clamped to [-clip, clip].")
-    reject_above: float = Field(default=1e6, gt=0.0, le=1e12, description="A reward whose magnitude exceeds this fails the job (a bug, not a signal).")
+    clip: float = Field(default=reward_rule.CLIP, gt=0.0, le=1e9, description="Accepted rewards are clamped to [-clip, clip].")
+    reject_above: float = Field(
+        default=reward_rule.REJECT_ABOVE, gt=0.0, le=1e12, description="A reward whose magnitude exceeds this fails the job (a bug, not a signal)."
+    )
 
     @model_validator(mode="after")
     def _clip_within_rejection(self) -> RewardBounds:
@@ -144,23 +149,13 @@ def describe_rollout(rollout: Rollout) -> str:
 
 
 def clamp_reward(value: float, bounds: RewardBounds) -> float:
-    """``value`` clamped to ``[-bounds.clip, bounds.clip]``."""
-    return max(-bounds.clip, min(bounds.clip, value))
+    """``value`` clamped to ``[-bounds.clip, bounds.clip]`` (:func:`metarl.reward_rule.clamp`)."""
+    return reward_rule.clamp(value, bounds.clip)
 
 
 def reward_problem(value: object, bounds: RewardBounds) -> str | None:
-    """Why ``value`` is not a usable reward (None when it is): a bool, a non-number, NaN, infinity, too large."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        shown = printable(repr(value))
-        return f"returned {type(value).__name__} {shown if len(shown) <= 40 else shown[:40] + '...'}, not a number"
-    number = float(value)
-    if math.isnan(number):
-        return "returned NaN"
-    if math.isinf(number):
-        return f"returned {number}"
-    if abs(number) > bounds.reject_above:
-        return f"returned {number:g}, beyond the allowed magnitude {bounds.reject_above:g}"
-    return None
+    """Why ``value`` is not a usable reward (None when it is): :func:`metarl.reward_rule.reward_problem`; never raises."""
+    return reward_rule.reward_problem(value, bounds.reject_above)
 
 
 def checked_rewards(values: object, batch: Sequence[Rollout], bounds: RewardBounds) -> list[float]:
@@ -176,13 +171,13 @@ def checked_rewards(values: object, batch: Sequence[Rollout], bounds: RewardBoun
         raise RewardFunctionError(f"the reward function returned {len(values)} rewards for {len(batch)} rollouts")
     rewards = []
     for index, (value, rollout) in enumerate(zip(values, batch)):
-        problem = reward_problem(value, bounds)
-        if problem is not None:
+        reward = reward_rule.training_reward(value, bounds.clip, bounds.reject_above)
+        if reward is None:
             raise RewardFunctionError(
-                f"{REWARD_FUNCTION}() {problem} for rollout {index} ({describe_rollout(rollout)}); "
+                f"{REWARD_FUNCTION}() {reward_problem(value, bounds)} for rollout {index} ({describe_rollout(rollout)}); "
                 "return a finite number for every (prompt, completion, answer)"
             )
-        rewards.append(clamp_reward(float(value), bounds))
+        rewards.append(reward)
     return rewards
 
 

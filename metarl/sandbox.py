@@ -14,12 +14,16 @@ What is enforced, and how
 Agent code runs under kernel-enforced isolation: bubblewrap with new PID, mount, network, IPC and
 UTS namespaces (a user namespace too when the worker is not root), a read-only root made of the
 interpreter, its libraries, the standard library and the workspace (at ``/workspace``, the working
-directory, in the probe and in training alike), a private small ``/tmp``, no ``/etc``, and a
-seccomp filter; see :mod:`metarl.isolation` and :mod:`metarl.seccomp`. That is isolation level
-``full``. Without bubblewrap (a host that refuses user namespaces) the child runs as a plain
-process with the runner's own layers only (level ``process``), and only where the deployment
-accepts it (``SandboxLimits.min_isolation``, from the run config's ``[sandbox] min_isolation``);
-otherwise :class:`IsolationUnavailable` is raised, naming the setting and the fixes.
+directory, in the probe and in training alike), an empty read-only ``/tmp`` (nothing is
+writable), no ``/etc``, and a seccomp filter; see :mod:`metarl.isolation` and
+:mod:`metarl.seccomp`. That is isolation level ``full``. Without bubblewrap (a host that refuses
+user namespaces) the child runs as a plain process that walls itself in before the agent's code
+(level ``process``): Landlock leaves it the workspace, the standard library and the runner's own
+files to read and nothing to write (:mod:`metarl.landlock`), a stricter seccomp filter keeps it
+from sockets, IPC, metadata changes and every other process, a root start becomes ``nobody``, and
+the rlimits apply; only where the deployment accepts it (``SandboxLimits.min_isolation``, from the
+run config's ``[sandbox] min_isolation``) and the kernel has Landlock. Otherwise
+:class:`IsolationUnavailable` is raised, naming the setting, what is missing and the fixes.
 ``SandboxResult.level`` is the level of each run and ``SandboxResult.isolation`` its layers.
 
 The parent (this module):
@@ -36,15 +40,24 @@ The parent (this module):
   init of its own PID namespace, which takes that namespace with it; then the process group);
 - caps on what it reads back: the result frame (``stdout_bytes``) and stderr (only a tail of
   ``stderr_tail_chars`` is kept; a child that writes more than ``max_stderr_bytes`` is killed);
-- validates the result frame (size, JSON, shape) before trusting any of it.
+- reads the channel (fd 3 in the child) by phases: the runner's set-up report (``ready`` with the
+  layers it put in place, or a ``bootstrap`` failure) is the first line and comes before any agent
+  code; only it speaks for the sandbox (:class:`SandboxUnavailable` when set-up fails, the
+  ``isolation`` layers when it succeeds). Every later frame is within the agent's reach, so it is
+  believed only where the agent could have caused it anyway (its own results and failures): a
+  ``bootstrap`` frame after the report, an unknown error kind, a wrong shape or count, a value the
+  runner never sends (an integer beyond 2**53, NaN or infinity, containers nested deeper than 17)
+  or a second frame is a forged or malformed frame, the module's fault (``bad_output``, its
+  problem named); no number is converted before it is checked, so nothing in a frame can raise.
 
 The child (``metarl/sandbox_runner.py``, see its docstring for the order of steps):
 
 - RLIMIT_CPU (SIGXCPU at the soft limit, SIGKILL one second later), RLIMIT_AS (memory),
   RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE = 0, RLIMIT_NPROC = 0 (no processes or threads);
 - when started as root: ``setgroups([])``, ``setgid``/``setuid`` to ``nobody`` (65534) before the
-  agent's code (under bubblewrap with only CAP_SETUID/CAP_SETGID to do it);
-- without bubblewrap only: a network namespace, no_new_privs, not dumpable, PR_SET_PDEATHSIG;
+  agent's code, at every level (under bubblewrap with only CAP_SETUID/CAP_SETGID to do it);
+- without bubblewrap only: a network namespace where the kernel allows one, no_new_privs, not
+  dumpable, PR_SET_PDEATHSIG, then the kernel wall (Landlock, seccomp; see ``_kernel_wall``);
 - imports limited to an allowlist of pure stdlib modules, imported before the hook, and the task
   families' graders (:mod:`metarl.graders`, loaded from their file as ``metarl_graders``) with every
   registered plugin grader (:mod:`metarl.learning.grader_plugins`, each file loaded as
@@ -67,13 +80,16 @@ Residual risks
 
 - The audit hook is a tripwire, not a boundary (``os.mknod``, ``os.mkfifo``,
   ``signal.pidfd_send_signal`` and ``_imp.create_builtin`` raise no audit event; memory
-  corruption runs native code no hook sees): the kernel layers above are what holds.
-- Inside the sandbox the agent's code can use its CPU seconds and wall clock, up to
-  ``memory_bytes`` of address space and the private ``/tmp`` (``tmp_bytes``, whose inode count a
-  tmpfs does not cap below the kernel default); there is no cgroup.
+  corruption runs native code no hook sees; the agent's code shares its interpreter, and issue 40
+  switched it off by rewriting its closure cells): the kernel layers above are what holds, at
+  every level.
+- Inside the sandbox the agent's code can use its CPU seconds and wall clock and up to
+  ``memory_bytes`` of address space; there is no cgroup. Nothing is writable (no ``/tmp`` to fill
+  with files or inodes).
 - ``stat``, ``readlink`` and ``os.getcwd`` have no audit events, but only the sandbox's own file
   system is there to look at. The child can write to its own result channel, forging its frame;
-  that only lets agent code claim results it could have computed anyway.
+  that only lets agent code claim results it could have computed anyway (claims about the sandbox
+  itself are not believed, see above).
 """
 
 from __future__ import annotations
@@ -91,16 +107,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from metarl import graders, isolation
+from metarl import graders, isolation, landlock, seccomp
 from metarl.errors import MetarlError
 from metarl.isolation import IsolationLevel
 from metarl.learning.grader_plugins import registered_graders
-from metarl.sandbox_runner import ALLOWED_MODULES
+from metarl.sandbox_runner import ALLOWED_MODULES, READY_STATUS
 from metarl.workspace import WorkspaceError, WorkspaceLimits, read_workspace_text
 from schemas.base import StrictModel, printable
 
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
 GRADERS = Path(graders.__file__).resolve()
+LANDLOCK = Path(landlock.__file__).resolve()
+SECCOMP = Path(seccomp.__file__).resolve()
 """The task families' graders (metarl/graders.py), importable by the agent's module as ``metarl_graders``."""
 CHILD_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
 NOBODY = 65534
@@ -143,9 +161,8 @@ class SandboxLimits(StrictModel):
     stderr_tail_chars: int = Field(default=4000, ge=0, le=100_000, description="Characters of stderr kept in the result")
     max_source_bytes: int = Field(default=1024**2, ge=1, le=64 * 1024**2, description="Largest module file")
     max_request_bytes: int = Field(default=16 * 1024**2, ge=1024, le=30 * 1024**2, description="Largest request (source + arguments)")
-    tmp_bytes: int = Field(default=16 * 1024**2, ge=4096, le=1024**3, description="Size of the sandbox's private /tmp (full isolation)")
     isolate_network: bool = Field(default=True, description="Try a new network namespace (process isolation; full always has one)")
-    drop_privileges: bool = Field(default=True, description="When root, run the child as nobody (process isolation; full always does)")
+    drop_privileges: bool = Field(default=True, description="Ignored: a root start runs the agent's code as nobody at every level")
     min_isolation: IsolationLevel = Field(
         default="full", description="Least isolation accepted ([sandbox] min_isolation); IsolationUnavailable when the host gives less"
     )
@@ -210,8 +227,8 @@ class SandboxResult(BaseModel):
     level: IsolationLevel | None = Field(default=None, description="Isolation level of the run (None: nothing ran)")
 
 
-def _error(kind: ErrorKind, message: str, **extra: Any) -> SandboxError:
-    return SandboxError(kind=kind, message=printable(message)[:4000], fix=FIXES[kind], **extra)
+def _error(kind: ErrorKind, message: str, fix: str | None = None, **extra: Any) -> SandboxError:
+    return SandboxError(kind=kind, message=printable(message)[:4000], fix=fix or FIXES[kind], **extra)
 
 
 def _failed(kind: ErrorKind, message: str, **extra: Any) -> SandboxResult:
@@ -263,7 +280,7 @@ def run_calls_in_sandbox(
     limits = limits or SandboxLimits()
     started = time.monotonic()
     host = _host_for(limits)
-    extra = {"bubblewrap": host is not None, "graders": _graders_path(host), "plugin_graders": _plugin_paths(host)}
+    extra = {"bubblewrap": host is not None, "graders": _graders_path(host), "plugin_graders": _plugin_paths(host), "wall": _wall(host)}
     prepared = _prepare_request(workspace_dir, module_file, [call.model_dump(mode="json") for call in calls], limits, extra)
     if isinstance(prepared, SandboxResult):
         return prepared
@@ -345,7 +362,16 @@ def _host_for(limits: SandboxLimits) -> isolation.HostIsolation | None:
         return host
     if not isolation.level_at_least("process", limits.min_isolation):
         raise IsolationUnavailable(isolation.unavailable_message(host.problem, limits.min_isolation))
+    wall_problem = isolation.process_wall_problem()
+    if wall_problem is not None:
+        raise IsolationUnavailable(isolation.process_unavailable_message(host.problem, wall_problem))
     return None
+
+
+def _wall(host: isolation.HostIsolation | None) -> dict[str, str] | None:
+    """What the runner loads to wall itself in at level ``process`` (None under bubblewrap): the files of
+    metarl/landlock.py and metarl/seccomp.py (standard library only), see ``sandbox_runner._kernel_wall``."""
+    return None if host is not None else {"landlock": str(LANDLOCK), "seccomp": str(SECCOMP)}
 
 
 def _graders_path(host: isolation.HostIsolation | None) -> str:
@@ -379,7 +405,6 @@ def _start_child(host: isolation.HostIsolation | None, workspace: Path, limits: 
                 plugin_graders=plugin_grader_files(),
                 workspace=str(workspace.absolute()),
                 as_root=as_root,
-                tmp_bytes=limits.tmp_bytes,
                 seccomp_fd=fd,
                 argv=isolation.runner_argv(host.root, runner_args),
             )
@@ -388,7 +413,7 @@ def _start_child(host: isolation.HostIsolation | None, workspace: Path, limits: 
             os.close(fd)
         return _Launch(process, "full", isolation.layers(as_root))
     process = _popen([sys.executable, "-I", "-S", "-B", str(RUNNER), *runner_args], cwd=str(workspace), env=dict(CHILD_ENV), pass_fds=())
-    return _Launch(process, "process", [])
+    return _Launch(process, "process", [])  # the runner walls itself in (Landlock, seccomp, nobody) and reports its layers
 
 
 def _popen(command: list[str], *, cwd: str, env: dict[str, str], pass_fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
@@ -525,24 +550,29 @@ def _signal(send: Any) -> None:
         pass
 
 
-def _interpret(run: _ChildRun, limits: SandboxLimits, n_calls: int, elapsed: float) -> SandboxResult:
+def _interpret(run: _ChildRun, limits: SandboxLimits, n_calls: int, elapsed: float, forged: str | None = None) -> SandboxResult:
+    """What a child's run means (``forged``: the caller found its frame forged, for this reason).
+
+    Raises :class:`SandboxUnavailable` only when the set-up report is missing (the agent's code
+    never ran); anything after it is the module's doing, whatever it claims.
+    """
     tail = run.stderr_tail.decode("utf-8", "replace")[-limits.stderr_tail_chars :] if limits.stderr_tail_chars else ""
     common: dict[str, Any] = {"stderr_tail": tail, "wall_seconds": round(elapsed, 4)}
-    ready, frame, frame_problem = _parse_frame(bytes(run.stdout))
-    if not ready:
-        # the agent's code never ran: a failed or killed set-up is the sandbox's problem
+    ready_layers, frame, frame_problem = _parse_frame(bytes(run.stdout))
+    if ready_layers is None:
+        # the agent's code never ran (it starts only after the set-up report): a failed or killed set-up is the sandbox's problem
         if frame is not None and frame.get("kind") == "bootstrap":
-            raise SandboxUnavailable(printable(str(frame.get("message", "sandbox set-up failed")))[:2000])
+            raise SandboxUnavailable(_text(frame.get("message"))[:2000] or "sandbox set-up failed")
         detail = "timed out" if run.timed_out else f"ended with status {run.status}"
         raise SandboxUnavailable(f"the sandbox set-up {detail} before running the module; stderr: {tail[-500:]}")
     launch = run.launch
-    layers = list(launch.layers) if launch is not None else []
-    if frame is not None and isinstance(frame.get("isolation"), list):
-        layers += [printable(str(item))[:100] for item in frame["isolation"]][:20]
-    common["isolation"] = layers
+    # the layers come from the set-up report alone: a later frame is within the agent's reach, so its claims are not believed
+    common["isolation"] = (list(launch.layers) if launch is not None else []) + ready_layers
     common["level"] = launch.level if launch is not None else None
     if launch is not None and launch.bubblewrap and run.status is not None and run.status > 128:
         run.status = -(run.status - 128)  # bubblewrap exits with 128 + the signal that ended the runner
+    if forged is not None:
+        return SandboxResult(ok=False, error=_forged(forged), **common)
     if run.timed_out:
         return _failed("timeout", f"the module ran past the wall-clock limit of {limits.wall_seconds:g} s", **common)
     if run.overflow:
@@ -565,35 +595,36 @@ def _interpret(run: _ChildRun, limits: SandboxLimits, n_calls: int, elapsed: flo
         if status < 0:
             return _failed("crash", f"the module was killed by signal {_signal_name(-status)}", **common)
         if frame_problem:
-            return _failed("bad_output", frame_problem, **common)
+            return SandboxResult(ok=False, error=_forged(frame_problem), **common)
         if status == 0:
             return _failed("bad_output", "the module ended the process without a result (os._exit?)", **common)
         return _failed("crash", f"the module's process exited with status {status}", **common)
     try:
-        if frame.get("status") == "error":
-            kind = frame.get("kind")
-            if kind not in ("memory", "crash", "forbidden", "bad_output"):
-                return _failed("bad_output", "the child reported an unknown error kind", **common)
-            error = _error(
-                kind,
-                str(frame.get("message", "")),
-                exception_type=_opt_str(frame.get("type")),
-                line=_opt_int(frame.get("line")),
-                event=_opt_str(frame.get("event")),
-            )
-            if kind == "memory":
-                error = error.model_copy(update={"message": f"{error.message} (limit {limits.memory_bytes} bytes)"})
-            return SandboxResult(ok=False, error=error, **common)
-        if frame.get("status") != "ok" or not isinstance(frame.get("calls"), list) or len(frame["calls"]) != n_calls:
-            return _failed("bad_output", "the child's result does not have the expected shape", **common)
-        outcomes = [_outcome(item) for item in frame["calls"]]
-        exports = ModuleExports.model_validate(frame.get("exports") or {})
-    except (ValidationError, TypeError, ValueError, KeyError):
-        return _failed("bad_output", "the child's result does not have the expected shape", **common)
-    return SandboxResult(ok=True, calls=outcomes, exports=exports, **common)
+        return _from_frame(frame, limits, n_calls, common)
+    except _ForgedFrame as forged:
+        return SandboxResult(ok=False, error=_forged(str(forged)), **common)
 
 
-READY = {"status": "ready"}
+ERROR_KINDS_AFTER_SETUP = ("memory", "crash", "forbidden", "bad_output")
+"""The error kinds a frame may carry once the agent's code has started (``bootstrap`` is the set-up's alone)."""
+MAX_VALUE_DEPTH = 16
+"""Deepest container the runner sends in a value (sandbox_runner._plain): containers at depth 0 to 16."""
+MAX_SAFE_INT = 2**53
+"""Largest integer magnitude the runner sends in a value (sandbox_runner._plain)."""
+MAX_LINE = 10**7
+FORGED_FIX = (
+    "return the reward from the function and write nothing on the sandbox's file descriptors: the result channel "
+    "(fd 3) is the sandbox's, and its own reports end before the module's code starts"
+)
+
+
+class _ForgedFrame(Exception):
+    """A frame the runner never writes: its problem, for the message."""
+
+
+def _forged(problem: str) -> SandboxError:
+    """The error of a forged or malformed frame: the workspace's fault (``bad_output``), its problem named."""
+    return _error("bad_output", f"forged or malformed result frame: {problem}; the module's code wrote on the sandbox's result channel itself", fix=FORGED_FIX)
 
 
 def _signal_name(number: int) -> str:
@@ -603,8 +634,20 @@ def _signal_name(number: int) -> str:
         return str(number)
 
 
-def _parse_frame(stdout: bytes) -> tuple[bool, dict[str, Any] | None, str | None]:
-    """(set-up finished, the result frame or None, why the channel is unusable or None)."""
+def _ready_layers(frame: Any) -> list[str] | None:
+    """The isolation layers of a set-up report (None: ``frame`` is not one)."""
+    if not isinstance(frame, dict) or frame.get("status") != READY_STATUS or not set(frame) <= {"status", "isolation"}:
+        return None
+    layers = frame.get("isolation")
+    return [printable(item)[:100] for item in layers if isinstance(item, str)][:20] if isinstance(layers, list) else []
+
+
+def _parse_frame(stdout: bytes) -> tuple[list[str] | None, dict[str, Any] | None, str | None]:
+    """(the set-up report's layers, None when set-up did not finish; the result frame or None; why the channel is unusable or None).
+
+    The set-up report is the first line, written before the agent's code runs; everything after it
+    is within the agent's reach. Never raises.
+    """
     lines = stdout.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -614,41 +657,106 @@ def _parse_frame(stdout: bytes) -> tuple[bool, dict[str, Any] | None, str | None
             frames.append(json.loads(line))
         except (ValueError, RecursionError):
             frames.append(None)
-    ready = bool(frames) and frames[0] == READY
-    body = frames[1:] if ready else frames
+    ready = _ready_layers(frames[0]) if frames else None
+    body = frames[1:] if ready is not None else frames
     if not body:
         return ready, None, None
     if len(body) != 1:
         return ready, None, "the result channel carried more than one frame"
     if not isinstance(body[0], dict):
-        return ready, None, "the result frame is not a JSON object"
+        return ready, None, "the result frame is not a JSON object" if body[0] is not None else "the result channel carried a line that is not JSON"
     return ready, body[0], None
+
+
+def _text(value: Any) -> str:
+    return printable(value)[:4000] if isinstance(value, str) else ""
 
 
 def _opt_str(value: Any) -> str | None:
     return printable(value)[:200] if isinstance(value, str) else None
 
 
-def _opt_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _opt_line(value: Any) -> int | None:
+    return value if type(value) is int and 1 <= value <= MAX_LINE else None
 
 
-def _outcome(item: Any) -> CallOutcome:
+def _value_problem(value: Any) -> str | None:
+    """Why a returned value is not one the runner sends (None: it is one); the runner's own rules
+    (``sandbox_runner._plain``) checked again, without recursion and without converting anything."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if item is None or kind is bool or kind is str:
+            continue
+        if kind is int:
+            if not -MAX_SAFE_INT <= item <= MAX_SAFE_INT:
+                return f"an integer beyond ±2**53 ({item.bit_length()} bits)"
+        elif kind is float:
+            if not math.isfinite(item):
+                return "NaN or infinity"
+        elif kind is list or kind is dict:
+            if depth > MAX_VALUE_DEPTH:
+                return f"containers nested deeper than {MAX_VALUE_DEPTH + 1} levels"
+            stack.extend((child, depth + 1) for child in (item.values() if kind is dict else item))
+        else:
+            return f"a {kind.__name__}"
+    return None
+
+
+def _outcome(index: int, item: Any) -> CallOutcome:
+    """One call's outcome from a result frame; :class:`_ForgedFrame` when the runner would never have written it."""
     if not isinstance(item, dict):
-        raise TypeError("bad outcome")
+        raise _ForgedFrame(f"the answer to call {index} is not a JSON object")
     if item.get("ok") is True:
         value = item.get("value")
-        if isinstance(value, float) and not math.isfinite(value):
-            return CallOutcome(ok=False, error=_error("bad_output", "the function returned NaN or infinity"))
+        problem = _value_problem(value)
+        if problem is not None:
+            raise _ForgedFrame(f"the value of call {index} holds {problem}, which the runner never sends")
         return CallOutcome(ok=True, value=value)
-    kind: Literal["crash", "bad_output"] = "bad_output" if item.get("kind") == "bad_output" else "crash"
+    kind = item.get("kind")
+    if item.get("ok") is not False or kind not in ("crash", "bad_output"):
+        raise _ForgedFrame(f"the answer to call {index} is neither a value nor a failure of the function")
     return CallOutcome(
         ok=False,
-        error=_error(kind, str(item.get("message", "")), exception_type=_opt_str(item.get("type")), line=_opt_int(item.get("line"))),
+        error=_error(kind, _text(item.get("message")), exception_type=_opt_str(item.get("type")), line=_opt_line(item.get("line"))),
     )
 
 
-_READY_BYTES = (json.dumps(READY) + "\n").encode("ascii")
+def _from_frame(frame: dict[str, Any], limits: SandboxLimits, n_calls: int, common: dict[str, Any]) -> SandboxResult:
+    """The result a frame written after the set-up report says; :class:`_ForgedFrame` for one the runner never writes.
+
+    Every claim in it is within the agent's reach, so it is believed only where the agent could
+    have caused it anyway (its own results and failures), never about the sandbox itself.
+    """
+    status = frame.get("status")
+    if status == "error":
+        kind = frame.get("kind")
+        if kind == "bootstrap":
+            raise _ForgedFrame("a sandbox set-up failure reported after the set-up had finished and the module's code had started")
+        if kind not in ERROR_KINDS_AFTER_SETUP:
+            raise _ForgedFrame("an error of a kind the runner never reports")
+        error = _error(
+            kind,
+            _text(frame.get("message")),
+            exception_type=_opt_str(frame.get("type")),
+            line=_opt_line(frame.get("line")),
+            event=_opt_str(frame.get("event")),
+        )
+        if kind == "memory":
+            error = error.model_copy(update={"message": f"{error.message} (limit {limits.memory_bytes} bytes)"})
+        return SandboxResult(ok=False, error=error, **common)
+    if status != "ok":
+        raise _ForgedFrame("a frame that is neither a result nor an error")
+    calls = frame.get("calls")
+    if not isinstance(calls, list) or len(calls) != n_calls:
+        raise _ForgedFrame(f"{len(calls) if isinstance(calls, list) else 'no'} answers for {n_calls} calls")
+    outcomes = [_outcome(index, item) for index, item in enumerate(calls)]
+    try:
+        exports = ModuleExports.model_validate(frame.get("exports") or {})
+    except ValidationError:
+        raise _ForgedFrame("the module's exports are not of the runner's shape") from None
+    return SandboxResult(ok=True, calls=outcomes, exports=exports, **common)
 
 
 class SandboxSession:
@@ -661,7 +769,7 @@ class SandboxSession:
 
     - ``limits.cpu_seconds`` and ``limits.max_stderr_bytes`` count over the whole session;
     - ``limits.wall_seconds`` is the deadline of the start-up (import) and, unless :meth:`call`
-      is given another, of each batch;
+      is given another (``wall_seconds``, or a shared ``deadline`` as the probe does), of each batch;
     - the module's state persists between batches (it is the agent's own reward: it may cache);
     - the child is killed by the kernel when the thread that started it ends
       (``PR_SET_PDEATHSIG``), so start the session from the thread that uses it for its lifetime
@@ -690,6 +798,7 @@ class SandboxSession:
         self._stderr_total = 0
         self._overflow: str | None = None
         self._next_id = 0
+        self._ready_line = b""
         self._closed_with: SandboxResult | None = None
 
     def __enter__(self) -> SandboxSession:
@@ -720,6 +829,7 @@ class SandboxSession:
             "bubblewrap": host is not None,
             "graders": _graders_path(host),
             "plugin_graders": _plugin_paths(host),
+            "wall": _wall(host),
         }
         prepared = _prepare_request(self.workspace_dir, self.module_file, [], self.limits, extra)
         if isinstance(prepared, SandboxResult):
@@ -737,10 +847,11 @@ class SandboxSession:
         deadline = started + self.limits.wall_seconds
         try:
             first = self._exchange(payload + b"\n", deadline)
-            if first is None or _parse_frame(first + b"\n")[0] is False:
+            if first is None or _parse_frame(first + b"\n")[0] is None:
                 # set-up failed, was killed or timed out: the sandbox's problem (_interpret raises)
                 so_far = (b"" if first is None else first + b"\n") + bytes(self._buffer)
                 return self._closed(_interpret(self._end(deadline, so_far), self.limits, 0, time.monotonic() - started))
+            self._ready_line = first + b"\n"  # the set-up report: the last word of the sandbox itself in this session
             line = self._exchange(b"", deadline)
             result = self._answer(line, 0, started, deadline, self.limits, request_id=None)
         except BaseException:
@@ -750,24 +861,28 @@ class SandboxSession:
             self.exports = result.exports
         return result
 
-    def call(self, calls: list[SandboxCall], wall_seconds: float | None = None) -> SandboxResult:
+    def call(self, calls: list[SandboxCall], wall_seconds: float | None = None, *, deadline: float | None = None) -> SandboxResult:
         """Make every call against the imported module; per-call outcomes in ``calls``.
 
         ``wall_seconds`` (default ``limits.wall_seconds``) bounds this batch; past it the child is
-        killed and the result is a ``timeout``.
+        killed and the result is a ``timeout``. ``deadline`` (a :func:`time.monotonic` instant)
+        ends the batch at that instant instead: one deadline shared with the start-up, as the probe
+        uses it (``limits.wall_seconds`` for the import and every call together; the ``timeout``
+        names that total).
         """
         if self._closed_with is not None:
             return self._closed_with
         if self._process is None:
             raise RuntimeError("start the sandbox session before calling it")
         started = time.monotonic()
-        limits = self.limits if wall_seconds is None else self.limits.model_copy(update={"wall_seconds": wall_seconds})
+        limits = self.limits if wall_seconds is None or deadline is not None else self.limits.model_copy(update={"wall_seconds": wall_seconds})
         self._next_id += 1
         request_id = self._next_id
         payload = json.dumps({"id": request_id, "calls": [call.model_dump(mode="json") for call in calls]}).encode("utf-8")
         if len(payload) > limits.max_request_bytes:
             return _failed("bad_input", f"the request has {len(payload)} bytes; send batches under {limits.max_request_bytes}")
-        deadline = started + limits.wall_seconds
+        if deadline is None:
+            deadline = started + limits.wall_seconds
         try:
             line = self._exchange(payload + b"\n", deadline)
             result = self._answer(line, len(calls), started, deadline, limits, request_id=request_id)
@@ -840,19 +955,16 @@ class SandboxSession:
     def _answer(self, line: bytes | None, n_calls: int, started: float, deadline: float, limits: SandboxLimits, request_id: int | None) -> SandboxResult:
         """Interpret one answer (or its absence) by the one-shot rules; close the session on failure."""
         if line is None:
-            run = self._end(deadline, _READY_BYTES + bytes(self._buffer))
+            run = self._end(deadline, self._ready_line + bytes(self._buffer))
             return self._closed(_interpret(run, limits, n_calls, time.monotonic() - started))
         run = _ChildRun(self._launch)
-        run.stdout = bytearray(_READY_BYTES + line + b"\n")
+        run.stdout = bytearray(self._ready_line + line + b"\n")
         run.stderr_tail = bytearray(self._stderr_tail)
         frame = _parse_frame(bytes(run.stdout))[1]
-        if frame is not None and frame.get("kind") == "bootstrap":
-            self._kill()
-            raise SandboxUnavailable(printable(str(frame.get("message", "sandbox protocol failure")))[:2000])
-        if frame is not None and frame.get("status") == "ok" and frame.get("id") != request_id:
-            run.stdout = bytearray(_READY_BYTES)
-            run.overflow = "the result channel carried a frame that answers no request"
-        result = _interpret(run, limits, n_calls, time.monotonic() - started)
+        # a bootstrap frame here is the agent's forgery: the set-up report came first (_interpret says so)
+        stray = frame is not None and frame.get("status") == "ok" and frame.get("id") != request_id
+        forged = "a frame that answers no request (its id is not the request's)" if stray else None
+        result = _interpret(run, limits, n_calls, time.monotonic() - started, forged=forged)
         if result.isolation:
             self.isolation = list(result.isolation)
             self.level = result.level

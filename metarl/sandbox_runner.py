@@ -19,7 +19,9 @@ Order of events (each step before the agent's code runs):
 3. isolate: a new network namespace (no interfaces but a down loopback) through ``unshare(2)``,
    run as ``nobody`` when started as root (so RLIMIT_NPROC and file permissions apply), set
    ``no_new_privs`` and clear the dumpable flag; each step that the kernel refuses is left out
-   of the reported ``isolation`` list;
+   of the reported ``isolation`` list; without bubblewrap (level ``process``) then the kernel wall
+   the request names (:func:`_kernel_wall`: Landlock, then the seccomp filter), which fails the
+   set-up closed, and a root start always becomes ``nobody``;
 4. resource limits: CPU seconds, address space, file size, open files, no core dumps, and
    RLIMIT_NPROC = 0 (no new processes or threads);
 5. move the result channel to a private fd and send fd 1 to stderr, so prints cannot mix with it;
@@ -27,15 +29,21 @@ Order of events (each step before the agent's code runs):
    subprocess, sockets, ctypes, signals to other processes, file changes, opening any file for
    writing, reading anything but plain files inside the workspace or the stdlib, listing
    directories outside the workspace). A denied event ends the process at once with a
-   ``forbidden`` frame, so the agent's code cannot catch it and carry on. Imports of modules outside the allowlist raise ImportError (or end with
+   ``forbidden`` frame, so the agent's code cannot catch it and carry on. It is a tripwire, not
+   a wall: the agent's code shares this interpreter and can reach it (issue 40 rewrote its closure
+   cells from ``sys._getframe(1).f_locals["hook"]``; that name is cleared now, but nothing in one
+   interpreter is out of reach), so the kernel layers must hold without it. Imports of modules outside the allowlist raise ImportError (or end with
    ``forbidden`` for process, network and FFI modules).
 
-The result channel carries ``{"status": "ready"}`` once set-up is done (so the parent can tell a
-set-up failure, which is not the agent's fault, from a failure of the agent's code), then one
-frame, a line of JSON:
-``{"status": "ok", "isolation": [...], "exports": {...}, "calls": [...]}`` or
-``{"status": "error", "kind": ..., "message": ..., ...}``. The parent validates it; the agent's
-code could forge it (it shares the process), which gains it nothing it could not compute anyway.
+The result channel carries the set-up report ``{"status": "ready", "isolation": [...]}`` (the
+layers in place) once set-up is done, or ``{"status": "error", "kind": "bootstrap", ...}`` when it
+failed; both are written before the agent's code runs, and nothing the runner writes later speaks
+for the sandbox. Then one frame, a line of JSON:
+``{"status": "ok", "exports": {...}, "calls": [...]}`` or
+``{"status": "error", "kind": ..., "message": ..., ...}``. The agent's code could forge it (it
+shares the process), so the parent believes no claim about the sandbox from it: a ``bootstrap``
+frame after the set-up report is a forged frame, the layers come from the set-up report only, and
+every value is checked (:mod:`metarl.sandbox`); a forged or malformed frame is the module's fault.
 
 Persistent mode (``sandbox_runner.py --serve``, used by :class:`metarl.sandbox.SandboxSession`):
 the set-up request is the first *line* of stdin (no calls needed) and the process keeps a private
@@ -57,7 +65,8 @@ import sys
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
 RESERVE_BYTES = 4 * 1024 * 1024
 MAX_MESSAGE_CHARS = 1000
-READY_LINE = b'{"status": "ready"}\n'
+READY_STATUS = "ready"
+"""The set-up report: ``{"status": "ready", "isolation": [...]}``, the last line the runner writes before the agent's code."""
 GRADERS_MODULE = "metarl_graders"
 """The name the graders file is importable under (metarl.graders.GRADERS_MODULE; this runner imports no metarl)."""
 PLUGIN_MODULE_PREFIX = "metarl_grader_"
@@ -236,13 +245,17 @@ def _isolate(request, applied):
             if "NoNewPrivs:\t1" in handle.read():
                 applied.append("no-new-privs")
         return
+    wall = request.get("wall")
     libc = None
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-    except Exception:  # noqa: BLE001 - no ctypes: audit hook only
+    except Exception:  # noqa: BLE001 - no ctypes: the wall below fails closed
         libc = None
+    if wall is not None and libc is None:
+        raise RuntimeError("the process level's kernel wall (Landlock, seccomp) needs ctypes, which this interpreter lacks")
+    enforce_wall = _kernel_wall(wall, request) if wall is not None else None
     if request.get("isolate_network", True):
         unshare = getattr(os, "unshare", None)  # Python 3.12+; ctypes on 3.11
 
@@ -259,7 +272,7 @@ def _isolate(request, applied):
             applied.append("network-namespace")
         elif os.geteuid() != 0 and unshared(CLONE_NEWUSER | CLONE_NEWNET):
             applied.append("network-namespace(user)")
-    _drop_privileges(request, applied)
+    _drop_privileges({**request, "drop_privileges": True} if wall is not None else request, applied)
     if libc is not None:
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
             applied.append("no-new-privs")
@@ -270,9 +283,42 @@ def _isolate(request, applied):
             if os.getppid() != int(request.get("parent_pid", -1)):
                 raise RuntimeError("the parent ended during set-up")
             applied.append("die-with-parent")
+    if enforce_wall is not None:
+        enforce_wall(applied)
     libc = None  # drop the handle; ctypes is unloaded next
     for name in [name for name in sys.modules if name == "ctypes" or name.startswith(("ctypes.", "_ctypes"))]:
         del sys.modules[name]
+
+
+def _kernel_wall(wall, request):
+    """Level ``process``: the wall this process puts up around itself, in two steps; see :func:`_isolate`.
+
+    ``wall`` names the files of metarl/landlock.py and metarl/seccomp.py (standard library only),
+    loaded here by path. The Landlock ruleset is made now, before the privilege drop (it opens the
+    paths it grants): readable are only the workspace, the standard library without its
+    site-packages, the interpreter, this runner and the graders files. The returned function
+    enforces it, then loads the seccomp filter (the full level's, with the process level's additions
+    for this pid), after the last ``prctl``. Irreversible, whatever the agent's code later does to
+    this interpreter; any failure raises (the set-up fails closed).
+    """
+    landlock = _load_module(wall["landlock"], "metarl_landlock")
+    seccomp = _load_module(wall["seccomp"], "metarl_seccomp")
+    sys.modules.pop("metarl_landlock", None)
+    sys.modules.pop("metarl_seccomp", None)
+    stdlib = os.path.realpath(os.path.dirname(os.__file__))
+    folders, files = landlock.folder_entries(stdlib)
+    graders = [request["graders"], *(request.get("plugin_graders") or {}).values()] if request.get("graders") else []
+    files += [os.path.realpath(sys.executable), os.path.abspath(__file__), *graders]
+    ruleset = landlock.ruleset([os.path.realpath(os.getcwd()), *folders], files)
+    program = seccomp.filter_program(os.uname().machine, own_pid=os.getpid())
+
+    def enforce(applied):
+        landlock.restrict_self(ruleset)
+        applied.append("landlock")
+        seccomp.install(program)
+        applied.append("seccomp")
+
+    return enforce
 
 
 def _drop_privileges(request, applied):
@@ -616,6 +662,7 @@ def main():
             stdlib = os.path.realpath(os.path.dirname(os.__file__))
             graders_files = [graders, *plugin_graders.values()] if graders is not None else []
             hook = _make_hook(out_fd, [workspace, stdlib, *graders_files], [workspace], dumps(applied))
+        ready_line = (dumps({"status": READY_STATUS, "isolation": applied}) + "\n").encode("utf-8")  # the layers, reported before any agent code
         reserve = bytearray(RESERVE_BYTES)
     except BaseException as exc:  # noqa: BLE001 - bootstrap failure: fail closed
         kind, message = _describe(exc)
@@ -624,7 +671,8 @@ def main():
 
     if hook is not None:
         sys.addaudithook(hook)
-    _write_all(out_fd, READY_LINE)  # set-up done: anything after this is the agent's responsibility
+    hook = None  # not in this frame's locals, where the agent's code can look (sys._getframe(1).f_locals)
+    _write_all(out_fd, ready_line)  # set-up done: anything after this is the agent's responsibility, never the sandbox's report
     namespace = {"__name__": "environment", "__builtins__": __builtins__}
     try:
         try:
@@ -658,8 +706,9 @@ def _serve(namespace, filename, reader, loads, send, finish, max_value_items):
     Each request is one line ``{"id": N, "calls": [...]}`` and gets one frame
     ``{"status": "ok", "id": N, "calls": [...]}``; the id lets the parent notice a frame that the
     agent's code forged on the channel. End of input ends the process. The module stays imported
-    between requests, so the CPU-seconds and memory limits count over the whole session. A request
-    the runner cannot parse (the parent's bug, not the agent's) ends it with a ``bootstrap`` frame.
+    between requests, so the CPU-seconds and memory limits count over the whole session. The parent
+    only sends well-formed requests, so one the runner cannot parse means the agent's code read from
+    the request channel: it ends the process with a ``bad_output`` frame.
     """
     while True:
         line = reader.readline(MAX_REQUEST_BYTES + 1)
@@ -672,7 +721,7 @@ def _serve(namespace, filename, reader, loads, send, finish, max_value_items):
             request_id, calls = request["id"], request["calls"]
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             kind, message = _describe(exc)
-            finish({"status": "error", "kind": "bootstrap", "type": kind, "message": "bad request to the sandbox: " + message})
+            finish({"status": "error", "kind": "bad_output", "type": kind, "message": "the module's code read the request channel: " + message})
             return
         outcomes = _run_calls(namespace, calls, filename, [max_value_items])
         send({"status": "ok", "id": request_id, "calls": outcomes})

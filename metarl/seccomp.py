@@ -16,8 +16,28 @@ of :mod:`metarl.sandbox` bound the rest:
 - ``clone3`` fails with ``ENOSYS`` (its flags sit behind a pointer a filter cannot read), so the C
   library falls back to ``clone``, whose flags are checked.
 
+Level ``process`` (:func:`instructions` with ``own_pid``: no namespace hides the host's processes,
+sockets and IPC there, and Landlock governs file access but not metadata) adds, for the runner
+whose pid is ``own_pid``:
+
+- every ``socket`` and ``socketpair`` kills the process (no unix socket of the host by path or by
+  abstract name, no network);
+- :data:`PROCESS_DENIED` kills the process: System V IPC, POSIX message queues, metadata changes
+  that Landlock does not govern (``chmod``, ``chown``, file times, extended attributes, ``truncate``
+  by path), ``inotify_add_watch``, ``process_madvise`` and ``process_mrelease``;
+- calls that name another process by pid (:data:`OWN_PID_CALLS`: ``kill``, ``tkill``, ``tgkill``,
+  ``rt_sigqueueinfo``, ``rt_tgsigqueueinfo``, ``prlimit64``, the ``sched_set*`` calls,
+  ``get_robust_list``; ``setpriority`` and ``ioprio_set`` for one process) kill the process unless
+  the pid is 0 or ``own_pid`` (its own process group is itself alone: it runs in a new session and
+  cannot fork);
+- ``fcntl`` ``F_SETOWN``/``F_SETOWN_EX`` (signals on I/O to a chosen process) and ``F_SETLEASE``,
+  ``prctl(PR_SET_PDEATHSIG)`` (the runner set it; it stays) and the ``ioctl`` requests that set
+  file flags or a signal owner kill the process;
+- every system call numbered :data:`FIRST_UNVETTED` or above fails with ``ENOSYS`` (calls newer
+  than this list, such as ``fchmodat2`` and ``setxattrat``; the C library falls back).
+
 Only x86_64 and aarch64 are supported; the numbers below are those of the kernel's
-``asm/unistd_64.h`` and ``asm-generic/unistd.h`` (``tests/unit/test_seccomp.py`` checks them
+``asm/unistd_64.h`` and ``asm-generic/unistd.h`` (``tests/unit/test_isolation.py`` checks them
 against the headers when they are installed).
 """
 
@@ -73,6 +93,38 @@ DENIED = (
 )  # fmt: skip
 """System calls that kill the sandboxed process."""
 
+PROCESS_DENIED = (
+    # sockets of every family (the full level has its own network namespace and no host sockets to reach)
+    "socket", "socketpair",
+    # System V IPC and POSIX message queues (no IPC namespace at this level)
+    "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semctl", "semtimedop", "msgget", "msgsnd", "msgrcv",
+    "msgctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+    # metadata of files that Landlock does not govern
+    "chmod", "fchmod", "fchmodat", "chown", "fchown", "lchown", "fchownat", "utime", "utimes", "futimesat", "utimensat",
+    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr", "truncate", "inotify_add_watch",
+    # other processes' memory
+    "process_madvise", "process_mrelease",
+)  # fmt: skip
+"""System calls that also kill the process at level ``process`` (no namespaces there)."""
+
+OWN_PID_CALLS = (
+    "kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "prlimit64", "sched_setaffinity",
+    "sched_setscheduler", "sched_setparam", "sched_setattr", "get_robust_list",
+)  # fmt: skip
+"""Calls whose first argument is a pid: at level ``process`` only 0 (itself, or its own process group) or its own pid."""
+
+PRIO_PROCESS = 0
+IOPRIO_WHO_PROCESS = 1
+PR_SET_PDEATHSIG = 1
+FCNTL_DENIED = (8, 15, 1024)
+"""F_SETOWN, F_SETOWN_EX (a chosen process gets SIGIO), F_SETLEASE (others' opens of the file block)."""
+IOCTL_DENIED = (TIOCSTI, TIOCLINUX)
+PROCESS_IOCTL_DENIED = (0x40086602, 0x40046602, 0x401C5820, 0x8901, 0x8902, 0x5410)
+"""FS_IOC_SETFLAGS (and its 32-bit form), FS_IOC_FSSETXATTR, FIOSETOWN, SIOCSPGRP, TIOCSPGRP."""
+FIRST_UNVETTED = 449
+"""Calls from this number on (``futex_waitv`` and newer: ``fchmodat2``, ``setxattrat``, ``file_setattr``...)
+fail with ENOSYS at level ``process``; the same number on x86_64 and aarch64."""
+
 SYSCALLS: dict[str, dict[str, int]] = {
     "x86_64": {
         "ioctl": 16, "socket": 41, "clone": 56, "ptrace": 101, "syslog": 103, "mknod": 133, "uselib": 134,
@@ -89,6 +141,17 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
         "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_open": 434,
         "clone3": 435, "pidfd_getfd": 438, "mount_setattr": 442, "quotactl_fd": 443, "memfd_secret": 447,
+        # level process
+        "shmget": 29, "shmat": 30, "shmctl": 31, "socketpair": 53, "kill": 62, "semget": 64, "semop": 65,
+        "semctl": 66, "shmdt": 67, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "fcntl": 72,
+        "truncate": 76, "chmod": 90, "fchmod": 91, "chown": 92, "fchown": 93, "lchown": 94, "rt_sigqueueinfo": 129,
+        "utime": 132, "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "prctl": 157,
+        "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198,
+        "fremovexattr": 199, "tkill": 200, "sched_setaffinity": 203, "semtimedop": 220, "tgkill": 234, "utimes": 235,
+        "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244,
+        "mq_getsetattr": 245, "ioprio_set": 251, "inotify_add_watch": 254, "fchownat": 260, "futimesat": 261,
+        "fchmodat": 268, "get_robust_list": 274, "utimensat": 280, "rt_tgsigqueueinfo": 297, "prlimit64": 302,
+        "sched_setattr": 314, "process_madvise": 440, "process_mrelease": 448,
     },
     "aarch64": {
         "lookup_dcookie": 18, "ioctl": 29, "mknodat": 33, "umount2": 39, "mount": 40, "pivot_root": 41,
@@ -104,6 +167,16 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
         "pidfd_open": 434, "clone3": 435, "pidfd_getfd": 438, "mount_setattr": 442, "quotactl_fd": 443,
         "memfd_secret": 447,
+        # level process
+        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15, "fremovexattr": 16,
+        "fcntl": 25, "inotify_add_watch": 27, "ioprio_set": 30, "truncate": 45, "fchmod": 52, "fchmodat": 53,
+        "fchownat": 54, "fchown": 55, "utimensat": 88, "get_robust_list": 100, "sched_setparam": 118,
+        "sched_setscheduler": 119, "sched_setaffinity": 122, "kill": 129, "tkill": 130, "tgkill": 131,
+        "rt_sigqueueinfo": 138, "setpriority": 140, "prctl": 167, "mq_open": 180, "mq_unlink": 181,
+        "mq_timedsend": 182, "mq_timedreceive": 183, "mq_notify": 184, "mq_getsetattr": 185, "msgget": 186,
+        "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "semget": 190, "semctl": 191, "semtimedop": 192, "semop": 193,
+        "shmget": 194, "shmctl": 195, "shmat": 196, "shmdt": 197, "socketpair": 199, "rt_tgsigqueueinfo": 240,
+        "prlimit64": 261, "sched_setattr": 274, "process_madvise": 440, "process_mrelease": 448,
     },
 }  # fmt: skip
 """System call numbers per machine (``uname -m``); a name a machine lacks is simply absent."""
@@ -133,21 +206,51 @@ def _block(nr: int, body: list[Instruction]) -> list[Instruction]:
     return [_jeq(nr, 0, len(body)), *body]
 
 
-def instructions(machine: str) -> list[Instruction]:
-    """The filter for ``machine`` as a list of instructions (see the module docstring)."""
+def _one_of(offset: int, values: tuple[int, ...], then: int, otherwise: int) -> list[Instruction]:
+    """``return then if args-word at offset in values else otherwise``."""
+    tests = [_jeq(value, len(values) - index, 0) for index, value in enumerate(values)]
+    return [_ld(offset), *tests, _ret(otherwise), _ret(then)]
+
+
+def _one_process(which: int, pids: tuple[int, ...]) -> list[Instruction]:
+    """For ``call(which, who, ...)``: allow only ``which`` (one process, not a group or a user) with ``who`` in ``pids``."""
+    return [_ld(_arg(0)), _jeq(which, 1, 0), _ret(RET_KILL_PROCESS), *_one_of(_arg(1), pids, RET_ALLOW, RET_KILL_PROCESS)]
+
+
+def _arg(index: int) -> int:
+    """Offset of the low 32 bits of argument ``index`` (little-endian machines; the kernel reads an int argument from them)."""
+    return OFFSET_ARGS + 8 * index
+
+
+def instructions(machine: str, own_pid: int | None = None) -> list[Instruction]:
+    """The filter for ``machine`` as a list of instructions (see the module docstring); with ``own_pid``, the
+    stricter filter of level ``process`` for the process of that pid."""
     if machine not in SYSCALLS:
         raise UnsupportedMachine(f"no seccomp filter for machine {machine!r}; supported: {sorted(SYSCALLS)}")
     numbers = SYSCALLS[machine]
     program: list[Instruction] = [_ld(OFFSET_ARCH), _jeq(AUDIT_ARCH[machine], 1, 0), _ret(RET_KILL_PROCESS), _ld(OFFSET_NR)]
     if machine == "x86_64":
         program += [(JGE_K, 0, 1, X32_SYSCALL_BIT), _ret(RET_KILL_PROCESS)]
-    for name in DENIED:
+    process = own_pid is not None
+    if process:
+        program += [(JGE_K, 0, 1, FIRST_UNVETTED), _ret(RET_ERRNO | errno.ENOSYS)]
+    for name in DENIED + (PROCESS_DENIED if process else ()):
         if name in numbers:
             program += _block(numbers[name], [_ret(RET_KILL_PROCESS)])
-    program += _block(numbers["socket"], [_ld(OFFSET_ARGS), _jeq(AF_UNIX, 0, 1), _ret(RET_ALLOW), _ret(RET_KILL_PROCESS)])
+    if not process:
+        program += _block(numbers["socket"], [_ld(OFFSET_ARGS), _jeq(AF_UNIX, 0, 1), _ret(RET_ALLOW), _ret(RET_KILL_PROCESS)])
     program += _block(numbers["clone"], [_ld(OFFSET_ARGS), (JSET_K, 1, 0, CLONE_NAMESPACE_FLAGS), _ret(RET_ALLOW), _ret(RET_KILL_PROCESS)])
-    program += _block(numbers["ioctl"], [_ld(OFFSET_ARGS + 8), _jeq(TIOCSTI, 2, 0), _jeq(TIOCLINUX, 1, 0), _ret(RET_ALLOW), _ret(RET_KILL_PROCESS)])
+    ioctls = IOCTL_DENIED + (PROCESS_IOCTL_DENIED if process else ())
+    program += _block(numbers["ioctl"], _one_of(_arg(1), ioctls, RET_KILL_PROCESS, RET_ALLOW))
     program += _block(numbers["clone3"], [_ret(RET_ERRNO | errno.ENOSYS)])
+    if own_pid is not None:
+        mine = (0, own_pid)
+        for name in OWN_PID_CALLS:
+            program += _block(numbers[name], _one_of(_arg(0), mine, RET_ALLOW, RET_KILL_PROCESS))
+        program += _block(numbers["setpriority"], _one_process(PRIO_PROCESS, mine))
+        program += _block(numbers["ioprio_set"], _one_process(IOPRIO_WHO_PROCESS, mine))
+        program += _block(numbers["fcntl"], _one_of(_arg(1), FCNTL_DENIED, RET_KILL_PROCESS, RET_ALLOW))
+        program += _block(numbers["prctl"], _one_of(_arg(0), (PR_SET_PDEATHSIG,), RET_KILL_PROCESS, RET_ALLOW))
     program.append(_ret(RET_ALLOW))
     return program
 
@@ -157,6 +260,27 @@ def encode(program: Iterable[Instruction]) -> bytes:
     return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
 
 
-def filter_program(machine: str) -> bytes:
-    """The compiled filter for ``bwrap --seccomp`` on ``machine``; :class:`UnsupportedMachine` otherwise."""
-    return encode(instructions(machine))
+def filter_program(machine: str, own_pid: int | None = None) -> bytes:
+    """The compiled filter for ``bwrap --seccomp`` on ``machine`` (with ``own_pid``: level ``process``'s filter for that
+    process, see :func:`install`); :class:`UnsupportedMachine` otherwise."""
+    return encode(instructions(machine, own_pid))
+
+
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+
+
+def install(program: bytes) -> None:
+    """Load ``program`` as a seccomp filter on the calling thread (level ``process``: the runner on itself, after
+    ``no_new_privs``; irreversible, inherited by everything it starts). Raises OSError when the kernel refuses."""
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"prctl(PR_SET_SECCOMP) failed: {errno.errorcode.get(code, code)}")

@@ -8,18 +8,21 @@ actionable fix; nothing raises on bad agent input.
 The environment-module contract (shown to the agent in TASK.md, see
 :func:`metarl.workspace.environment_contract`):
 
-- ``reward(prompt: str, completion: str, answer: str) -> float``: required; a number the local
-  trainer accepts (:func:`metarl.reward_source.reward_problem` under the trainer's
-  :class:`metarl.reward_source.RewardBounds`: finite, magnitude at most 1e6); on sample items of the task (drawn by the family's generator at the job's difficulty, from the
-  training partition only), the reference answer must score strictly higher than each of two
-  wrong completions (another item's answer, or a mutated one, and the empty string);
+- ``reward(prompt: str, completion: str, answer: str) -> float``: required; judged by the reward
+  rule every backend applies (:mod:`metarl.reward_rule`, with the local trainer's
+  :class:`metarl.reward_source.RewardBounds`): a finite number of magnitude at most 1e6, counted
+  clamped to [-100, 100]. On sample items of the task (drawn by the family's generator at the
+  job's difficulty, from the training partition only), the reference answer's reward *after the
+  clamp* must be strictly higher than each of two wrong completions' (another item's answer, or a
+  mutated one, and the empty string): a module whose clamped rewards carry no signal is refused;
 - ``COMPONENTS: dict[str, callable]``: optional; same signature; when present, every name in
   job.toml ``[reward.components]`` must be a key, and each named component must return numbers
   the trainer accepts on the sample items;
 - the module runs exactly as the local trainer runs it (:class:`metarl.reward_source.SandboxRewardSource`):
   one persistent :class:`metarl.sandbox.SandboxSession` (the same runner, layout, working directory
   ``/workspace``, memory and file limits and isolation), the import first, then one batch of
-  calls. The isolation level it ran under comes back in :attr:`metarl.probe.ProbeVerdict.isolation`.
+  calls, under one deadline for both (``SandboxLimits.wall_seconds``, 15 s by default). The
+  isolation level it ran under comes back in :attr:`metarl.probe.ProbeVerdict.isolation`.
 
 The dataset (job.toml ``[dataset] path``): UTF-8 JSON Lines of ``{"prompt": str, "answer": str}``
 objects (blank lines ignored) that validate as :class:`metarl.learning.families.Example`; as
@@ -31,12 +34,14 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from metarl import reward_rule
 from metarl.isolation import IsolationLevel
 from metarl.learning.data_families import family_for
 from metarl.learning.families import (
@@ -45,7 +50,7 @@ from metarl.learning.families import (
     contaminated_prompts,
 )
 from metarl.probe import BackendCheck, ProbeVerdict, capped, probe_job_text
-from metarl.reward_source import RewardBounds, reward_problem
+from metarl.reward_source import RewardBounds
 from metarl.sandbox import (
     CallOutcome,
     SandboxCall,
@@ -95,14 +100,20 @@ def wrong_answer(item: Example, others: Sequence[Example]) -> str:
 
 
 TRAINER_BOUNDS = RewardBounds()
-"""The local trainer's reward rule (the defaults of the job's ``reward.bounds``, see :mod:`metarl.reward_source`)."""
+"""The local trainer's bounds of the reward rule (the defaults of the job's ``reward.bounds``, the
+constants of :mod:`metarl.reward_rule` that the prime-rl environment uses too)."""
 
 
 def _number(outcome: CallOutcome) -> float | None:
-    """The reward as the trainer would take it, or None when the trainer would fail the job on it."""
-    if not outcome.ok or reward_problem(outcome.value, TRAINER_BOUNDS) is not None:
+    """The reward training uses (clamped by the reward rule), or None when the trainer would fail the job on it."""
+    if not outcome.ok:
         return None
-    return float(outcome.value)  # type: ignore[arg-type]
+    return reward_rule.training_reward(outcome.value, TRAINER_BOUNDS.clip, TRAINER_BOUNDS.reject_above)
+
+
+def _clamped(outcome: CallOutcome) -> str:
+    """`` (R before clamping to [-100, 100])`` when the rule's clamp changed this reward, else ``""``."""
+    return reward_rule.clamp_note(outcome.value, TRAINER_BOUNDS.clip)
 
 
 def _call_failure(outcome: CallOutcome) -> str:
@@ -111,7 +122,7 @@ def _call_failure(outcome: CallOutcome) -> str:
         where = f" (line {error.line})" if error.line else ""
         kind = f"{error.exception_type}: " if error.exception_type else ""
         return f"{kind}{error.message}{where}"
-    problem = reward_problem(outcome.value, TRAINER_BOUNDS)
+    problem = reward_rule.reward_problem(outcome.value, TRAINER_BOUNDS.reject_above)
     if problem is not None and not isinstance(outcome.value, (str, list, dict)):
         return f"{problem} (the trainer fails a job on it)"
     return f"returned {_show(json.dumps(outcome.value), 40)}, not a number"
@@ -128,12 +139,17 @@ class EnvironmentCheck:
 
 def run_as_training(files_dir: str | Path, module: str, calls: list[SandboxCall], limits: SandboxLimits | None) -> SandboxResult:
     """Import the module and make ``calls`` the way the trainer's reward session does: one
-    persistent sandboxed process, the import, then one batch (the result carries the exports)."""
+    persistent sandboxed process, the import, then one batch (the result carries the exports).
+
+    One deadline for the whole probe run: ``limits.wall_seconds`` counts from the start, for the
+    start-up, the import and every call together (a probe holds its slot no longer than that).
+    """
     with SandboxSession(files_dir, module, limits) as session:
+        deadline = time.monotonic() + session.limits.wall_seconds
         imported = session.start()
         if not imported.ok:
             return imported
-        return session.call(calls)
+        return session.call(calls, deadline=deadline)
 
 
 def environment_problems(
@@ -211,30 +227,40 @@ def _reward_problems(
                         f"prompt={_show(item.prompt)}, completion={_show(completion)}, answer={_show(item.answer)}: {_call_failure(outcome)}"
                     ),
                     fix=(
-                        "return a finite float of magnitude at most "
-                        f"{TRAINER_BOUNDS.reject_above:g} for every (prompt, completion, answer), including empty or odd completions"
+                        f"return a finite float of magnitude at most {TRAINER_BOUNDS.reject_above:g} (counted clamped to "
+                        f"[{-TRAINER_BOUNDS.clip:g}, {TRAINER_BOUNDS.clip:g}]) for every (prompt, completion, answer), including empty or odd completions"
                     ),
                 )
             )
         else:
-            rewards = [_number(outcome) for outcome in outcomes]
+            rewards = [_number(outcome) for outcome in outcomes]  # as training counts them: clamped by the reward rule
             not_better = []
             for start in range(0, len(checks), 3):
                 correct, wrong, empty = rewards[start : start + 3]
                 assert correct is not None and wrong is not None and empty is not None
                 if not correct > max(wrong, empty):
-                    not_better.append((checks[start][0], checks[start + 1][1], correct, wrong, empty))
+                    not_better.append(start)
             if not_better:
-                item, wrong_text, correct, wrong, empty = not_better[0]
+                start = not_better[0]
+                item, wrong_text = checks[start][0], checks[start + 1][1]
+                shown = [f"{rewards[index]:g}{_clamped(outcomes[index])}" for index in range(start, start + 3)]
+                clamped = any(_clamped(outcome) for outcome in outcomes)
+                within = (
+                    f"; keep rewards within [{-TRAINER_BOUNDS.clip:g}, {TRAINER_BOUNDS.clip:g}]: every trainer clamps them to that range, "
+                    "so larger ones all count the same and carry no signal"
+                )
                 problems.append(
                     FieldProblem(
                         field=field,
                         message=(
                             f"the correct answer does not score higher than wrong ones on {len(not_better)} of {len(items)} sample items; "
-                            f"e.g. prompt={_show(item.prompt)}, answer={_show(item.answer)}: reward {correct:g} for the answer, "
-                            f"{wrong:g} for {_show(wrong_text)}, {empty:g} for an empty completion"
+                            f"e.g. prompt={_show(item.prompt)}, answer={_show(item.answer)}: reward {shown[0]} for the answer, "
+                            f"{shown[1]} for {_show(wrong_text)}, {shown[2]} for an empty completion"
                         ),
-                        fix=f"make {ENVIRONMENT_FUNCTION}() give the reference answer strictly the highest reward (compare the completion with `answer`)",
+                        fix=(
+                            f"make {ENVIRONMENT_FUNCTION}() give the reference answer strictly the highest reward (compare the completion with `answer`)"
+                            + (within if clamped else "")
+                        ),
                     )
                 )
     if exports is not None and exports.components_problem:

@@ -189,14 +189,27 @@ def main(argv: list[str] | None = None) -> int:
     from schemas.config_error import ConfigError
 
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()
+        return code
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except BrokenPipeError:
+        return stdout_closed()
+
+
+def stdout_closed() -> int:
+    """The reader of our standard output went away (`metarl probe ... --json | head`): stop quietly, as the Python docs
+    recommend for SIGPIPE: point stdout at /dev/null so the interpreter's final flush cannot fail again, and exit 1."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from metarl.runconfig import load_run
+    from metarl.runconfig import load_run, missing_backend_keys
 
     if not args.dry_run and (args.json or args.usd_per_gpu_hour):
         print("error: --json and --usd-per-gpu-hour need --dry-run", file=sys.stderr)
@@ -204,6 +217,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, specs = load_run(args.config)
     if args.dry_run:
         return dry_run(args, config, specs)
+    missing = missing_backend_keys(config, os.environ)
+    if missing:
+        for line in missing:
+            print(f"error: {line}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     if not args.no_workers:
         from metarl_cli.probe_command import preflight_isolation
 

@@ -82,7 +82,7 @@ def load_task(task: str, config_path: Path | None) -> tuple[Any, list[Any], str,
 
 def cmd_probe(args: argparse.Namespace) -> int:
     """Run the probe on ``args.folder``; print the verdict; 0 valid, 1 refused, 2 unusable input or isolation."""
-    from metarl.learning.eval_secret import DEFAULT_TOOL_ARTIFACTS, EvalSecretMissing, install_eval_secret
+    from metarl.learning.eval_secret import DEFAULT_TOOL_ARTIFACTS, EvalSecretMissing, install_tool_eval_secret
     from metarl.sandbox import IsolationUnavailable, SandboxLimits, SandboxUnavailable
     from metarl.workspace_probe import probe_workspace
     from schemas.base import ConfigError
@@ -94,11 +94,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
         return _usage("--seed must be between 0 and 2**63 - 1")
     try:
         task, checks, check_name, minimum, run_artifacts = load_task(args.task, args.config)
-        install_eval_secret(args.artifacts or run_artifacts or DEFAULT_TOOL_ARTIFACTS)
     except ConfigError as err:
         return _usage(str(err))
+    artifacts = args.artifacts or run_artifacts or DEFAULT_TOOL_ARTIFACTS
+    try:
+        install_tool_eval_secret(artifacts)
     except EvalSecretMissing as err:
-        return _usage(str(err))
+        where = "--artifacts" if args.artifacts else ("the run config's [artifacts] root" if run_artifacts else "the default artifacts root")
+        return _usage(f"{where}: {err}")
     started = time.perf_counter()
     try:
         verdict = probe_workspace(folder, task, checks, seed=args.seed, limits=SandboxLimits(min_isolation=minimum))

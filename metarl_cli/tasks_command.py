@@ -19,7 +19,7 @@ def add_parser(sub: Any) -> None:
     show = actions.add_parser("show", help="print the TASK.md the agent gets for a task (never its hidden eval)")
     show.add_argument("task", help="task id (a spec in --dir) or a path to a task spec .toml")
     show.add_argument("--dir", type=Path, default=DEFAULT_SPECS_DIR, help="folder of task specs (default: the repository's tasks_specs/)")
-    show.add_argument("--artifacts", type=Path, help="artifacts root whose hidden-eval secret keeps a held-back example out (default: METARL_EVAL_SECRET)")
+    show.add_argument("--artifacts", help="artifacts root whose hidden-eval secret keeps a held-back example out (default: METARL_EVAL_SECRET)")
 
 
 def check_folder(folder: Path) -> tuple[list[str], list[Any]]:
@@ -75,14 +75,18 @@ def spec_path(task: str, folder: Path) -> Path:
     return candidate if candidate.suffix == ".toml" else folder / f"{task}.toml"
 
 
-def cmd_show(task: str, folder: Path, artifacts: Path | None) -> int:
-    from metarl.learning.eval_secret import install_eval_secret
+def cmd_show(task: str, folder: Path, artifacts: str | None) -> int:
+    from metarl.learning.eval_secret import EvalSecretMissing, install_tool_eval_secret
     from metarl.runconfig import load_task_spec
     from metarl.workspace import render_task_md
     from schemas.base import ConfigError
 
     if artifacts is not None:
-        install_eval_secret(artifacts)
+        try:
+            install_tool_eval_secret(artifacts)
+        except EvalSecretMissing as err:
+            print(f"error: --artifacts: {err}", file=sys.stderr)
+            return EXIT_CONFIG_ERROR
     try:
         spec = load_task_spec(spec_path(task, folder))
     except ConfigError as err:

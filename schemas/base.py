@@ -38,6 +38,8 @@ class FieldProblem(BaseModel):
 
 def _fix_for(error_type: str, ctx: dict[str, Any] | None) -> str:
     ctx = ctx or {}
+    if isinstance(ctx.get("fix"), str):
+        return str(ctx["fix"])  # a validator that knows the fix names it (PydanticCustomError context)
     fixes = {
         "extra_forbidden": "remove this key (it is not part of the schema; check its spelling)",
         "missing": "add this key",

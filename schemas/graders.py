@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from typing import Annotated, Literal
 
+import re2
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from schemas.base import StrictModel
 
@@ -28,11 +31,42 @@ PLUGIN_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
 """A plugin grader's name (metarl.graders.PLUGIN_NAME: ``metarl_grader_NAME`` is its module)."""
 
 
+LINEAR_TIME_FIX = (
+    "write the pattern in RE2 syntax, without backreferences (\\1), lookaround ((?=, (?!, (?<=, (?<!), possessive "
+    "quantifiers (a++), atomic groups or repetition counts over 1000 (graders match in linear time)"
+)
+_POSIX_CLASS = re.compile(r"\[:\^?[a-z]+:\]")
+_OPEN_LOWER_BOUND = re.compile(r"(?<!\\)\{,")
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+
+
 def _compiles(pattern: str) -> str:
+    """``pattern`` unchanged when both grader engines take it with one meaning (metarl.graders: RE2, and its pure-Python
+    Pike VM, which parses with the standard library), else an error naming the problem and the fix."""
+    if _POSIX_CLASS.search(pattern) or _OPEN_LOWER_BOUND.search(pattern):
+        raise PydanticCustomError(
+            "regex_ambiguous",
+            "it uses a POSIX class ([[:alpha:]]) or a repetition without a lower bound ({,n}), which the grader engines read differently",
+            {"fix": "write the class as ranges ([A-Za-z]) and the repetition as {0,n}"},
+        )
     try:
-        re.compile(pattern)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # "possible nested set": read literally, as RE2 reads it
+            re.compile(pattern)
     except re.error as exc:
-        raise ValueError(f"not a valid regular expression: {exc}") from None
+        raise PydanticCustomError(
+            "regex_syntax", "not a valid regular expression: {reason}", {"reason": str(exc), "fix": "correct the regular expression's syntax"}
+        ) from None
+    try:
+        re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise PydanticCustomError(
+            "regex_not_linear",
+            "RE2 cannot compile it ({reason}): graders run regular expressions in linear time, so a pattern that needs backtracking is refused",
+            {"reason": reason, "fix": LINEAR_TIME_FIX},
+        ) from None
     return pattern
 
 

@@ -9,6 +9,7 @@ from pydantic_core import PydanticCustomError
 
 from schemas.base import StrictModel
 from schemas.task_spec import IDENTIFIER
+from schemas.urls import credentials_problem
 
 
 class SimDuration(StrictModel):
@@ -17,6 +18,20 @@ class SimDuration(StrictModel):
     median_s: float = Field(default=0.2, ge=0.0, le=7 * 24 * 3600, description="Median duration in seconds")
     sigma: float = Field(default=0.5, ge=0.0, le=5.0, description="Lognormal sigma (0 = always the median)")
     max_s: float = Field(default=30.0, ge=0.0, le=7 * 24 * 3600, description="Upper clamp of one duration")
+
+    @model_validator(mode="after")
+    def _median_within_clamp(self) -> SimDuration:
+        if self.median_s > self.max_s:
+            raise PydanticCustomError(
+                "duration_range",
+                "median_s {median} is above max_s {max}: every duration would be clamped to max_s",
+                {
+                    "median": self.median_s,
+                    "max": self.max_s,
+                    "fix": f"make median_s at most max_s (raise max_s to {self.median_s:g} or more, or lower median_s)",
+                },
+            )
+        return self
 
 
 class SimAgentBackend(StrictModel):
@@ -192,6 +207,53 @@ def _refuse_secrets(data: object) -> object:
     return data
 
 
+class _RefusedUrl:
+    """Stands in the parsed mapping for a URL that carries credentials, so that no error, repr or log shows the URL."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __repr__(self) -> str:
+        return "'(a URL with credentials, not shown)'"
+
+
+def _hide_url_credentials(data: object, fields: dict[str, bool]) -> object:
+    """Replace each URL field (name -> whether a user name alone is allowed) that carries credentials by a :class:`_RefusedUrl`.
+
+    A before-validator of the model: pydantic keeps the input next to each error, and a logged
+    ValidationError must not carry the key; the field's own validator (:func:`_credential_free`) then refuses it.
+    """
+    if isinstance(data, dict):
+        for name, user_allowed in fields.items():
+            value = data.get(name)
+            if isinstance(value, str):
+                what = credentials_problem(value, user_allowed=user_allowed)
+                if what is not None:
+                    data[name] = _RefusedUrl(what)
+    return data
+
+
+def _credential_free(value: object, *, user_allowed: bool, fix: str) -> object:
+    """``value`` unchanged, or a ``url_credentials`` error naming what the URL carries and the fix (an environment variable)."""
+    what = value.what if isinstance(value, _RefusedUrl) else credentials_problem(value, user_allowed=user_allowed) if isinstance(value, str) else None
+    if what is not None:
+        raise PydanticCustomError(
+            "url_credentials",
+            "the URL carries {what}: credentials never go in a config value (the run config is stored with the run and URLs are logged)",
+            {"what": what, "fix": fix},
+        )
+    return value
+
+
+TINKER_URL_FIX = f"remove the userinfo (and any key parameter) from the URL: the Tinker API key is read only from the {TINKER_API_KEY_ENV} environment variable"
+DATABASE_URL_FIX = (
+    "remove the password from the URL: put the whole URL in the METARL_DATABASE_URL environment variable instead (it wins over [services]), "
+    "or give PostgreSQL the password through PGPASSWORD or ~/.pgpass"
+)
+BROKER_URL_FIX = "remove the password from the URL: put the whole URL in the METARL_BROKER_URL environment variable instead (it wins over [services])"
+ARTIFACTS_URL_FIX = "remove the credentials from the URL: give the store's keys in its environment (for s3://, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+
+
 TINKER_CONTEXT_WINDOWS: dict[str, int] = {
     # Qwen3-30B-A3B's native window (the cookbook's recipes train it at 32768); the others as
     # tinker-cookbook 0.6.1 tinker_cookbook/eval/benchmarks/_types.py lists their `context_window`.
@@ -250,7 +312,12 @@ class TinkerAgentBackend(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _no_secrets(cls, data: object) -> object:
-        return _refuse_secrets(data)
+        return _refuse_secrets(_hide_url_credentials(data, {"base_url": False}))
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _no_url_credentials(cls, value: object) -> object:
+        return _credential_free(value, user_allowed=False, fix=TINKER_URL_FIX)
 
     @field_validator("max_context_tokens")
     @classmethod
@@ -333,7 +400,12 @@ class TinkerOuterBackend(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _no_secrets(cls, data: object) -> object:
-        return _refuse_secrets(data)
+        return _refuse_secrets(_hide_url_credentials(data, {"base_url": False}))
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _no_url_credentials(cls, value: object) -> object:
+        return _credential_free(value, user_allowed=False, fix=TINKER_URL_FIX)
 
 
 RUNPOD_API_KEY_ENV = "RUNPOD_API_KEY"
@@ -498,9 +570,25 @@ class RunSection(StrictModel):
 
     name: str = Field(pattern=IDENTIFIER, description="Run name (used in logs and pod names)")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the run")
-    tasks: list[Annotated[str, Field(pattern=IDENTIFIER)]] = Field(min_length=1, max_length=256, description="Task ids, resolved as <task_specs_dir>/<id>.toml")
+    tasks: list[Annotated[str, Field(pattern=IDENTIFIER)]] = Field(
+        min_length=1, max_length=256, description="Task ids, resolved as <task_specs_dir>/<id>.toml, each listed once"
+    )
     task_specs_dir: str = Field(default="tasks_specs", min_length=1, max_length=4096, description="Folder of task specs, relative to the config file")
     max_outer_steps: int = Field(default=5, ge=1, le=1_000_000, description="Stop after this many outer updates")
+
+    @field_validator("tasks")
+    @classmethod
+    def _each_task_once(cls, tasks: list[str]) -> list[str]:
+        first: dict[str, int] = {}
+        for index, task in enumerate(tasks):
+            if task in first:
+                raise PydanticCustomError(
+                    "duplicate_task",
+                    "task '{task}' is listed twice (entries {first} and {second})",
+                    {"task": task, "first": first[task], "second": index, "fix": f"list {task!r} once"},
+                )
+            first[task] = index
+        return tasks
 
 
 class WindowConfig(StrictModel):
@@ -582,8 +670,25 @@ class BudgetConfig(StrictModel):
 class ServicesConfig(StrictModel):
     """Where the database and broker are (environment variables override; empty = embedded default)."""
 
-    database_url: str | None = Field(default=None, max_length=4096, description="SQLAlchemy URL of PostgreSQL")
-    broker_url: str | None = Field(default=None, max_length=4096, description="Celery broker URL (Redis)")
+    database_url: str | None = Field(
+        default=None, max_length=4096, description="SQLAlchemy URL of PostgreSQL; a user name but no password (that goes in METARL_DATABASE_URL)"
+    )
+    broker_url: str | None = Field(default=None, max_length=4096, description="Celery broker URL (Redis); no password (that goes in METARL_BROKER_URL)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hide_credentials(cls, data: object) -> object:
+        return _hide_url_credentials(data, {"database_url": True, "broker_url": True})
+
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _no_database_password(cls, value: object) -> object:
+        return _credential_free(value, user_allowed=True, fix=DATABASE_URL_FIX)
+
+    @field_validator("broker_url", mode="before")
+    @classmethod
+    def _no_broker_password(cls, value: object) -> object:
+        return _credential_free(value, user_allowed=True, fix=BROKER_URL_FIX)
 
 
 class SandboxConfig(StrictModel):
@@ -601,7 +706,17 @@ class SandboxConfig(StrictModel):
 class ArtifactsConfig(StrictModel):
     """Where checkpoints, logs and workspaces go."""
 
-    root: str = Field(default=".metarl/artifacts", min_length=1, max_length=4096, description="Local folder or fsspec URL")
+    root: str = Field(default=".metarl/artifacts", min_length=1, max_length=4096, description="Local folder or fsspec URL (no password in it)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hide_credentials(cls, data: object) -> object:
+        return _hide_url_credentials(data, {"root": True})
+
+    @field_validator("root", mode="before")
+    @classmethod
+    def _no_root_password(cls, value: object) -> object:
+        return _credential_free(value, user_allowed=True, fix=ARTIFACTS_URL_FIX)
 
 
 class RunConfig(StrictModel):

@@ -12,9 +12,12 @@ whitespace removed), or (for a generator) when the generator's canonical key say
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
+import os
 import random
+import stat
 import unicodedata
 from pathlib import Path
 
@@ -62,17 +65,78 @@ def line_problem(line: str) -> tuple[Example | None, str | None, str]:
         return None, ".".join(str(part) for part in first["loc"]), str(first["msg"])
 
 
+class DataFileError(Exception):
+    """A spec's data file that cannot be used: what is wrong with it (``message``, naming the file) and the ``fix``."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+
+NOT_REGULAR_FIX = "give a regular JSONL file (not a device, FIFO, socket or folder), relative to the spec file"
+
+
+def _kind_of(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def read_regular_file(path: Path, shown: str, max_bytes: int = MAX_DATA_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; :class:`DataFileError` for anything else.
+
+    Devices, FIFOs and sockets are refused before they are opened (``stat``), and again on the open
+    descriptor (``fstat``, in case the path changed in between); the file is opened non-blocking, so a
+    FIFO swapped in never blocks, and at most ``max_bytes + 1`` bytes are read, so a file that grows
+    (or lies about its size) cannot take more memory than that.
+    """
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise DataFileError(f"{shown} is {_kind_of(mode)}, not a regular file", NOT_REGULAR_FIX)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise DataFileError(f"{shown} does not exist", "give a JSONL file, relative to the spec file") from None
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket or a FIFO without a writer swapped in after the stat
+            raise DataFileError(f"{shown} is not a regular file", NOT_REGULAR_FIX) from None
+        raise DataFileError(f"{shown} cannot be read: {exc.strerror}", "make the file readable") from None
+    except ValueError as exc:  # an embedded NUL byte
+        raise DataFileError(f"{shown} is not a usable path: {exc}", "give a JSONL file, relative to the spec file") from None
+    with os.fdopen(descriptor, "rb", buffering=0) as handle:
+        try:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise DataFileError(f"{shown} is {_kind_of(info.st_mode)}, not a regular file", NOT_REGULAR_FIX)
+            chunks: list[bytes] = []
+            total = 0
+            while total <= max_bytes:
+                chunk = handle.read(min(1 << 20, max_bytes + 1 - total))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+        except OSError as exc:
+            raise DataFileError(f"{shown} cannot be read: {exc.strerror}", "make the file readable") from None
+    if total > max_bytes:
+        raise DataFileError(f"{shown} is larger than {max_bytes} bytes", f"keep it under {max_bytes} bytes")
+    return b"".join(chunks)
+
+
 def read_items(path: Path, shown: str, field: str) -> tuple[list[Example], list[FieldProblem], list[int]]:
     """The items of a JSONL file, one problem per bad line (``shown`` names the file in messages) and each item's line number."""
     try:
-        size = path.stat().st_size
-        if size > MAX_DATA_FILE_BYTES:
-            return [], [FieldProblem(field=field, message=f"{shown} is {size} bytes", fix=f"keep it under {MAX_DATA_FILE_BYTES} bytes")], []
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        return [], [FieldProblem(field=field, message=f"{shown} does not exist", fix="give a JSONL file, relative to the spec file")], []
-    except OSError as exc:
-        return [], [FieldProblem(field=field, message=f"{shown} cannot be read: {exc.strerror}", fix="make the file readable")], []
+        text = read_regular_file(path, shown).decode("utf-8")
+    except DataFileError as exc:
+        return [], [FieldProblem(field=field, message=exc.message, fix=exc.fix)], []
     except UnicodeDecodeError as exc:
         return [], [FieldProblem(field=field, message=f"{shown} is not UTF-8 at byte {exc.start}", fix="save the file as UTF-8")], []
     items: list[Example] = []

@@ -68,6 +68,27 @@ def read_or_create_secret_file(path: Path) -> bytes:
     return _checked(path.read_text(encoding="utf-8"), str(path))
 
 
+def unusable_root_message(artifacts_root: str | Path, path: Path, reason: str) -> str:
+    """Why an artifacts root cannot hold the hidden-eval secret file, with the fix."""
+    return (
+        f"the artifacts root {str(artifacts_root)!r} cannot hold the hidden-eval secret ({path}: {reason}); "
+        f"give a local folder that can be created and written, or set {EVAL_SECRET_ENV}"
+    )
+
+
+def install_tool_eval_secret(artifacts_root: str | Path) -> None:
+    """:func:`install_eval_secret` for a command outside a run (``metarl probe``, ``metarl tasks show``, a bench), then make
+    sure a secret is there: :class:`EvalSecretMissing` naming the root and the fix, before any work, when there is none
+    (a remote root without ``METARL_EVAL_SECRET``, a root that is a file or cannot be created)."""
+    install_eval_secret(artifacts_root)
+    if not _installed and not os.environ.get(EVAL_SECRET_ENV) and not os.environ.get(EVAL_SECRET_FILE_ENV):
+        raise EvalSecretMissing(
+            f"the artifacts root {str(artifacts_root)!r} is not a local folder, so it holds no hidden-eval secret here: set {EVAL_SECRET_ENV} "
+            "to the deployment's secret, or give a local folder"
+        )
+    active_eval_secret()
+
+
 def install_eval_secret(artifacts_root: str | Path, *, create: bool = True) -> None:
     """Make the deployment's secret this process's (and its children's) hidden-eval secret.
 
@@ -89,12 +110,17 @@ def install_eval_secret(artifacts_root: str | Path, *, create: bool = True) -> N
         if create:
             return  # a tool with a remote root: the secret must come from the environment (active_eval_secret says so)
         raise EvalSecretMissing(f"no hidden-eval secret on this host (the artifacts root is not a local folder): {SHARED_SECRET_FIX}") from None
-    if create:
-        secret = read_or_create_secret_file(path)
-    elif path.is_file():
-        secret = _checked(path.read_text(encoding="utf-8"), str(path))
-    else:
-        raise EvalSecretMissing(f"no hidden-eval secret on this host (no {path}, which only the run's own host creates): {SHARED_SECRET_FIX}")
+    try:
+        if create:
+            secret = read_or_create_secret_file(path)
+        elif path.is_file():
+            secret = _checked(path.read_text(encoding="utf-8"), str(path))
+        else:
+            raise EvalSecretMissing(f"no hidden-eval secret on this host (no {path}, which only the run's own host creates): {SHARED_SECRET_FIX}")
+    except OSError as exc:
+        raise EvalSecretMissing(unusable_root_message(artifacts_root, path, exc.strerror or str(exc))) from None
+    except UnicodeDecodeError:
+        raise EvalSecretMissing(unusable_root_message(artifacts_root, path, "not a text file")) from None
     os.environ[EVAL_SECRET_FILE_ENV] = str(path.resolve())
     _installed[:] = [secret]
 

@@ -50,7 +50,7 @@ def eval_identity(task: TaskSpec) -> str:
     """What the task's hidden eval and grader are, beyond the code: the grader's options, the source of the
     plugin graders it uses, and the hidden eval's file content or, for a generated one, a non-reversible
     fingerprint of the deployment secret."""
-    from metarl.learning.data_families import family_for
+    from metarl.learning.data_families import family_for, read_regular_file
     from metarl.learning.eval_secret import active_eval_secret, secret_fingerprint
     from metarl.learning.grader_plugins import grader_sources
 
@@ -59,7 +59,7 @@ def eval_identity(task: TaskSpec) -> str:
     for name, source in sorted(grader_sources(family.grader).items()):
         digest.update(b"plugin\0" + name.encode() + b"\0" + source)
     if task.hidden_eval.path is not None:
-        digest.update(b"file\0" + Path(task.hidden_eval.path).read_bytes())
+        digest.update(b"file\0" + read_regular_file(Path(task.hidden_eval.path), "hidden_eval.path"))
     else:
         digest.update(b"secret\0" + secret_fingerprint(active_eval_secret()).encode())
     return digest.hexdigest()

@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlparse
 
 from metarl.messaging.queues import QUEUES, filesystem_folder
 from schemas.states import InnerJobStatus, Stage
+from schemas.urls import redacted_url
 
 if TYPE_CHECKING:
     import psycopg
@@ -62,9 +63,8 @@ def queue_depths(broker_url: str | None) -> dict[str, int | None]:
 
 
 def without_password(url: str) -> str:
-    """The URL with its password, if any, shown as ***."""
-    parsed = urlparse(url)
-    return url if parsed.password is None else url.replace(f":{parsed.password}@", ":***@", 1)
+    """The URL with its password (an http(s) URL's whole userinfo) and secret query values shown as *** (schemas.urls.redacted_url)."""
+    return redacted_url(url)
 
 
 def _redis_command(*parts: str) -> bytes:

@@ -216,6 +216,10 @@ HOSTILE_MODULES = {
         "    raise RuntimeError('environment: ' + repr(found))\n",
         "RuntimeError: environment: {",
     ),
+    # issue 40: a forged set-up failure raised SandboxUnavailable (status "sandbox_unavailable", not the module's fault), and a forged
+    # answer of 10**400 made checked_rewards raise OverflowError, so main() died without a status
+    "forged_setup_failure": ((HOSTILE / "forge_bootstrap.py").read_text(encoding="utf-8"), "forged or malformed result frame: a sandbox set-up failure"),
+    "forged_huge_reward": ((HOSTILE / "forge_huge_reward.py").read_text(encoding="utf-8"), "forged or malformed result frame: the value of call 0"),
 }
 
 

@@ -112,6 +112,11 @@ CASES: dict[str, tuple[Callable[[Path], bytes], str]] = {
         "run.tasks",
     ),
     "invalid-task-spec": (with_specs({"addition": spec("addition").replace("n_items = 200", "n_items = 1")}, ["addition"]), "hidden_eval.n_items"),
+    # issue 40: a task listed twice, a simulated median above its clamp, a password in a URL of the config
+    "duplicate-task": (edited('tasks = ["addition"', 'tasks = ["addition", "addition"'), "run.tasks"),
+    "median-above-max": (edited("median_s = 0.1, sigma = 0.5, max_s = 2.0", "median_s = 9.0, sigma = 0.5, max_s = 2.0"), "backends.agent.duration"),
+    "password-in-database-url": (appended('[services]\ndatabase_url = "postgresql+psycopg://postgres:hunter2@127.0.0.1:5432/x"\n'), "services.database_url"),
+    "password-in-broker-url": (appended('[services]\nbroker_url = "redis://:hunter2@127.0.0.1:6379/0"\n'), "services.broker_url"),
 }
 
 

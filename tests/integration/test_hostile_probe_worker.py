@@ -9,8 +9,10 @@ to a real probe worker process whose environment holds fake secrets. The worker 
 in a second run, as an unprivileged user (nobody, through setpriv). Every hostile workspace must
 come back with probe errors in `probe_attempts`, the worker must survive and serve the next task,
 the victim must live, nothing may appear in the host's /tmp or reach the socket, every module must
-have run under the `full` isolation level (from the worker's log line of each verdict), and no
-secret and no hidden-eval item may appear in a transcript, a log file or a database row.
+have run under the level the run asks for (from the worker's log line of each verdict), and no
+secret and no hidden-eval item may appear in a transcript, a log file or a database row. Every
+offered level is tried (issue 40): `full`, and `process` with `[sandbox] min_isolation = "process"`
+on a worker whose bubblewrap is unavailable, as on a host that refuses user namespaces.
 """
 
 from __future__ import annotations
@@ -200,6 +202,25 @@ def wait_for_verdicts(pg_url: str, episode_ids: list[int], timeout_s: float, wor
 
 
 WORKER_USERS = ["root", "nobody"] if os.geteuid() == 0 else ["self"]
+NO_BUBBLEWRAP = (
+    "import sys\n"
+    "from metarl import isolation\n"
+    "isolation.host_isolation = lambda runner, modules: isolation.HostIsolation(None, None, 'bwrap failed (exit 1): No permissions to create a new namespace')\n"
+    "from celery.__main__ import main\n"
+    "sys.exit(main())\n"
+)
+"""Run a Celery worker as on a host that refuses user namespaces: bubblewrap unavailable, so level process only."""
+
+
+PROBE_LOOKALIKES = {"module:mknod_in_training.py"}
+"""Modules that behave where the working directory is a workspace's files/ folder, as the probe's is at level process
+(bubblewrap's is /workspace): they may pass that probe; what they do elsewhere is refused (tests/unit/test_sandbox.py)."""
+
+
+@pytest.fixture(params=["full", "process"])
+def probe_level(request: pytest.FixtureRequest) -> str:
+    """The isolation level the run asks for and the worker gives: full, or process on a host without user namespaces."""
+    return str(request.param)
 
 
 @pytest.fixture(params=WORKER_USERS)
@@ -209,10 +230,13 @@ def worker_user(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def probe_worker(pg_url: str, redis_url: str, tmp_path: Path, worker_user: str) -> Iterator[subprocess.Popen[bytes]]:
+def probe_worker(pg_url: str, redis_url: str, tmp_path: Path, worker_user: str, probe_level: str) -> Iterator[subprocess.Popen[bytes]]:
     """One real probe pool process (two pool processes) with fake secrets in its environment."""
     env = {**os.environ, "METARL_DATABASE_URL": pg_url, "METARL_BROKER_URL": redis_url, **SECRET_ENV}
     command = worker_command("probe", concurrency=2)
+    if probe_level == "process":
+        assert command[1:3] == ["-m", "celery"]
+        command = [command[0], "-c", NO_BUBBLEWRAP, *command[3:]]
     if worker_user == "nobody":
         found = nobody_python()
         if isinstance(found, str):
@@ -255,8 +279,11 @@ def all_row_text(pg_url: str) -> str:
 VERDICT_LOG = re.compile(r"probe episode=(\d+) attempt=1 passed=(True|False) isolation=(\w+)")
 
 
-def test_hostile_workspaces_through_a_real_probe_worker(tmp_path, pg_url, redis_url, probe_worker, worker_user, victim, abstract_listener, workspaces):
-    config, specs = load_run(sim_config(tmp_path, name="hostile", extra="max_probe_attempts = 1\n"))
+def test_hostile_workspaces_through_a_real_probe_worker(
+    tmp_path, pg_url, redis_url, probe_worker, worker_user, probe_level, victim, abstract_listener, workspaces
+):
+    sandbox = '\n[sandbox]\nmin_isolation = "process"\n' if probe_level == "process" else ""
+    config, specs = load_run(sim_config(tmp_path, name="hostile", extra="max_probe_attempts = 1\n" + sandbox))
     config = config.model_copy(update={"artifacts": config.artifacts.model_copy(update={"root": str(workspaces / "artifacts")})})  # every worker user reads it
     task = specs[TASK_ID]
     run_id = create_run(pg_url, config, specs)
@@ -290,16 +317,17 @@ def test_hostile_workspaces_through_a_real_probe_worker(tmp_path, pg_url, redis_
 
     # Every hostile workspace is stopped with actionable probe errors; the control passes.
     assert verdicts[episodes[control]].passed, verdicts[episodes[control]].errors
-    let_through = [name for name, episode_id in episodes.items() if name != control and verdicts[episode_id].passed]
+    may_pass = PROBE_LOOKALIKES if probe_level == "process" else set()
+    let_through = [name for name, episode_id in episodes.items() if name not in {control, *may_pass} and verdicts[episode_id].passed]
     assert not let_through, f"hostile workspaces passed the probe: {let_through}"
     for name, episode_id in episodes.items():
-        if name == control:
+        if name == control or (name in may_pass and verdicts[episode_id].passed):
             continue
         errors = verdicts[episode_id].errors
         assert errors and all(problem["message"] and problem["fix"] for problem in errors), (name, errors)
     with session_scope(pg_url) as session:
         stages = dict(session.execute(select(Episode.id, Episode.stage).where(Episode.run_id == run_id)).all())
-    assert all(stages[episodes[name]] == Stage.done for name in episodes if name != control), "a hostile episode did not end at the retry cap"
+    assert all(stages[episodes[name]] == Stage.done for name in episodes if name not in {control, *may_pass}), "a hostile episode did not end at the retry cap"
     assert stages[episodes[control]] == Stage.train
 
     # Nothing escaped: the victim lives, the host's /tmp and the abstract socket saw nothing.
@@ -317,11 +345,11 @@ def test_hostile_workspaces_through_a_real_probe_worker(tmp_path, pg_url, redis_
     log_text = "\n".join(path.read_text(encoding="utf-8", errors="replace") for path in (tmp_path / "logs").rglob("*") if path.is_file())
     assert "WorkerLostError" not in log_text and "exited with" not in log_text, "a pool process of the probe worker died"
 
-    # Every module ran under the full isolation level, whoever the worker runs as: each verdict records it.
+    # Every module ran under the level the run asks for, whoever the worker runs as: each verdict records it.
     module_episodes = [episode_id for name, episode_id in episodes.items() if name.startswith("module:")]
-    assert {verdicts[episode_id].isolation for episode_id in module_episodes} == {"full"}, {name: verdicts[e].isolation for name, e in episodes.items()}
+    assert {verdicts[episode_id].isolation for episode_id in module_episodes} == {probe_level}, {name: verdicts[e].isolation for name, e in episodes.items()}
     levels = {int(episode): level for episode, _, level in VERDICT_LOG.findall(log_text)}
-    assert {levels.get(episode_id) for episode_id in module_episodes} == {"full"}
+    assert {levels.get(episode_id) for episode_id in module_episodes} == {probe_level}
 
     # No secret and no hidden-eval item in a transcript, a log file or a database row.
     transcripts = [root.parent / TRANSCRIPT_FILE for root in cases.values()] + [next_files.parent / TRANSCRIPT_FILE]

@@ -297,7 +297,6 @@ def test_the_sandbox_binds_each_plugin_grader_read_only_next_to_the_graders() ->
         plugin_graders={"spelled_count": "/site/pkg/grader.py"},
         workspace="/w/files",
         as_root=False,
-        tmp_bytes=4096,
         seccomp_fd=7,
         argv=argv,
     )

@@ -1,18 +1,21 @@
-"""The isolation pieces on their own: the seccomp program (run through a small classic-BPF
-interpreter, and its numbers checked against the kernel headers), and the bubblewrap command line."""
+"""The isolation pieces on their own: the seccomp programs of both levels (run through a small
+classic-BPF interpreter, and their numbers checked against the kernel headers), the bubblewrap command
+line, and Landlock (the process level's file-system wall) on this kernel."""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from metarl import isolation, seccomp
+from metarl import isolation, landlock, seccomp
 from metarl.isolation import InterpreterRoot
 
 HEADERS = {"x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"), "aarch64": Path("/usr/include/asm-generic/unistd.h")}
@@ -74,8 +77,135 @@ def test_syscall_numbers_match_the_kernel_headers(machine: str) -> None:
     defined = {name: int(number) for name, number in re.findall(r"^#define __NR(?:3264)?_(\w+)\s+(\d+)\s*$", text, re.MULTILINE)}
     for name, number in seccomp.SYSCALLS[machine].items():
         assert defined.get(name) == number, f"{machine} {name}: {number} here, {defined.get(name)} in {header}"
-    for name in seccomp.DENIED:
+    for name in (*seccomp.DENIED, *seccomp.PROCESS_DENIED, *seccomp.OWN_PID_CALLS, "setpriority", "ioprio_set", "fcntl", "prctl"):
         assert (name in seccomp.SYSCALLS[machine]) == (name in defined), f"{machine} {name}"
+    assert max(defined.values()) >= seccomp.FIRST_UNVETTED - 1  # the headers know every call below the ENOSYS line
+
+
+OWN_PID = 4242
+
+
+@pytest.mark.parametrize("machine", sorted(seccomp.SYSCALLS))
+def test_process_filter_keeps_the_sandbox_to_itself(machine: str) -> None:
+    """Level process (no namespaces): no socket, no IPC, no metadata change, no other process by pid, nothing newer than the list."""
+    program = seccomp.filter_program(machine, own_pid=OWN_PID)
+    assert len(program) // 8 < 4096
+    arch, numbers = seccomp.AUDIT_ARCH[machine], seccomp.SYSCALLS[machine]
+    kill, allow = seccomp.RET_KILL_PROCESS, seccomp.RET_ALLOW
+
+    def verdict(name: str, *args: int) -> int:
+        return run_filter(program, numbers[name], arch, args)
+
+    for name in (*seccomp.DENIED, *seccomp.PROCESS_DENIED):
+        if name in numbers:
+            assert run_filter(program, numbers[name], arch) == kill, name
+    assert verdict("socket", seccomp.AF_UNIX) == kill and verdict("socketpair", seccomp.AF_UNIX) == kill
+    for name in seccomp.OWN_PID_CALLS:
+        assert verdict(name, OWN_PID) == allow and verdict(name, 0) == allow, name
+        for other in (1, OWN_PID + 1, 0xFFFFFFFF):  # init, a neighbour, -1 (every process it may signal)
+            assert verdict(name, other) == kill, (name, other)
+    assert verdict("setpriority", 0, 0) == allow and verdict("setpriority", 0, OWN_PID) == allow
+    assert verdict("setpriority", 0, 1) == kill and verdict("setpriority", 2, 0) == kill  # another process; every process of its user
+    assert verdict("ioprio_set", 1, 0) == allow and verdict("ioprio_set", 3, 0) == kill and verdict("ioprio_set", 1, 7) == kill
+    for command in (0, 1, 2, 3, 4, 1030):  # F_DUPFD, F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_DUPFD_CLOEXEC: what Python uses
+        assert verdict("fcntl", 3, command) == allow, command
+    for command in seccomp.FCNTL_DENIED:
+        assert verdict("fcntl", 3, command) == kill, command
+    assert verdict("prctl", seccomp.PR_SET_PDEATHSIG, 0) == kill and verdict("prctl", 15, 0) == allow  # PR_SET_NAME
+    for request in (*seccomp.IOCTL_DENIED, *seccomp.PROCESS_IOCTL_DENIED):
+        assert verdict("ioctl", 0, request) == kill, hex(request)
+    assert verdict("ioctl", 0, 0x5401) == allow  # TCGETS
+    for nr in (seccomp.FIRST_UNVETTED, 452, 463, 466, 469, 1000):  # futex_waitv, fchmodat2, setxattrat, removexattrat, file_setattr...
+        assert run_filter(program, nr, arch) == seccomp.RET_ERRNO | errno.ENOSYS, nr
+    for nr in (0, 1, 2, 3, 9, 60, 63, 231):  # read, write, open/close, mmap, exit... (never denied)
+        if nr not in numbers.values():
+            assert run_filter(program, nr, arch) == allow, nr
+    assert verdict("clone", 0x003D0F00) == allow and verdict("clone", 0x11 | 0x40000000) == kill
+    full = seccomp.filter_program(machine)  # the full level keeps what its namespaces make harmless
+    assert run_filter(full, numbers["kill"], arch, (1,)) == allow and run_filter(full, numbers["socket"], arch, (seccomp.AF_UNIX,)) == allow
+
+
+@pytest.mark.parametrize(("abi", "size", "net", "scopes"), [(1, 8, 0, 0), (3, 8, 0, 0), (4, 16, 3, 0), (5, 16, 3, 0), (6, 24, 3, 3), (7, 24, 3, 3)])
+def test_landlock_ruleset_names_every_right_of_its_abi(abi: int, size: int, net: int, scopes: int) -> None:
+    attr = landlock.ruleset_attr(abi)
+    assert len(attr) == size
+    fields = struct.unpack(f"={size // 8}Q", attr)
+    assert fields[0] == landlock.handled_fs(abi) and fields[0] & landlock.FS_READ_FILE and fields[0] & landlock.FS_WRITE_FILE
+    assert bool(fields[0] & landlock.FS_TRUNCATE) == (abi >= 3) and bool(fields[0] & landlock.FS_REFER) == (abi >= 2)
+    assert (fields[1] if size >= 16 else 0) == net and (fields[2] if size >= 24 else 0) == scopes
+
+
+def test_folder_entries_leave_out_site_packages_and_links(tmp_path: Path) -> None:
+    for name in ("json", "site-packages", "dist-packages", "lib-dynload"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "os.py").write_text("")
+    (tmp_path / "escape").symlink_to("/etc")
+    folders, files = landlock.folder_entries(str(tmp_path))
+    assert folders == [str(tmp_path / "json"), str(tmp_path / "lib-dynload")] and files == [str(tmp_path / "os.py")]
+
+
+WALL_PROBE = """
+import json, os, sys
+from metarl import landlock
+allowed, other = sys.argv[1], sys.argv[2]
+landlock.restrict_self(landlock.ruleset([allowed], []))
+def attempt(action):
+    try:
+        action()
+        return "ok"
+    except OSError as exc:
+        return exc.errno
+print(json.dumps({
+    "read_allowed": attempt(lambda: open(os.path.join(allowed, "a.txt")).read()),
+    "list_allowed": attempt(lambda: os.listdir(allowed)),
+    "read_other": attempt(lambda: open(os.path.join(other, "b.txt")).read()),
+    "list_root": attempt(lambda: os.listdir("/")),
+    "write_allowed": attempt(lambda: open(os.path.join(allowed, "new.txt"), "w")),
+    "write_other": attempt(lambda: open(os.path.join(other, "b.txt"), "a")),
+    "unlink_other": attempt(lambda: os.unlink(os.path.join(other, "b.txt"))),
+    "mkdir_other": attempt(lambda: os.mkdir(os.path.join(other, "d"))),
+}))
+"""
+
+
+def test_landlock_holds_on_this_kernel(tmp_path: Path) -> None:
+    """A process that restricted itself to one folder reads it and nothing else, and writes nowhere (root included)."""
+    abi, problem = landlock.availability()
+    if problem is not None:
+        pytest.skip(f"no Landlock here: {problem}")
+    (tmp_path / "allowed").mkdir()
+    (tmp_path / "allowed" / "a.txt").write_text("a")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "b.txt").write_text("b")
+    repo = Path(landlock.__file__).resolve().parents[1]
+    # the interpreter starts before the restriction; every module the probe needs is imported first
+    found = subprocess.run(
+        [sys.executable, "-c", WALL_PROBE, str(tmp_path / "allowed"), str(tmp_path / "other")], capture_output=True, text=True, cwd=repo, timeout=60
+    )
+    assert found.returncode == 0, found.stderr
+    denied = errno.EACCES
+    assert json.loads(found.stdout) == {
+        "read_allowed": "ok",
+        "list_allowed": "ok",
+        "read_other": denied,
+        "list_root": denied,
+        "write_allowed": denied,
+        "write_other": denied,
+        "unlink_other": denied,
+        "mkdir_other": denied,
+    }
+    assert (tmp_path / "other" / "b.txt").read_text() == "b" and not (tmp_path / "allowed" / "new.txt").exists()
+
+
+def test_process_level_needs_landlock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host without user namespaces and without Landlock runs agent code at no level: the refusal names both and their fixes."""
+    monkeypatch.setattr(isolation, "_wall_problem", [])
+    monkeypatch.setattr(landlock, "availability", lambda: (0, "this kernel (5.4.0) has no Landlock: it needs Linux 5.13 or newer"))
+    problem = isolation.process_wall_problem()
+    assert problem is not None and "Landlock" in problem
+    message = isolation.process_unavailable_message("bwrap failed (exit 1): No permissions to create a new namespace", problem)
+    assert "min_isolation = 'process' needs Landlock" in message and "5.13" in message and "user namespaces" in message
+    assert "No permissions to create a new namespace" in message and "lsm=" in message
 
 
 def test_unknown_machine_is_refused() -> None:
@@ -136,7 +266,7 @@ def pairs(command: list[str], flag: str) -> list[tuple[str, str]]:
 def test_bwrap_command_line(as_root: bool) -> None:
     argv = isolation.runner_argv(ROOT, ("--serve",))
     command = isolation.bwrap_command(
-        "/b/bwrap", ROOT, runner="/repo/runner.py", graders="/repo/graders.py", workspace="/w/files", as_root=as_root, tmp_bytes=4096, seccomp_fd=7, argv=argv
+        "/b/bwrap", ROOT, runner="/repo/runner.py", graders="/repo/graders.py", workspace="/w/files", as_root=as_root, seccomp_fd=7, argv=argv
     )
     assert command[0] == "/b/bwrap"
     separator = command.index("--")
@@ -166,15 +296,17 @@ def test_bwrap_command_line(as_root: bool) -> None:
     assert options[options.index("--seccomp") + 1] == "7"
     assert ("--chdir", "/workspace") == tuple(options[options.index("--chdir") : options.index("--chdir") + 2])
     assert options[-2:] == ["--seccomp", "7"] and options.index("--remount-ro") < options.index("--chdir")
-    assert "/" in [options[i + 1] for i, item in enumerate(options) if item == "--remount-ro"]
-    assert options[options.index("/tmp") - 3 : options.index("/tmp")] == ["--size", "4096", "--tmpfs"]
+    assert {"/", "/tmp", "/dev"} <= {options[i + 1] for i, item in enumerate(options) if item == "--remount-ro"}
+    # an empty /tmp, read-only like the root (issue 40: a writable tmpfs caps bytes, not inodes): nothing to fill
+    assert options[options.index("/tmp") - 5 : options.index("/tmp")] == ["--size", "4096", "--perms", "0555", "--tmpfs"]
     assert options.index("/tmp") < options.index("--ro-bind")  # a bind under /tmp (an interpreter there) lands on the private /tmp
+    assert not any(item in ("--bind", "--bind-try", "--dev-bind", "--overlay", "--tmp-overlay") for item in options)  # no writable mount
     assert "--tmpfs" in options and "/opt/py/lib/python3.11/site-packages" in options
     env = dict(pairs(options, "--setenv"))
     assert env == {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "LD_LIBRARY_PATH": "/opt/py/lib:/usr/lib/x86_64-linux-gnu"}
     assert not any(item.startswith("/etc") for item in command)
     # the folders above every bind are made 0755, outermost first, never a link or a bound folder
-    folders = [options[i + 3] for i, item in enumerate(options) if item == "--perms"]
+    folders = [options[i + 3] for i, item in enumerate(options) if item == "--perms" and options[i + 2] == "--dir"]
     assert folders == ["/opt", "/usr", "/opt/py", "/usr/lib", "/opt/py/bin", "/opt/py/lib", "/usr/lib/x86_64-linux-gnu"]
 
 

@@ -72,6 +72,26 @@ def test_refused_workspace_exits_1_with_every_problem(files: Path, module: str, 
 
 
 @pytest.mark.parametrize(
+    ("module", "needle"),
+    [
+        ("forge_bootstrap.py", "forged or malformed result frame: a sandbox set-up failure reported after"),
+        ("forge_huge_reward.py", "forged or malformed result frame: the value of call 0 holds an integer beyond"),
+        ("clamped_no_signal.py", "(200 before clamping to [-100, 100])"),
+    ],
+)
+def test_the_modules_own_doing_is_refused_as_its_fault(files: Path, module: str, needle: str) -> None:
+    """Issue 40: a forged set-up failure made the probe exit 2 ("the sandbox could not run"), a forged reward of 10**400
+    crashed it with an OverflowError traceback (exit 1), and rewards beyond the clamp passed it."""
+    (files / "environment.py").write_text((HOSTILE / module).read_text(encoding="utf-8"), encoding="utf-8")
+    (files / "job.toml").write_text(JOB.replace("[reward.components]\ncorrectness = 1.0\nformat = 0.1\n", ""), encoding="utf-8")
+    result = metarl_cli(["probe", str(files), "--task", "addition", "--json"], env(), timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, (result.stdout, result.stderr)
+    report = json.loads(result.stdout)
+    assert report["verdict"] == "refused" and report["isolation"] == "full"
+    assert any(needle in problem["message"] for problem in report["problems"]), report["problems"]
+
+
+@pytest.mark.parametrize(
     ("args", "needle"),
     [
         (["probe", "{missing}", "--task", "addition"], "is not a folder"),

@@ -27,6 +27,7 @@ from metarl.sandbox import (
     SandboxCall,
     SandboxLimits,
     SandboxResult,
+    SandboxSession,
     SandboxUnavailable,
     run_calls_in_sandbox,
     run_in_sandbox,
@@ -44,11 +45,39 @@ ALLOW_PROCESS = os.environ.get("METARL_ALLOW_PROCESS_ISOLATION") == "1"
 KERNEL_CASES = [case for case in CASES if re.search(r"^# without-hook: ", (HOSTILE / case).read_text(encoding="utf-8"), re.MULTILINE)]
 SANDBOX_UID = 65534 if os.geteuid() == 0 else os.geteuid()
 """The host uid of sandboxed code: nobody for a root worker, the worker's own uid otherwise."""
+LEVELS = ["full", "process"] if FULL else ["process"]
+"""The isolation levels this host offers; the corpus runs at each (issue 40: a level is a wall, never the hook alone)."""
+LEVEL_LAYERS = {
+    "full": {"bubblewrap", "pid-namespace", "mount-namespace", "network-namespace", "seccomp"},
+    "process": {"landlock", "seccomp", "no-new-privs", "rlimits"},
+}
 
 
 def header(source: str, key: str) -> str | None:
     match = re.search(rf"^# {key}: (.+)$", source, re.MULTILINE)
     return match.group(1).strip() if match else None
+
+
+def outcomes(source: str, key: str, level: str) -> set[str]:
+    """The accepted outcomes of a case at ``level``: ``# KEY-LEVEL:`` where the levels differ, else ``# KEY:``."""
+    return set((header(source, f"{key}-{level}") or header(source, key) or "").split("|")) - {""}
+
+
+def unexercised(result: SandboxResult) -> bool:
+    """True when a case never reached the wall: at level process a root worker's sandbox runs as nobody, which
+    cannot read a standard library under a 0700 folder (pyenv under /root), so a module that imports one not
+    loaded before the agent's code (ctypes, socket) fails at import. The unprivileged run reads it."""
+    error = result.error
+    return result.level == "process" and error is not None and error.exception_type == "ModuleNotFoundError" and error.line is not None
+
+
+@pytest.fixture(params=LEVELS)
+def level(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The isolation level a test runs at; ``process`` as on a host that refuses user namespaces (no bubblewrap)."""
+    if request.param == "process":
+        unavailable = isolation.HostIsolation(bwrap=None, root=None, problem="bwrap failed (exit 1): No permissions to create a new namespace")
+        monkeypatch.setattr(isolation, "host_isolation", lambda runner, modules: unavailable)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -149,25 +178,23 @@ def test_hostile_corpus(
     hidden_file: tuple[Path, list[str]],
     victim: subprocess.Popen[bytes],
     abstract_listener: tuple[str, socket.socket],
+    level: str,
 ) -> None:
     tag, listener = abstract_listener
     source, args, limits = case_setup(case, tmp_path, hidden_file[0], victim, tag)
-    expected = set((header(source, "expect") or "").split("|"))
+    expected = outcomes(source, "expect", level)
     assert expected, f"{case} has no '# expect:' header"
     files = workspace_with(tmp_path, case, source)
 
-    result = run_in_sandbox(files, case, "reward", args, limits)
+    result = run_in_sandbox(files, case, "reward", args, limits.model_copy(update={"min_isolation": level}))
 
     assert_contained(case, result, expected, files, victim, listener, tag)
     assert_clean(result, hidden_file[1], tuple((header(source, "must-not-see") or "").split("|")) if header(source, "must-not-see") else ())
-    assert result.level == ("full" if FULL else "process")
-    if FULL:
-        assert {"bubblewrap", "pid-namespace", "mount-namespace", "network-namespace", "seccomp"} <= set(result.isolation)
+    assert result.level == level and LEVEL_LAYERS[level] <= set(result.isolation), result.isolation
     if result.ok or (result.error.kind == "forbidden" and result.error.event != "seccomp"):
         assert "audit-hook" in result.isolation and "rlimits" in result.isolation
 
 
-@pytest.mark.skipif(not FULL, reason=f"no full isolation on this host: {HOST.problem}")
 @pytest.mark.parametrize("case", KERNEL_CASES)
 def test_kernel_layers_hold_without_the_audit_hook(
     case: str,
@@ -176,18 +203,23 @@ def test_kernel_layers_hold_without_the_audit_hook(
     hidden_file: tuple[Path, list[str]],
     victim: subprocess.Popen[bytes],
     abstract_listener: tuple[str, socket.socket],
+    level: str,
 ) -> None:
-    """The audit hook switched off: bubblewrap's namespaces and root, seccomp and the rlimits alone contain each case."""
+    """The audit hook switched off (as agent code can switch it off, issue 40), at every level: full's namespaces, read-only
+    root, seccomp and rlimits, or process's Landlock, seccomp, nobody and rlimits, alone contain each case."""
     tag, listener = abstract_listener
     source, args, limits = case_setup(case, tmp_path, hidden_file[0], victim, tag)
-    expected = set((header(source, "without-hook") or "").split("|"))
+    expected = outcomes(source, "without-hook", level)
     files = workspace_with(tmp_path, case, source)
 
-    result = run_in_sandbox(files, case, "reward", args, limits.model_copy(update={"audit_hook": False}))
+    result = run_in_sandbox(files, case, "reward", args, limits.model_copy(update={"audit_hook": False, "min_isolation": level}))
 
+    if unexercised(result):
+        assert_contained(case, result, {"crash"}, files, victim, listener, tag)
+        pytest.skip(f"{case} could not import what it needs: {result.error.message} (tests/unprivileged.py's run covers it)")
     assert_contained(case, result, expected, files, victim, listener, tag)
     assert_clean(result, hidden_file[1], tuple((header(source, "must-not-see") or "").split("|")) if header(source, "must-not-see") else ())
-    assert result.level == "full" and "audit-hook" not in result.isolation
+    assert result.level == level and LEVEL_LAYERS[level] <= set(result.isolation) and "audit-hook" not in result.isolation
     if not result.ok and result.error.kind == "forbidden":
         assert result.error.event == "seccomp" or "larger than allowed" in result.error.message, result.error
 
@@ -395,14 +427,122 @@ def test_agent_cannot_forge_a_setup_failure(tmp_path: Path) -> None:
     assert not result.ok and result.error.kind == "bad_output"
 
 
+FORGED_SETUP_FAILURE = 'os.write(3, b\'{"status":"error","kind":"bootstrap","message":"host out of memory"}\\n\')\nos._exit(0)\n'
+
+
+@pytest.mark.parametrize("when", ["import", "call"])
+def test_a_forged_setup_failure_in_a_session_is_the_modules_fault(tmp_path: Path, when: str) -> None:
+    """Issue 40: a set-up failure report written by the module's code (at import or in a call) made the session raise
+    SandboxUnavailable ("not the workspace's fault", retried). The set-up report comes before any agent code, so it is forged."""
+    body = FORGED_SETUP_FAILURE if when == "import" else "def reward(p, c, a):\n" + "".join("    " + line + "\n" for line in FORGED_SETUP_FAILURE.splitlines())
+    files = workspace_with(tmp_path, "env.py", "import os\n" + body)
+    with SandboxSession(files, "env.py", SandboxLimits(**BASE_LIMITS)) as session:
+        result = session.start()
+        if when == "call":
+            assert result.ok, result.error
+            result = session.call([SandboxCall(function="reward", args=["p", "c", "a"])])
+    assert not result.ok and result.error.kind == "bad_output", result.error
+    assert "forged or malformed result frame" in result.error.message and "set-up failure" in result.error.message
+    assert "host out of memory" not in result.model_dump_json() and "fd 3" in result.error.fix
+    assert result.level == ("full" if FULL else "process") and "rlimits" in result.isolation
+
+
+def child_run(*lines: object) -> sandbox._ChildRun:
+    """A finished child run whose result channel carried the runner's set-up report and then ``lines`` (JSON text as given)."""
+    run = sandbox._ChildRun(None)
+    run.stdout = bytearray(b'{"status": "ready", "isolation": ["rlimits"]}\n' + b"".join(str(line).encode() + b"\n" for line in lines))
+    run.status = 0
+    return run
+
+
+def ok_frame(*values: str) -> str:
+    return '{"status": "ok", "calls": [' + ", ".join('{"ok": true, "value": ' + value + "}" for value in values) + "]}"
+
+
+@pytest.mark.parametrize(
+    ("lines", "n_calls", "needle"),
+    [
+        ([ok_frame("1" + "0" * 400)], 1, "an integer beyond ±2**53"),
+        ([ok_frame("1.0", "-" + "9" * 17)], 2, "value of call 1 holds an integer beyond"),
+        ([ok_frame("1e400")], 1, "NaN or infinity"),
+        ([ok_frame("NaN")], 1, "NaN or infinity"),
+        ([ok_frame("[" * 30 + "]" * 30)], 1, "nested deeper than 17"),
+        ([ok_frame('{"a": -Infinity}')], 1, "NaN or infinity"),
+        ([ok_frame("1.0")], 2, "1 answers for 2 calls"),
+        (['{"status": "ok", "calls": 5}'], 1, "no answers for 1 calls"),
+        (['{"status": "ok", "calls": [7]}'], 1, "the answer to call 0 is not a JSON object"),
+        (['{"status": "ok", "calls": [{"ok": false, "kind": "timeout", "message": "x"}]}'], 1, "neither a value nor a failure"),
+        (['{"status": "ok", "calls": [], "exports": {"functions": 5}}'], 0, "exports are not of the runner's shape"),
+        (['{"status": "error", "kind": "bootstrap", "message": "host out of memory"}'], 0, "set-up failure reported after the set-up had finished"),
+        (['{"status": "error", "kind": "timeout", "message": "the platform is slow"}'], 0, "an error of a kind the runner never reports"),
+        (['{"status": "ready", "isolation": ["seccomp"]}'], 0, "neither a result nor an error"),
+        (["[1, 2]"], 0, "the result frame is not a JSON object"),
+        (["not json"], 0, "a line that is not JSON"),
+        (["1" * 5000], 0, "a line that is not JSON"),
+        ([ok_frame("1.0"), ok_frame("2.0")], 1, "more than one frame"),
+    ],
+)
+def test_frames_and_numbers_from_the_child_are_parsed_defensively(lines: list[str], n_calls: int, needle: str) -> None:
+    """Issue 40: a forged frame whose reward was 10**400 came back as a value the probe could not convert (OverflowError).
+    Every frame after the set-up report is checked against what the runner writes; a forged one is the module's fault."""
+    result = sandbox._interpret(child_run(*lines), SandboxLimits(), n_calls, 0.1)
+    assert not result.ok and result.error.kind == "bad_output", result
+    assert result.error.message.startswith("forged or malformed result frame: ") and needle in result.error.message, result.error.message
+    assert result.isolation == ["rlimits"]
+
+
+def test_failures_in_a_frame_keep_only_what_can_be_shown() -> None:
+    """Messages, types and lines of a frame are taken only when they are what the runner writes (a string, a plausible line)."""
+    line = str(10**400)
+    error_frame = '{"status": "error", "kind": "crash", "message": [[1]], "type": 5, "line": ' + line + "}"
+    result = sandbox._interpret(child_run(error_frame), SandboxLimits(), 0, 0.1)
+    assert result.error.kind == "crash" and result.error.message == "" and result.error.exception_type is None and result.error.line is None
+    call_failure = '{"status": "ok", "calls": [{"ok": false, "kind": "crash", "message": "boom", "type": "KeyError", "line": 3}]}'
+    outcome = sandbox._interpret(child_run(call_failure), SandboxLimits(), 1, 0.1).calls[0]
+    assert not outcome.ok and outcome.error.message == "boom" and outcome.error.exception_type == "KeyError" and outcome.error.line == 3
+    good = sandbox._interpret(child_run(ok_frame("1.5", '{"a": [1, "x", null, true]}')), SandboxLimits(), 2, 0.1)
+    assert good.ok and [call.value for call in good.calls] == [1.5, {"a": [1, "x", None, True]}]
+
+
+def test_the_setup_report_alone_names_the_isolation_layers(tmp_path: Path) -> None:
+    """Layers claimed in a frame the module's code wrote (after the set-up report) are not believed."""
+    source = (
+        "import os\n\ndef reward(p, c, a):\n"
+        '    os.write(3, b\'{"status": "ok", "isolation": ["made-up-layer"], "calls": [{"ok": true, "value": 1.0}]}\\n\')\n'
+        "    os._exit(0)\n"
+    )
+    result = run_in_sandbox(workspace_with(tmp_path, "env.py", source), "env.py", "reward", ["p", "c", "a"], SandboxLimits(**BASE_LIMITS))
+    assert result.ok and result.value == 1.0  # a result it could have returned anyway
+    assert "made-up-layer" not in result.isolation and "rlimits" in result.isolation
+
+
+def test_one_deadline_for_the_import_and_the_calls(tmp_path: Path) -> None:
+    """SandboxSession.call(deadline=...) ends the batch at a shared instant (the probe: one deadline for import and calls)."""
+    import time
+
+    source = "import time\ntime.sleep(1.0)\n\ndef reward(p, c, a):\n    time.sleep(1.0)\n    return 1.0\n"
+    files = workspace_with(tmp_path, "env.py", source)
+    limits = SandboxLimits(**{**BASE_LIMITS, "wall_seconds": 1.6})
+    with SandboxSession(files, "env.py", limits) as session:
+        deadline = time.monotonic() + limits.wall_seconds
+        assert session.start().ok
+        result = session.call([SandboxCall(function="reward", args=["p", "c", "a"])], deadline=deadline)
+    assert result.error is not None and result.error.kind == "timeout" and "1.6 s" in result.error.message
+    with SandboxSession(files, "env.py", limits) as session:
+        assert session.start().ok
+        assert session.call([SandboxCall(function="reward", args=["p", "c", "a"])]).ok  # without it, each part has the whole limit
+
+
 @pytest.mark.parametrize("case", ["fork_bomb.py", "read_passwd.py", "socket_import.py", "proc_environ.py", "write_file.py"])
-def test_audit_hook_alone_still_refuses(case: str, tmp_path: Path, secret_env: str, without_bubblewrap: None) -> None:
-    """With the kernel layers switched off (no bubblewrap, no privilege drop, no network namespace) the hook still holds."""
+def test_audit_hook_still_refuses_first(case: str, tmp_path: Path, secret_env: str, without_bubblewrap: None) -> None:
+    """Without bubblewrap or a network namespace the hook still refuses first, naming its event: a tripwire that reports
+    what the module tried (the process level's kernel wall stands behind it; drop_privileges=False changes nothing)."""
     source = (HOSTILE / case).read_text(encoding="utf-8")
     limits = SandboxLimits(**BASE_LIMITS, drop_privileges=False, isolate_network=False, min_isolation="process")
     result = run_in_sandbox(workspace_with(tmp_path, case, source), case, "reward", ["p", "c", "a"], limits)
-    assert not result.ok and result.error.kind == "forbidden"
-    assert not any(layer.startswith(("uid-", "network-namespace")) for layer in result.isolation)
+    assert not result.ok and result.error.kind == "forbidden" and result.error.event not in (None, "seccomp"), result.error
+    assert not any(layer.startswith("network-namespace") for layer in result.isolation)
+    assert {"landlock", "seccomp"} <= set(result.isolation) and (os.geteuid() != 0 or "uid-65534" in result.isolation)
     assert_clean(result, [])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -276,11 +277,12 @@ def test_property_dataset_problems_never_raise(tmp_path_factory: pytest.TempPath
 
 
 @pytest.mark.parametrize(
-    ("correct_reward", "trainer_accepts"),
-    [(1e300, False), (2e6, False), (-1e7, False), (1e6, True), (1e5, True), (-1e6 + 1, True)],
+    ("correct_reward", "trainer_accepts", "signal"),
+    [(1e300, False, False), (2e6, False, False), (-1e7, False, False), (1e6, True, True), (1e5, True, True), (-1e6 + 1, True, False)],
 )
-def test_probe_applies_the_trainers_reward_rule(ws: Workspace, correct_reward: float, trainer_accepts: bool) -> None:
-    """One rule for both: the probe passes a module exactly when the trainer would take its rewards."""
+def test_probe_applies_the_trainers_reward_rule(ws: Workspace, correct_reward: float, trainer_accepts: bool, signal: bool) -> None:
+    """One rule for both: the probe passes a module exactly when the trainer would take its rewards
+    and, clamped as the trainer clamps them, they still rank the answer first (issue 40)."""
     from metarl.reward_source import RewardBounds, RewardFunctionError, checked_rewards
 
     low = min(correct_reward, 0.0) - 1.0
@@ -289,15 +291,18 @@ def test_probe_applies_the_trainers_reward_rule(ws: Workspace, correct_reward: f
     (ws.files_dir / "job.toml").write_text(JOB.replace("[reward.components]\ncorrectness = 1.0\nformat = 0.1\n", ""), encoding="utf-8")
     verdict = probe(ws)
     try:
-        checked_rewards([correct_reward, low], [("p", "3", "3"), ("p", "4", "3")], RewardBounds())
-        trainer = True
+        rewards = checked_rewards([correct_reward, low], [("p", "3", "3"), ("p", "4", "3")], RewardBounds())
+        trainer, trained_signal = True, rewards[0] > rewards[1]
     except RewardFunctionError:
-        trainer = False
-    assert trainer is trainer_accepts
-    assert verdict.passed is trainer_accepts, verdict.errors
+        trainer, trained_signal = False, False
+    assert (trainer, trained_signal) == (trainer_accepts, signal)
+    assert verdict.passed is (trainer_accepts and signal), verdict.errors
+    message = " ".join(problem.message for problem in verdict.errors)
     if not trainer_accepts:
-        message = " ".join(problem.message for problem in verdict.errors)
         assert "beyond the allowed magnitude 1e+06" in message and "the trainer fails a job on it" in message
+    elif not signal:
+        assert "does not score higher" in message and "before clamping to [-100, 100]" in message, message
+        assert "keep rewards within [-100, 100]" in verdict.errors[0].fix
 
 
 def test_probe_reports_the_isolation_level(ws: Workspace) -> None:
@@ -319,3 +324,48 @@ def test_a_module_that_behaves_only_in_the_probes_folder_is_caught_by_the_probe(
     assert not verdict.passed
     assert any("seccomp" in problem.message or "system call" in problem.message for problem in verdict.errors), verdict.errors
     assert not list(Path("/tmp").glob(f"{tag}*"))
+
+
+# -- the channel, the reward rule and the deadline (issue 40) ----------------------------------------
+
+
+def module_problems(ws: Workspace, case: str) -> list[str]:
+    """The probe's environment.module messages for a hostile corpus module (never an exception)."""
+    assert ws.write_file("environment.py", (HOSTILE / case).read_text(encoding="utf-8")).ok
+    (ws.files_dir / "job.toml").write_text(JOB.replace("[reward.components]\ncorrectness = 1.0\nformat = 0.1\n", ""), encoding="utf-8")
+    verdict = probe(ws)
+    assert not verdict.passed
+    return [problem.message for problem in verdict.errors if problem.field == "environment.module"]
+
+
+def test_a_forged_setup_failure_is_the_workspaces_fault(ws: Workspace) -> None:
+    """It made probe_workspace raise SandboxUnavailable: `metarl probe` exit 2, the stage retrying it as transient."""
+    [message] = module_problems(ws, "forge_bootstrap.py")
+    assert "forged or malformed result frame" in message and "set-up failure" in message and "host out of memory" not in message
+
+
+def test_a_forged_huge_reward_is_refused_not_a_crash(ws: Workspace) -> None:
+    """A forged answer frame with rewards of 10**400 made the probe die with OverflowError."""
+    [message] = module_problems(ws, "forge_huge_reward.py")
+    assert "forged or malformed result frame" in message and "integer beyond ±2**53" in message
+
+
+def test_rewards_beyond_the_clamp_carry_no_signal(ws: Workspace) -> None:
+    """200 when right, 150 when wrong passed the probe, and the trainer saw [100, 100]: the probe judges the clamped rewards."""
+    [message] = module_problems(ws, "clamped_no_signal.py")
+    assert "does not score higher than wrong ones on 8 of 8" in message
+    assert "reward 100 (200 before clamping to [-100, 100]) for the answer" in message and "100 (150 before clamping" in message
+
+
+def test_one_deadline_for_the_whole_probe_run(ws: Workspace) -> None:
+    """The import and the calls each had the whole wall-clock limit, so a probe held its slot about twice as long as advertised."""
+    slow = "import time\ntime.sleep(1.2)\n\n\ndef reward(prompt, completion, answer):\n    time.sleep(0.05)\n    return float(completion.strip() == answer)\n"
+    assert ws.write_file("environment.py", slow).ok
+    (ws.files_dir / "job.toml").write_text(JOB.replace("[reward.components]\ncorrectness = 1.0\nformat = 0.1\n", ""), encoding="utf-8")
+    limits = LIMITS.model_copy(update={"wall_seconds": 2.0})
+    started = time.monotonic()
+    verdict = probe_workspace(ws.files_dir, ws.task, limits=limits)  # 1.2 s of import, 24 calls of 0.05 s: 2.4 s in all
+    assert time.monotonic() - started < 2.0 + 1.5
+    [message] = [problem.message for problem in verdict.errors if problem.field == "environment.module"]
+    assert "(timeout)" in message and "wall-clock limit of 2 s" in message
+    assert probe_workspace(ws.files_dir, ws.task, limits=limits.model_copy(update={"wall_seconds": 4.0})).passed

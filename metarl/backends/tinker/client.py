@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from metarl.errors import PermanentBackendError, TransientBackendError, bounded_text
 from schemas.base import printable
 from schemas.run_config import TINKER_API_KEY_ENV
+from schemas.urls import redacted_url
 
 log = logging.getLogger("metarl.tinker")
 
@@ -312,7 +313,7 @@ def connect(base_url: str | None, timeout_s: float) -> TinkerGateway:
 
             service = tinker.ServiceClient(api_key=key, base_url=base_url)
             _SERVICES[base_url] = service
-            log.info("tinker: connected (base_url=%s)", base_url or "SDK default")
+            log.info("tinker: connected (base_url=%s)", redacted_url(base_url) if base_url else "SDK default")
         gateway = TinkerGateway(service=service, timeout_s=timeout_s)
         _GATEWAYS[(base_url, timeout_s)] = gateway
     return gateway

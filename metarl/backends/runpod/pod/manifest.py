@@ -8,6 +8,7 @@ A bundle is a folder in artifact storage (any fsspec URL)::
     env/<module>/__init__.py          load_environment(): a verifiers SingleTurnEnv + rubric
     env/<module>/metarl_graders.py    metarl's task-family graders (metarl/graders.py), for the agent's module
     env/<module>/metarl_grader_*.py   the plugin graders the task's grader uses (their registered files)
+    env/<module>/metarl_reward_rule.py the reward rule (metarl/reward_rule.py): what a reward counts as, as in the probe
     env/<module>/agent_environment.py the agent's environment/reward module, unchanged
     env/<module>/dataset.jsonl        the agent's dataset, unchanged
     env/<module>/job_reward.json      reward component weights from job.toml

@@ -38,7 +38,8 @@ plus what the pod fixes (:class:`CompileOptions`):
   (``metrics.jsonl``).
 
 ``compile_bundle`` adds the environment package (see :mod:`metarl.backends.runpod.primerl.env_template`; it ships
-metarl/graders.py and the plugin grader files the task's grader uses) and a manifest; ``write_bundle`` stores the bundle under any fsspec URL. Everything but the workspace
+metarl/graders.py, the plugin grader files the task's grader uses and metarl/reward_rule.py, the reward rule the
+probe and the local trainer apply) and a manifest; ``write_bundle`` stores the bundle under any fsspec URL. Everything but the workspace
 read and the write is pure.
 """
 
@@ -52,7 +53,7 @@ from typing import Any
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field
 
-from metarl import graders
+from metarl import graders, reward_rule
 from metarl.backends.runpod.pod.manifest import (
     AGENT_MODULE,
     DATASET_FILE,
@@ -263,6 +264,16 @@ def graders_source() -> bytes:
     return Path(graders.__file__).read_bytes()
 
 
+REWARD_RULE_MODULE = "metarl_reward_rule"
+"""The package's submodule holding the reward rule (env_template.REWARD_RULE_MODULE)."""
+
+
+def reward_rule_source() -> bytes:
+    """The reward rule the package scores with, as its ``metarl_reward_rule`` submodule: the file
+    metarl/reward_rule.py itself, the one the probe and the local trainer import."""
+    return Path(reward_rule.__file__).read_bytes()
+
+
 def pyproject_text(env_id: str, module: str) -> str:
     """pyproject.toml of the environment package (setuptools; verifiers and datasets come from the image)."""
     return (
@@ -286,7 +297,7 @@ def pyproject_text(env_id: str, module: str) -> str:
 
 def package_digest(environment_source: bytes, dataset: bytes, weights: dict[str, float], plugin_graders: Mapping[str, bytes] | None = None) -> str:
     """Content digest that names the environment package (same workspace, same graders, same package)."""
-    parts = [template_source(), graders_source(), environment_source, dataset, json.dumps(weights, sort_keys=True).encode()]
+    parts = [template_source(), graders_source(), reward_rule_source(), environment_source, dataset, json.dumps(weights, sort_keys=True).encode()]
     parts += [name.encode() + b"\0" + source for name, source in sorted((plugin_graders or {}).items())]
     return sha256_hex(b"\0".join(sha256_hex(part).encode() for part in parts))
 
@@ -301,6 +312,7 @@ def package_files(
         f"{PACKAGE_DIR}/pyproject.toml": pyproject_text(env_id, module).encode(),
         f"{root}/__init__.py": template_source(),
         f"{root}/{graders.GRADERS_MODULE}.py": graders_source(),
+        f"{root}/{REWARD_RULE_MODULE}.py": reward_rule_source(),
         **{f"{root}/{graders.plugin_module_name(name)}.py": source for name, source in sorted((plugin_graders or {}).items())},
         f"{root}/{AGENT_MODULE}.py": environment_source,
         f"{root}/{DATASET_FILE}": dataset,

@@ -17,16 +17,19 @@ bridge calls ``verifiers.load_environment("<this module>")``, which calls
   zero-weight metric); otherwise the module's ``reward`` with weight 1.
 - Each reward function gets plain strings, as the environment contract promises: the text of
   the last user message, the text of the completion (a leading ``<think>...</think>`` block is
-  dropped) and the reference answer. A reward that raises one of the usual errors or returns a
-  non-finite number scores 0.0 instead of ending the run (the probe has already checked it on
-  sample items).
+  dropped) and the reference answer.
+- Scores follow the reward rule the probe and the local trainer apply (metarl/reward_rule.py,
+  shipped as the submodule ``metarl_reward_rule``): a finite number of magnitude at most 1e6,
+  clamped to [-100, 100]. A value the rule refuses (a bool, a non-number, NaN, infinity, beyond
+  1e6) or one of the usual errors raised scores 0.0 instead of ending the run (the probe has
+  already refused such a module on sample items). With ``COMPONENTS`` the rule applies to each
+  component's value before its weight.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import math
 import re
 import sys
 from importlib import resources
@@ -37,6 +40,7 @@ REWARD_CONFIG_FILE = "job_reward.json"
 AGENT_MODULE = "agent_environment"
 GRADERS_MODULE = "metarl_graders"
 PLUGIN_MODULE_PREFIX = "metarl_grader_"
+REWARD_RULE_MODULE = "metarl_reward_rule"
 SCORE_ERRORS = (ArithmeticError, AttributeError, LookupError, TypeError, ValueError, RecursionError)
 _THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
 
@@ -46,6 +50,7 @@ for _plugin in sorted(
 ):
     sys.modules[_plugin] = importlib.import_module(f"{__name__}.{_plugin}")
 sys.modules[GRADERS_MODULE].IMPORT_PLUGINS = False  # the plugin graders shipped here are all there is
+_RULE = importlib.import_module(f"{__name__}.{REWARD_RULE_MODULE}")  # metarl/reward_rule.py itself
 
 
 def _field(message: Any, name: str) -> Any:
@@ -85,15 +90,14 @@ def prompt_text(prompt: Any) -> str:
 
 
 def safe_score(function: Any, prompt: str, completion: str, answer: str) -> float:
-    """The agent's function on plain strings; 0.0 when it fails or returns something that is not a finite number."""
+    """The agent's function on plain strings, judged by the reward rule: its clamped value, or 0.0
+    when it fails or returns something the rule refuses."""
     try:
         value = function(prompt, completion, answer)
     except SCORE_ERRORS:
         return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return 0.0
-    value = float(value)
-    return value if math.isfinite(value) else 0.0
+    reward = _RULE.training_reward(value)
+    return 0.0 if reward is None else float(reward)
 
 
 def reward_function(function: Any, name: str) -> Any:
