@@ -19,7 +19,7 @@ from tests.conftest import REPO, metarl_cli
 pytestmark = pytest.mark.integration
 
 CAPITALS = REPO / "tests" / "fixtures" / "families" / "capitals"
-SECRET = "sk-live-SECRET-0123456789abcdef"
+SECRET = "test-credential-not-a-key-0123456789"
 
 
 def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ from schemas.run_config import RunConfig
 from schemas.urls import credentials_problem, has_password, redacted_url, secret_query_names, userinfo
 
 REPO = Path(__file__).resolve().parents[2]
-SECRET = "sk-live-SECRET-0123456789abcdef"
+SECRET = "test-credential-not-a-key-0123456789"
 
 
 def refused(text: str) -> ConfigError:
