@@ -197,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG_ERROR
     except BrokenPipeError:
         return stdout_closed()
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 def stdout_closed() -> int:
@@ -326,7 +329,15 @@ def drive(services: Services, run_id: str, quiet: bool) -> int:
     from orchestrator.loop import Orchestrator, OrchestratorBusy
 
     stop_event = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop_event.set())
+    received: list[int] = []
+
+    def stop_on(signum: int, _frame: object) -> None:
+        if signum == signal.SIGINT and signum in received:
+            raise KeyboardInterrupt  # a second Ctrl-C does not wait for the tick to end
+        received.append(signum)
+        stop_event.set()
+
+    previous = {signum: signal.signal(signum, stop_on) for signum in (signal.SIGTERM, signal.SIGINT)}
     orchestrator = Orchestrator(services.database_url, make_app(services.broker_url), run_id)
     display = ProgressDisplay(services.database_url, run_id, enabled=not quiet)
     try:
@@ -342,11 +353,12 @@ def drive(services: Services, run_id: str, quiet: bool) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_FAILED_RUN
     except KeyboardInterrupt:
-        mark_interrupted(services, run_id, "interrupted (Ctrl-C)")
-        print(f"\ninterrupted: run {run_id} is kept; `metarl resume {run_id}` continues it", file=sys.stderr)
-        return 130
+        return interrupted_by_ctrl_c(services, run_id)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if status == RunStatus.running and signal.SIGINT in received:
+        return interrupted_by_ctrl_c(services, run_id)
     if status == RunStatus.running:
         mark_interrupted(services, run_id, "interrupted (SIGTERM)")
         print(f"stopped this process; run {run_id} continues with `metarl resume {run_id}`")
@@ -359,6 +371,13 @@ def drive(services: Services, run_id: str, quiet: bool) -> int:
             summary = runs.summary(run_id)
         print(f"error: run {run_id} {summary.status_message if summary else 'paused'}; fix the cause, then `metarl resume {run_id}`", file=sys.stderr)
     return 0 if status in (RunStatus.finished, RunStatus.stopped) else 1
+
+
+def interrupted_by_ctrl_c(services: Services, run_id: str) -> int:
+    """Ctrl-C stopped this orchestrator: the run is kept as `interrupted`; exit 130 as a shell expects."""
+    mark_interrupted(services, run_id, "interrupted (Ctrl-C)")
+    print(f"\ninterrupted: run {run_id} is kept; `metarl resume {run_id}` continues it", file=sys.stderr)
+    return 130
 
 
 def mark_interrupted(services: Services, run_id: str, message: str) -> None:

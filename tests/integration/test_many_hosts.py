@@ -271,9 +271,12 @@ def test_run_config_again_continues_the_run_after_kill_9_and_ctrl_c_shows_interr
     first.wait()
     created = run_id_of(first.stdout.read() if first.stdout else "")
     interrupted = subprocess.Popen(command, cwd=REPO, env=service_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
+    assert interrupted.stdout is not None
+    first_line = interrupted.stdout.readline()  # printed just before the orchestrator starts
+    time.sleep(3)
     interrupted.send_signal(signal.SIGINT)
     out, err = interrupted.communicate(timeout=60)
+    out = first_line + out
     assert f"continuing run {created}" in out, out + err
     assert interrupted.returncode == 130, out + err
     status = subprocess.run(
