@@ -49,6 +49,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticUndefined
 
+from metarl.reward_rule import CLIP, REJECT_ABOVE
 from metarl.sandbox_runner import ALLOWED_MODULES, GRADERS_MODULE
 from schemas.base import FieldProblem, StrictModel, printable, problems_from_validation
 from schemas.job import JobSpec
@@ -446,7 +447,10 @@ Python 3.11 that scores sampled completions during training. It must define
     def {ENVIRONMENT_FUNCTION}(prompt: str, completion: str, answer: str) -> float
 
 returning the reward of one completion of a dataset item (`answer` is the item's reference
-answer): a finite number, higher is better (keep it within [0, 1]); deterministic and fast.
+answer): a finite int or float, higher is better; deterministic and fast. Training counts it
+clamped to [-{CLIP:g}, {CLIP:g}], so the correct answer must still score higher than wrong ones after
+clamping (the probe checks); a magnitude above {REJECT_ABOVE:,.0f}, NaN or a non-number fails the job.
+Rewards within [0, 1] are the usual choice.
 Optionally it defines
 
     {COMPONENTS_NAME} = {{"correctness": fn, "format": fn, ...}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -9,7 +10,7 @@ from pydantic_core import PydanticCustomError
 
 from schemas.base import StrictModel
 from schemas.task_spec import IDENTIFIER
-from schemas.urls import credentials_problem
+from schemas.urls import credentials_problem, without_credentials
 
 
 class SimDuration(StrictModel):
@@ -697,8 +698,9 @@ class SandboxConfig(StrictModel):
     min_isolation: Literal["full", "process"] = Field(
         default="full",
         description=(
-            "Least isolation the deployment accepts: full = bubblewrap namespaces, read-only root and seccomp, plus rlimits "
-            "and the audit hook; process = rlimits and the audit hook only (hosts that refuse user namespaces)"
+            "Least isolation the deployment accepts for agent-written code: full = bubblewrap namespaces, read-only root, "
+            "seccomp, rlimits; process = no namespaces (hosts that refuse them): Landlock, the same seccomp filter, the uid "
+            "nobody under a root worker, rlimits (needs Linux 5.13+ with Landlock enabled). docs/security.md says what each guarantees"
         ),
     )
 
@@ -764,3 +766,31 @@ class RunConfig(StrictModel):
         if isinstance(agent, TinkerAgentBackend) and isinstance(outer, TinkerOuterBackend) and agent.base_url != outer.base_url:
             raise ValueError("backends.outer.base_url must equal backends.agent.base_url (the agent samples the weights the outer update saves)")
         return self
+
+
+STORED_URL_FIELDS: dict[tuple[str, ...], bool] = {
+    ("services", "database_url"): True,
+    ("services", "broker_url"): True,
+    ("artifacts", "root"): True,
+    ("backends", "agent", "base_url"): False,
+    ("backends", "outer", "base_url"): False,
+}
+"""The URL fields of a stored run config (path -> whether a user name alone is allowed), as the validators above check them."""
+
+
+def stored_without_credentials(data: dict[str, Any]) -> dict[str, Any]:
+    """A stored run config (``runs.config``) with the credentials of its URL fields removed (pure): a run stored before
+    such URLs were refused still loads, and its row can be rewritten without the secret."""
+    cleaned = copy.deepcopy(data)
+    for path, user_allowed in STORED_URL_FIELDS.items():
+        parent: Any = cleaned
+        for key in path[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if isinstance(parent, dict) and isinstance(parent.get(path[-1]), str):
+            parent[path[-1]] = without_credentials(parent[path[-1]], user_allowed=user_allowed)
+    return cleaned
+
+
+def stored_run_config(data: dict[str, Any]) -> RunConfig:
+    """The validated config of a stored run (see :func:`stored_without_credentials`)."""
+    return RunConfig.model_validate(stored_without_credentials(data))

@@ -98,3 +98,21 @@ def redacted_url(url: str) -> str:
             parts.append(f"{name}={HIDDEN}" if equals and any(word in name.lower() for word in SECRET_QUERY_WORDS) else part)
         url = head + "?" + "&".join(parts) + hash_mark + fragment
     return url
+
+
+def without_credentials(url: str, *, user_allowed: bool) -> str:
+    """The URL with its credentials removed: the password (and the user name too unless ``user_allowed``) and every
+    secret query parameter (for a URL stored before such URLs were refused)."""
+    bounds = _authority_bounds(url)
+    if bounds is not None and "@" in url[bounds[0] : bounds[1]]:
+        start, end = bounds
+        info, _, host = url[start:end].rpartition("@")
+        user = info.partition(":")[0]
+        url = url[:start] + (f"{user}@" if user_allowed and user else "") + host + url[end:]
+    names = set(secret_query_names(url))
+    if names:
+        head, _, rest = url.partition("?")
+        query, hash_mark, fragment = rest.partition("#")
+        kept = [part for part in query.split("&") if part.partition("=")[0] not in names]
+        url = head + ("?" + "&".join(kept) if kept else "") + hash_mark + fragment
+    return url

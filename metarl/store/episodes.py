@@ -20,7 +20,7 @@ from metarl.store.records import ClaimStatus, Reward, Run, RunStatus, Stage
 from metarl.store.stage_records import WHEN_HELD, StageRecord, record_ctes, write_records
 from metarl.store.tick_wakeup import CHANNEL as TICK_CHANNEL
 from schemas.base import FieldProblem
-from schemas.run_config import RunConfig
+from schemas.run_config import RunConfig, stored_run_config
 from schemas.states import ENDED_RUN_STATUSES
 from schemas.task_spec import TaskSpec
 
@@ -36,7 +36,7 @@ def episode_seed(run_seed: int, episode_id: int) -> int:
 
 def run_config_of(run: Run) -> RunConfig:
     """The run's validated config."""
-    return RunConfig.model_validate(run.config)
+    return stored_run_config(run.config)
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def stage_row_and_claim(
 
 def config_and_task(row: StageRow) -> tuple[RunConfig, TaskSpec]:
     """The run's config and the episode's task spec, validated from what the stage row read (pure)."""
-    return RunConfig.model_validate(row.run_config), TaskSpec.model_validate(row.task_spec)
+    return stored_run_config(row.run_config), TaskSpec.model_validate(row.task_spec)
 
 
 def stage_context(row: StageRow, config: RunConfig, task: TaskSpec) -> EpisodeContext:

@@ -20,7 +20,7 @@ from metarl.store.episodes import record_costs
 from metarl.store.records import OuterStatus, OuterStep, PolicyVersion, Run, RunStatus
 from metarl.store.step_metrics import outer_step_metrics
 from metarl.store.tick_wakeup import request_tick
-from schemas.run_config import RunConfig
+from schemas.run_config import RunConfig, stored_run_config
 from schemas.states import ENDED_RUN_STATUSES
 
 
@@ -121,7 +121,7 @@ def claim_outer_work(database_url: str, outer_step_id: int, *, worker: str, skip
             return "missing"
         if row.run_status in skip_runs:
             return "skipped"
-        config = RunConfig.model_validate(row.run_config)
+        config = stored_run_config(row.run_config)
         claim = take_outer_step(session, outer_step_id, worker=worker, lease_s=config.retries.lease_s)
         if claim is None:
             return "skipped"

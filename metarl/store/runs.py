@@ -57,7 +57,7 @@ def take_up_run(database_url: str, run_id: str) -> RunConfig:
 
     Raises RunNotFound when there is no such run.
     """
-    from schemas.run_config import RunConfig  # built here, not on import: the status commands never need it
+    from schemas.run_config import RunConfig, stored_without_credentials  # built here, not on import: the status commands never need it
 
     with session_scope(database_url) as session:
         run = session.get(Run, run_id)
@@ -69,7 +69,10 @@ def take_up_run(database_url: str, run_id: str) -> RunConfig:
             run.status = RunStatus.running
             run.stop_requested = False
             run.status_message = "resumed"
-        return RunConfig.model_validate(run.config)
+        cleaned = stored_without_credentials(run.config)
+        if cleaned != run.config:
+            run.config = cleaned  # a URL stored with its password before such URLs were refused: the secret leaves the row
+        return RunConfig.model_validate(cleaned)
 
 
 @dataclass(frozen=True)

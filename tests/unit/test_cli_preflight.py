@@ -59,3 +59,38 @@ def test_a_local_root_gets_its_secret_and_the_environment_wins(tmp_path: Path, m
     monkeypatch.setenv(eval_secret.EVAL_SECRET_ENV, "a-deployment-secret-0001")
     install_tool_eval_secret("s3://bucket/prefix")
     assert eval_secret.active_eval_secret() == b"a-deployment-secret-0001"
+
+
+def _without_bubblewrap(monkeypatch: pytest.MonkeyPatch, wall_problem: str | None) -> None:
+    """This host as one that refuses user namespaces, with or without Landlock."""
+    from metarl import isolation
+
+    refused = isolation.HostIsolation(bwrap=None, root=None, problem="user namespaces are disabled")
+    monkeypatch.setattr(isolation, "host_isolation", lambda *_: refused)
+    monkeypatch.setattr(isolation, "process_wall_problem", lambda: wall_problem)
+
+
+def _run_config(min_isolation: str) -> object:
+    config, _ = load_run(REPO / "examples" / "local.toml")
+    return config.model_copy(update={"sandbox": config.sandbox.model_copy(update={"min_isolation": min_isolation})})
+
+
+@pytest.mark.parametrize(
+    ("min_isolation", "wall_problem", "refused_with"),
+    [
+        ("full", None, "[sandbox] min_isolation = 'full'"),
+        ("process", "Landlock is not enabled", "needs Landlock (Landlock is not enabled)"),
+        ("process", None, None),
+    ],
+)
+def test_run_preflight_refuses_a_host_that_cannot_give_the_level(
+    monkeypatch: pytest.MonkeyPatch, min_isolation: str, wall_problem: str | None, refused_with: str | None
+) -> None:
+    from metarl_cli.probe_command import preflight_isolation
+
+    _without_bubblewrap(monkeypatch, wall_problem)
+    refusal = preflight_isolation(_run_config(min_isolation))
+    if refused_with is None:
+        assert refusal is None
+    else:
+        assert refusal is not None and refused_with in refusal and "Fix:" in refusal, refusal

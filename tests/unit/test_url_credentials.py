@@ -4,6 +4,8 @@ environment variable that takes it instead; no error shows the secret; log lines
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
 from pathlib import Path
 
@@ -13,8 +15,8 @@ import tinker
 from metarl.backends.tinker import client as tinker_client
 from metarl.store.status import without_password
 from schemas.base import ConfigError, parse_toml_text, validate_model
-from schemas.run_config import RunConfig
-from schemas.urls import credentials_problem, has_password, redacted_url, secret_query_names, userinfo
+from schemas.run_config import RunConfig, stored_run_config, stored_without_credentials
+from schemas.urls import credentials_problem, has_password, redacted_url, secret_query_names, userinfo, without_credentials
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "test-credential-not-a-key-0123456789"
@@ -137,3 +139,29 @@ def test_connect_logs_the_base_url_without_its_userinfo(monkeypatch: pytest.Monk
     tinker_client.connect(f"https://user:{SECRET}@127.0.0.1:9/v1", 10.0)
     assert "connected" in caplog.text and "127.0.0.1:9" in caplog.text
     assert SECRET not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("url", "user_allowed", "expected"),
+    [
+        (f"postgresql://metarl:{SECRET}@db:5432/metarl", True, "postgresql://metarl@db:5432/metarl"),
+        (f"https://user:{SECRET}@tinker.example/v1", False, "https://tinker.example/v1"),
+        (f"https://tinker.example/v1?region=eu&api_key={SECRET}#top", False, "https://tinker.example/v1?region=eu#top"),
+        (f"redis://:{SECRET}@broker:6379/0?token={SECRET}", True, "redis://broker:6379/0"),
+        ("postgresql://metarl@db/metarl", True, "postgresql://metarl@db/metarl"),
+    ],
+)
+def test_without_credentials_leaves_a_url_the_validators_accept(url: str, user_allowed: bool, expected: str) -> None:
+    cleaned = without_credentials(url, user_allowed=user_allowed)
+    assert cleaned == expected and credentials_problem(cleaned, user_allowed=user_allowed) is None
+
+
+def test_a_run_stored_with_a_password_in_its_services_url_still_loads_without_it() -> None:
+    config = validate_model(RunConfig, parse_toml_text(sim_text(""), "run.toml"), "run.toml")
+    stored = config.model_dump(mode="json")
+    stored["services"]["database_url"] = f"postgresql://metarl:{SECRET}@db:5432/metarl"
+    with pytest.raises(ValueError):
+        RunConfig.model_validate(copy.deepcopy(stored))  # the validators blank the secret in the mapping they are given
+    loaded = stored_run_config(stored)
+    assert loaded.services.database_url == "postgresql://metarl@db:5432/metarl"
+    assert SECRET not in json.dumps(stored_without_credentials(stored)) and SECRET in json.dumps(stored)
