@@ -587,7 +587,7 @@ def pod_plan(config: RunConfig, counts: EpisodeCounts, prices: dict[str, float])
     if not isinstance(backend, RunpodTrainBackend):
         return None
     from metarl.backends.runpod.pod.pin import PRIME_RL_IMAGE, PRIME_RL_TAG
-    from metarl.backends.runpod.train import NAME_PREFIX, pod_name_for, run_prefix
+    from metarl.backends.runpod.pods import NAME_PREFIX, pod_name_for, run_prefix
 
     return PodPlan(
         image=backend.image,

@@ -193,8 +193,9 @@ def heartbeat_steps(artifacts: Path) -> list[int]:
 
 def launch_orphan(artifacts: Path, run_id: str) -> str:
     """A pod named like one of the run's jobs, assigned to a job that does not exist."""
+    from metarl.backends.runpod.pod.runner import PodAssignment
+    from metarl.backends.runpod.pod.supervisor import POD_NAME_ENV, POD_ROOT_ENV
     from metarl.backends.runpod.provider import LaunchRequest, RetryPolicy, RunpodProvider
-    from metarl.backends.runpod.train import POD_NAME_ENV, POD_ROOT_ENV, PodAssignment
 
     name = f"metarl-{run_id[:8]}-999999"
     assignment = artifacts / "runpod" / "pods" / name / "assignment.json"

@@ -33,8 +33,10 @@ from metarl.backends.runpod.eval import (
 )
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, EvalRequest, EvalResult, TargetOutput, items_digest
 from metarl.backends.runpod.pod.runner import ExitReport
+from metarl.backends.runpod.pods import pod_charges
 from metarl.backends.runpod.provider import PodState
-from metarl.backends.runpod.train import RunpodTrain, eval_refusal, eval_targets, judge_eval, pod_charges
+from metarl.backends.runpod.train import RunpodTrain
+from metarl.backends.runpod.verdicts import eval_refusal, eval_targets, judge_eval
 from metarl.errors import PermanentBackendError
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec

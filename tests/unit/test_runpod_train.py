@@ -15,29 +15,23 @@ import pytest
 from pydantic import ValidationError
 
 from metarl.backends.base import CostItem, EpisodeContext
-from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, decode_env_value
-from metarl.backends.runpod.provider import PodState
-from metarl.backends.runpod.runs import ReapView, RunState
-from metarl.backends.runpod.train import (
+from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment, decode_env_value
+from metarl.backends.runpod.pods import (
     REAP_LOCK_KEY,
-    PodAssignment,
-    ReapSchedule,
-    RunpodTrain,
     billable_chunks,
     chunks_after,
     final_uptime,
-    heartbeat_step,
     job_cost_usd,
-    judge,
-    keep_warm,
     pod_charges,
     pod_name_for,
-    reap_reason,
     run_key_of,
     run_prefix,
     settle_price,
-    watchdog,
 )
+from metarl.backends.runpod.provider import PodState
+from metarl.backends.runpod.runs import ReapView, RunState
+from metarl.backends.runpod.train import RunpodTrain
+from metarl.backends.runpod.verdicts import ReapSchedule, heartbeat_step, judge, keep_warm, reap_reason, watchdog
 from metarl.runconfig import load_run
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec

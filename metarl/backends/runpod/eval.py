@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from metarl.backends.base import BaseModelIdentity, EpisodeContext, Score
 from metarl.backends.runpod.pod.eval_server import EngineSettings, EvalRequest, EvalResult, Target, TargetOutput, items_digest
+from metarl.backends.runpod.pods import Store
 from metarl.errors import PermanentBackendError, TransientBackendError
 from metarl.learning.data_families import family_for
 from metarl.learning.families import Example
@@ -35,7 +36,6 @@ from schemas.run_config import PodVllmEvalBackend
 from schemas.task_spec import TaskSpec
 
 if TYPE_CHECKING:
-    from metarl.backends.runpod.train import Store
     from metarl.learning.scoring import EvalScore
 
 NAME = "pod_vllm"
@@ -142,8 +142,6 @@ class PodVllmEval:
     simulated = False
 
     def __init__(self, config: PodVllmEvalBackend, artifacts_root: str):
-        from metarl.backends.runpod.train import Store
-
         self.config = config
         self.store = Store(artifacts_root)
 

@@ -40,7 +40,6 @@ instead of `runpod` (same key, so the split is exact to the interval and never d
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -48,18 +47,48 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypedDict
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Any
 
 from metarl.backends.base import CostItem, EpisodeContext, LaunchResult, PollResult
-from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, Target
+from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult
 from metarl.backends.runpod.pod.manifest import EXIT_FILE, METRICS_DIR, STATUS_FILE
-from metarl.backends.runpod.pod.runner import ENV_PREFIX as RUNNER_ENV_PREFIX
 from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment
-from metarl.backends.runpod.pod.supervisor import POD_NAME_ENV, POD_ROOT_ENV, assignment_path
+from metarl.backends.runpod.pod.supervisor import POD_NAME_ENV, POD_ROOT_ENV
+from metarl.backends.runpod.pods import (
+    NAME_PREFIX,
+    POOL_LOCK_KEY,
+    REAP_LOCK_KEY,
+    RUNNER_JOB_URL_ENV,
+    RUNNER_RESULT_URL_ENV,
+    AttemptPointer,
+    JobState,
+    JobUrls,
+    Store,
+    billable_chunks,
+    chunks_after,
+    final_uptime,
+    job_cost_usd,
+    pod_charges,
+    pod_name_for,
+    run_key_of,
+    run_prefix,
+    settle_price,
+    storage_environment,
+)
 from metarl.backends.runpod.provider import LaunchRequest, PodInfo, PodState, RetryPolicy, RunpodProvider
 from metarl.backends.runpod.runs import RunpodRuns
+from metarl.backends.runpod.verdicts import (
+    PROCESS_REAP_SCHEDULE,
+    ReapSchedule,
+    eval_refusal,
+    eval_targets,
+    heartbeat_step,
+    judge,
+    judge_eval,
+    keep_warm,
+    reap_reason,
+    watchdog,
+)
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
 from schemas.job import JobSpec
 from schemas.run_config import BudgetConfig, PodVllmEvalBackend, RunpodTrainBackend
@@ -68,387 +97,6 @@ from schemas.task_spec import TaskSpec
 
 log = logging.getLogger("metarl.runpod")
 
-
-class JobUrls(TypedDict):
-    """Where a pod reads its job bundle and writes its results."""
-
-    job_url: str
-    result_url: str
-
-
-NAME_PREFIX = "metarl-"
-POOL_LOCK_KEY = int.from_bytes(hashlib.sha256(b"metarl-runpod-pool").digest()[:7], "big")
-REAP_LOCK_KEY = POOL_LOCK_KEY ^ 0x2A2A
-RUNNER_JOB_URL_ENV, RUNNER_RESULT_URL_ENV = f"{RUNNER_ENV_PREFIX}JOB_URL", f"{RUNNER_ENV_PREFIX}RESULT_URL"
-
-
-class Frozen(BaseModel):
-    """Immutable value type."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-# --- the pod/runner protocol (files in artifact storage) -------------------------------------
-
-
-class AttemptPointer(Frozen):
-    """jobs/<job>/a<k>/pod.json: which pod runs attempt k of a job."""
-
-    pod_name: str = Field(min_length=1, max_length=191, description="Pod name")
-    pod_id: str | None = Field(default=None, max_length=128, description="Pod id, once known")
-
-
-class JobState(BaseModel):
-    """What the backend keeps in inner_jobs.backend_state between polls (no secrets)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    job_name: str = Field(min_length=1, max_length=191)
-    attempt: int = Field(default=0, ge=0, le=100)
-    pod_id: str | None = Field(default=None, max_length=128)
-    pod_name: str | None = Field(default=None, max_length=191)
-    gpu_type: str | None = Field(default=None, max_length=128)
-    gpu_count: int = Field(default=0, ge=0, le=64)
-    cost_per_hr: float = Field(default=0.0, ge=0.0)
-    assigned_at: float = Field(default=0.0)
-    uptime_at_assign: int = Field(default=0, ge=0)
-    last_uptime: int = Field(default=0, ge=0)
-    billed_chunks: int = Field(default=0, ge=0)
-    last_step: int = Field(default=-2, ge=-2)
-    last_progress_at: float = Field(default=0.0)
-    prior_usd: float = Field(default=0.0, ge=0.0)
-    restarts: list[str] = Field(default_factory=list, max_length=100)
-    waiting_since: float | None = Field(default=None)
-    api_errors: int = Field(default=0, ge=0)
-    eval_requested_at: float | None = Field(default=None, description="When the on-pod eval request was published")
-    eval_uptime_start: int | None = Field(default=None, ge=0, description="Pod uptime at that moment: later billing intervals are the eval's")
-    eval_targets: list[str] = Field(default_factory=list, max_length=2, description="Models the pod was asked to score")
-    eval_result_uri: str | None = Field(default=None, max_length=4096, description="The pod's eval result, for the eval stage")
-    trained_is_base: bool = Field(default=False, description="The job saved no weights and had no learning signal: the trained model is the base")
-
-
-# --- pure logic --------------------------------------------------------------------------------
-
-
-def storage_environment(names: list[str], environ: Mapping[str, str]) -> dict[str, str]:
-    """The artifact-storage variables a pod gets: each listed name that is set (and not empty) here."""
-    return {name: environ[name] for name in names if environ.get(name)}
-
-
-def pod_name_for(job_name: str, attempt: int) -> str:
-    """The pod created for attempt k of a job: the job's name, then `-r<k>` for restarts."""
-    return job_name if attempt == 0 else f"{job_name}-r{attempt}"
-
-
-def run_prefix(run_id: str) -> str:
-    """Name prefix of every pod of a run (job names are `metarl-<first 8 of run id>-<episode>`)."""
-    return f"{NAME_PREFIX}{run_id[:8]}-"
-
-
-def run_key_of(pod_name: str) -> str | None:
-    """The 8-character run key in a pod name of ours, or None."""
-    if not pod_name.startswith(NAME_PREFIX):
-        return None
-    key = pod_name[len(NAME_PREFIX) :].split("-", 1)[0]
-    return key if len(key) == 8 else None
-
-
-def billable_chunks(uptime_s: int, chunk_s: int, billed_chunks: int, final: bool) -> list[tuple[int, int]]:
-    """(interval index, seconds) still to charge: complete intervals, and the partial last one once final."""
-    complete = uptime_s // chunk_s
-    chunks = [(index, chunk_s) for index in range(billed_chunks, complete)]
-    if final and uptime_s % chunk_s and complete >= billed_chunks:
-        chunks.append((complete, uptime_s % chunk_s))
-    return chunks
-
-
-def chunks_after(uptime_s: int, chunk_s: int, billed_chunks: int, final: bool) -> int:
-    """Intervals charged once `billable_chunks` are recorded."""
-    done = max(billed_chunks, uptime_s // chunk_s)
-    return done + 1 if final and uptime_s % chunk_s and uptime_s // chunk_s >= billed_chunks else done
-
-
-def pod_charges(
-    pod_id: str, gpu_label: str, cost_per_hr: float, chunks: list[tuple[int, int]], chunk_s: int, eval_from_s: int | None = None, job_name: str | None = None
-) -> list[CostItem]:
-    """Ledger items for pod intervals; the key names the pod and the interval, never the poller. Intervals that start at or
-    after ``eval_from_s`` (the pod's uptime when the job's eval request was published) are the hidden eval's (``runpod_eval``)."""
-    items = []
-    for index, seconds in chunks:
-        evaluating = eval_from_s is not None and index * chunk_s >= eval_from_s
-        items.append(
-            CostItem(
-                source="runpod_eval" if evaluating else "runpod",
-                description=f"runpod pod {pod_id} ({gpu_label}) seconds {index * chunk_s}-{index * chunk_s + seconds}"
-                + (f", hidden eval of {job_name}" if evaluating and job_name else ""),
-                quantity=float(seconds),
-                unit="pod_second",
-                unit_price_usd=cost_per_hr / 3600.0,
-                key=f"runpod:{pod_id}:{index}",
-            )
-        )
-    return items
-
-
-def final_uptime(frozen_uptime: int | None, last_uptime: int) -> int:
-    """Seconds to bill a settled pod: its uptime after the stop, never less than what we saw before."""
-    return max(frozen_uptime or 0, last_uptime)
-
-
-def settle_price(job_price: float | None, queried_price: float | None, listed_price: float | None) -> float:
-    """The price of a settled pod: the one recorded when the job took it, else what the vendor shows."""
-    for price in (job_price, queried_price, listed_price):
-        if price:
-            return price
-    return 0.0
-
-
-def job_cost_usd(prior_usd: float, uptime_s: int, uptime_at_assign: int, cost_per_hr: float) -> float:
-    """What a job has cost: earlier attempts plus its share of the current pod's seconds."""
-    return prior_usd + max(0, uptime_s - uptime_at_assign) * cost_per_hr / 3600.0
-
-
-class Progress(Frozen):
-    """The watchdog's view of a job after one look at its heartbeat."""
-
-    last_step: int = Field(description="Highest step seen (-2: no heartbeat yet, -1: started, no step yet)")
-    last_progress_at: float = Field(description="When it last moved")
-    hung: str | None = Field(default=None, description="Why the watchdog gives up on the pod, or None")
-
-
-def heartbeat_step(beat: Heartbeat | None) -> int | None:
-    """Progress from the runner's status.json: its last metrics step, -1 while it runs without one, None without a heartbeat."""
-    if beat is None:
-        return None
-    return beat.step if beat.step is not None else -1
-
-
-def watchdog(
-    now: float, step: int | None, last_step: int, last_progress_at: float, assigned_at: float, startup_timeout_s: float, hang_timeout_s: float
-) -> Progress:
-    """Progress bookkeeping and the watchdog's decision (a pod that stops moving is hung)."""
-    if step is not None and step > last_step:
-        last_step, last_progress_at = step, now
-        if step >= 0:
-            return Progress(last_step=step, last_progress_at=now)
-    if last_step < 0:
-        waited = now - assigned_at
-        if waited > startup_timeout_s:
-            return Progress(
-                last_step=last_step, last_progress_at=last_progress_at, hung=f"no progress within {startup_timeout_s:.0f}s of start ({waited:.0f}s)"
-            )
-        return Progress(last_step=last_step, last_progress_at=last_progress_at)
-    stalled = now - last_progress_at
-    if stalled > hang_timeout_s:
-        return Progress(last_step=last_step, last_progress_at=last_progress_at, hung=f"progress stopped at step {last_step} for {stalled:.0f}s (hung)")
-    return Progress(last_step=last_step, last_progress_at=last_progress_at)
-
-
-Action = Literal["running", "succeeded", "failed", "restart", "abort"]
-
-
-class Verdict(Frozen):
-    """What to do with a job after one poll."""
-
-    action: Action = Field(description="running: poll again; succeeded/failed: the job ended by itself; restart: new pod; abort: kill and fail")
-    reason: str | None = Field(default=None, description="Why")
-
-
-def judge(
-    *,
-    pod_state: PodState | None,
-    exit_report: ExitReport | None,
-    hung: str | None,
-    restarts: int,
-    max_restarts: int,
-    job_cost: float,
-    max_job_usd: float,
-    stop_for_run_cap: bool,
-) -> Verdict:
-    """The decision of one poll. A report from the runner wins; then a lost pod; then the caps; then the watchdog."""
-    if exit_report is not None:
-        if exit_report.succeeded:
-            return Verdict(action="succeeded")
-        return Verdict(action="failed", reason=f"runner: {exit_report.reason} (rl exit code {exit_report.exit_code}): {exit_report.message}")
-    if pod_state in (None, PodState.stopped, PodState.terminated):
-        reason = "pod was preempted or stopped before the job ended" if pod_state is not None else "pod disappeared before the job ended"
-        return Verdict(action="restart" if restarts < max_restarts else "abort", reason=reason)
-    if stop_for_run_cap:
-        return Verdict(action="abort", reason="stopped: the run budget cap was reached (budget.on_cap = stop)")
-    if job_cost >= max_job_usd:
-        return Verdict(action="abort", reason=f"stopped: the job cost ${job_cost:.2f} reached budget.max_job_usd ${max_job_usd:.2f}")
-    if hung is not None:
-        return Verdict(action="restart" if restarts < max_restarts else "abort", reason=f"watchdog: {hung}")
-    return Verdict(action="running")
-
-
-def judge_eval(
-    *,
-    pod_state: PodState | None,
-    result: EvalResult | None,
-    request_id: str,
-    waited_s: float,
-    timeout_s: float,
-    job_cost: float,
-    max_job_usd: float,
-    stop_for_run_cap: bool,
-) -> Verdict:
-    """The decision of one poll while the job's pod runs its hidden eval. The pod's result wins; then a lost pod; then the caps and the timeout."""
-    if result is not None:
-        if result.request_id != request_id:
-            return Verdict(action="failed", reason=f"the pod answered eval request {result.request_id}, not {request_id}")
-        if result.error is not None:
-            return Verdict(action="failed", reason=f"on-pod eval failed: {result.error}")
-        return Verdict(action="succeeded")
-    if pod_state in (None, PodState.stopped, PodState.terminated):
-        return Verdict(action="abort", reason="the pod was lost during its on-pod eval")
-    if stop_for_run_cap:
-        return Verdict(action="abort", reason="stopped: the run budget cap was reached (budget.on_cap = stop)")
-    if job_cost >= max_job_usd:
-        return Verdict(action="abort", reason=f"stopped: the job cost ${job_cost:.2f} reached budget.max_job_usd ${max_job_usd:.2f}")
-    if waited_s > timeout_s:
-        return Verdict(action="abort", reason=f"the on-pod eval gave no result within backends.eval.eval_timeout_s = {timeout_s:g} s")
-    return Verdict(action="running")
-
-
-def eval_refusal(exit_report: ExitReport) -> str | None:
-    """Why the hidden prompts must not go to this job's pod (None: they may): only after a successful
-    exit report that confirms the agent's processes are gone and the runner waits for the request."""
-    if not exit_report.succeeded:
-        return f"the job did not succeed ({exit_report.reason})"
-    if not exit_report.agent_stopped:
-        return "the pod did not confirm that the agent's processes stopped; no hidden item was sent"
-    if not exit_report.eval_on_pod:
-        return "the pod's runner does not serve an on-pod eval for this job; no hidden item was sent"
-    return None
-
-
-def eval_targets(trained_is_base: bool, base_known: bool) -> list[Target]:
-    """Models the pod must score: the trained one (unless it is the base), and the base unless its score is known."""
-    targets: list[Target] = [] if trained_is_base else ["trained"]
-    return targets if base_known else [*targets, "base"]
-
-
-def keep_warm(pod_state: PodState | None, idle_pods: int, warm_pool_size: int, run_accepting: bool) -> bool:
-    """Keep a pod whose job just ended for the next job, or terminate it."""
-    return pod_state == PodState.running and run_accepting and idle_pods < warm_pool_size
-
-
-def reap_reason(
-    *,
-    pod_state: PodState,
-    uptime_s: int,
-    assignment: PodAssignment | None,
-    job_live: bool,
-    run_final: bool,
-    run_accepting: bool,
-    now: float,
-    idle_timeout_s: float,
-    orphan_grace_s: float,
-) -> str | None:
-    """Why the reaper terminates one of our pods, or None to leave it alone."""
-    if pod_state == PodState.terminated:
-        return None
-    if run_final:
-        return "its run has ended"
-    if assignment is None:
-        return "no assignment record (orphan)" if uptime_s >= orphan_grace_s else None
-    if assignment.terminated:
-        return "settlement was interrupted"
-    if assignment.job_name is not None:
-        return None if job_live else f"its job {assignment.job_name} is not live (orphan)"
-    if pod_state == PodState.stopped:
-        return "stopped while idle"
-    if not run_accepting:
-        return "idle and the run takes no new jobs"
-    idle = now - (assignment.released_at or now)
-    if idle > idle_timeout_s:
-        return f"idle for {idle:.0f}s"
-    return None
-
-
-# --- artifact storage -------------------------------------------------------------------------
-
-
-class Store:
-    """JSON files under `<artifacts root>/runpod` through fsspec (a local folder or object storage)."""
-
-    def __init__(self, artifacts_root: str):
-        import fsspec
-
-        self.fs, base = fsspec.core.url_to_fs(artifacts_root)
-        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
-        if self.local:
-            base = os.path.abspath(base)
-        self.root = posixpath.join(base, "runpod")
-        self.root_uri = self.root if self.local else self.fs.unstrip_protocol(self.root)
-
-    def path(self, *parts: str) -> str:
-        return posixpath.join(self.root, *parts)
-
-    def uri(self, path: str) -> str:
-        return path if self.local else self.fs.unstrip_protocol(path)
-
-    def read(self, path: str) -> bytes | None:
-        try:
-            with self.fs.open(path, "rb") as handle:
-                return handle.read()
-        except FileNotFoundError:
-            return None
-
-    def read_model(self, path: str, model: type[BaseModel]) -> Any:
-        data = self.read(path)
-        if data is None:
-            return None
-        try:
-            return model.model_validate_json(data)
-        except ValidationError:
-            log.warning("unreadable %s (partial write?); treated as absent", path)
-            return None
-
-    def write_bytes(self, path: str, data: bytes) -> None:
-        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        if self.local:
-            temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            with open(temporary, "wb") as handle:
-                handle.write(data)
-            os.replace(temporary, path)
-        else:
-            self.fs.pipe_file(path, data)
-
-    def write_model(self, path: str, value: BaseModel) -> None:
-        self.write_bytes(path, value.model_dump_json().encode("utf-8"))
-
-    def assignment_path(self, pod_name: str) -> str:
-        return self.path(*assignment_path(pod_name).split("/"))
-
-    def attempt_path(self, job_name: str, attempt: int) -> str:
-        return self.path("jobs", job_name, f"a{attempt}")
-
-
-# --- the backend ----------------------------------------------------------------------------
-
-
-class ReapSchedule:
-    """When the orphan reaper last ran in this process, per run database: it lists the pods (a vendor API call) at most
-    once per `reap_interval_s`. A backend is built for every stage message, so the schedule outlives it: each backend
-    takes `PROCESS_REAP_SCHEDULE` unless it is given its own."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, float] = {}
-        self._lock = threading.Lock()
-
-    def take(self, key: str, now: float, interval_s: float) -> bool:
-        """Whether `key`'s reaper is due at `now` (it never ran, or ran `interval_s` or more before); if so, it runs now."""
-        with self._lock:
-            if now - self._last.get(key, float("-inf")) < interval_s:
-                return False
-            self._last[key] = now
-            return True
-
-
-PROCESS_REAP_SCHEDULE = ReapSchedule()
-"""The reaper's schedule of this process (one per process, like the rate it keeps)."""
 _LOCAL_POOL_LOCK = threading.Lock()
 
 LedgerWriter = Callable[[str, "int | None", list[CostItem]], None]
