@@ -451,7 +451,7 @@ def test_the_scoring_stack_is_checked_against_the_images_manifest(tmp_path: Path
 
 def test_a_modified_stack_is_refused_and_the_prompts_still_deleted(tmp_path: Path) -> None:
     from metarl.backends.runpod.pod.eval_server import EvalServer, EvalSettings, write_manifest
-    from metarl.backends.runpod.pod.runner import Storage
+    from metarl.backends.runpod.pod.storage import Storage
 
     stack = tmp_path / "stack"
     stack.mkdir()

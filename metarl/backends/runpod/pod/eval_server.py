@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 if TYPE_CHECKING:
-    from metarl.backends.runpod.pod.runner import Storage
+    from metarl.backends.runpod.pod.storage import Storage
 
 EVAL_DIR = "eval"
 REQUEST_FILE = f"{EVAL_DIR}/request.json"

@@ -44,11 +44,11 @@ from metarl.backends.runpod.pod.runner import (
     PodAssignment,
     PodRunner,
     RunnerConfig,
-    Storage,
     config_from_environ,
     decode_env_value,
     decode_environ,
 )
+from metarl.backends.runpod.pod.storage import Storage
 
 POD_ROOT_ENV, POD_NAME_ENV = "METARL_RUNPOD_ROOT", "METARL_POD_NAME"
 ASSIGNMENT_FILE = "assignment.json"
