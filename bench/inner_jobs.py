@@ -143,12 +143,12 @@ def pretraining_families(families: list[TaskFamily]) -> dict[str, TaskFamily]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated family names or task spec files")
-    parser.add_argument("--models", default=None, help="comma-separated base models (default: local-s,local-l)")
+    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated family names or task spec files (default: every registered family)")
+    parser.add_argument("--models", default=None, help="comma-separated base models (default: local-s,local-l; with --quick local-s)")
     parser.add_argument("--quick", action="store_true", help=f"local-s only, {QUICK_MAX_STEPS} steps, 100 eval items")
-    parser.add_argument("--eval-n", type=int, default=None, help="hidden-eval items per family (default 200)")
+    parser.add_argument("--eval-n", type=int, default=None, help="hidden-eval items per family (default 200; with --quick 100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of datasets and training")
-    parser.add_argument("--cache-dir", default=None, help="base-model cache (default $METARL_CACHE_DIR or ~/.cache)")
+    parser.add_argument("--cache-dir", default=None, help="base-model cache (default $METARL_CACHE_DIR, else ~/.cache/metarl/models)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     add_artifacts_argument(parser)
     return parser.parse_args(argv)

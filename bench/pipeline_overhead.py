@@ -22,10 +22,13 @@ the tests' lock scheme, and then, in the same process and on the same broker:
   (`metarl.messaging.redis_broker`, one redis-py client per channel), where plain and floor run on kombu's
   own (one client per publish, ack and event): ours over reuse is the bookkeeping alone.
 
-The ratio is ours' wall time over the plain chain's for the same N (target: at most 1.5). The
-table also gives where the time goes: mean worker time per task (from the workers' logs), CPU
-seconds of the worker processes, of the orchestrator and of the PostgreSQL backends, orchestrator
-ticks and their SQL statements, and database transactions per episode.
+The ratio is ours' wall time over the plain chain's for the same N. It has no target: the old
+one (at most 1.5) is retired, because the ratio follows the machine as much as the pipeline
+(BENCHMARKS.md, "Pipeline overhead"); the report's "target <= 1.5x: MEETS/MISSES" is kept for
+comparison with earlier runs only. The table also gives where the time goes: mean worker time
+per task (from the workers' logs), CPU seconds of the worker processes, of the orchestrator and of
+the PostgreSQL backends, orchestrator ticks and their SQL statements, and database transactions
+per episode.
 """
 
 from __future__ import annotations
@@ -830,7 +833,12 @@ def main(argv: list[str] | None = None) -> int:
     """Parse flags, run alternating plain/ours passes, print the report."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=200, help="episodes per pass (a multiple of group size x groups per batch); lower it to scale down")
-    parser.add_argument("--repeats", type=int, default=2, help="alternating plain/ours pairs; the ratio uses the medians")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="rounds of passes, each plain, floor, ours, reuse in that order, less those skipped (default 2); ratios use the medians",
+    )
     parser.add_argument(
         "--tick-s",
         type=float,

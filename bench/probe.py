@@ -1,7 +1,7 @@
 """Probe benchmark: catch rate on a seeded corpus of invalid workspaces, pass rate on valid ones,
 and the median probe time per job.
 
-    python -m bench.probe [--valid 40] [--seed 0]
+    python -m bench.probe [--valid 30] [--seed 0]
 
 Valid jobs: samples of the untrained local policy that pass, rendered into workspaces through the
 workspace tools. Invalid jobs: each valid workspace broken in one way (job.toml semantics or syntax,
@@ -97,7 +97,9 @@ def breakages(task_family: str) -> dict[str, Callable[[Path], None]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--valid", type=int, default=30, help="valid workspaces in the corpus")
+    parser.add_argument(
+        "--valid", type=int, default=30, help="valid workspaces in the corpus (default 30); each is also broken in every way for the invalid ones"
+    )
     parser.add_argument("--seed", type=int, default=0)
     add_artifacts_argument(parser)
     args = parser.parse_args(argv)

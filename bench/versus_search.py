@@ -1,6 +1,6 @@
 """Does the trained agent beat a tuner? Best hidden-eval score so far against inner jobs spent, on the local backends.
 
-    python -m bench.versus_search --policy PATH     # the full run: about 90 minutes on 2 cores (see the arithmetic below)
+    python -m bench.versus_search --policy PATH     # the full run: at most about 90 minutes on 2 cores (arithmetic below; 31 min measured)
     python -m bench.versus_search --quick           # 3-7 minutes: checks the machinery and its own output, numbers labelled QUICK
 
 For the held-out family of `examples/local.toml` (the task whose spec says `held_out = true`:
@@ -12,8 +12,9 @@ probe rejects, or one that fails, is spent and adds no score). Methods:
 - trained agent: a policy state saved by an `examples/local.toml` run (`--policy PATH`, e.g.
   `<artifacts>/policy/<run>/v00040-<attempt>.pt`), with its provenance (run id, commit, seed,
   outer version) from `PATH.provenance.json` beside it, else from the path and `--policy-commit`,
-  `--policy-seed`. No policy given: the method is reported MISSING, never stood in for. No trained
-  checkpoint ships with the repo yet.
+  `--policy-seed`. No policy given: the method is reported MISSING, never stood in for. A trained
+  state ships with the repo: `bench/results/local-meta-rl-2026-12-05-seed1/v00031-0f70c1c74d42.pt`
+  (the last version of a one-hour seed-1 run, provenance file beside it; BENCHMARKS.md, "Versus search").
 - untrained agent: the policy a run starts from (`LocalPolicy` with the run config's init seed and
   prior). Both agents sample as in the run (its temperature, `sample_seed`, the job's seed in
   job.toml); after a rejection the next job is the episode's next attempt, conditioned on the
@@ -557,15 +558,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a short check of the machinery (numbers labelled QUICK)")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run config whose tasks, agent and held-out family to use")
-    parser.add_argument("--families", default=None, help="comma-separated task ids of the config (default: the held-out ones, then addition,sorting)")
+    parser.add_argument(
+        "--families", default=None, help="comma-separated task ids of the config (default: the held-out ones, then addition,sorting; quick: then addition)"
+    )
     parser.add_argument("--seeds", type=int, default=None, help="seeds per method (default 3; quick 2)")
     parser.add_argument("--jobs", type=int, default=None, help="inner jobs per method, family and seed (default 8; quick 4)")
     parser.add_argument("--train-seconds", type=float, default=None, help="training budget of one inner job (default 20; quick 3)")
     parser.add_argument("--workers", type=int, default=None, help="inner jobs at once (default 2)")
-    parser.add_argument("--policy", type=Path, default=None, help="trained policy state (a .pt an examples/local.toml run saved)")
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="trained policy state, a .pt an examples/local.toml run saved (one ships under bench/results/local-meta-rl-2026-12-05-seed1/); none: MISSING",
+    )
     parser.add_argument("--policy-commit", default=None, help="commit of the run that trained --policy (when no provenance file is beside it)")
     parser.add_argument("--policy-seed", type=int, default=None, help="seed of that run (when no provenance file is beside it)")
-    parser.add_argument("--cache-dir", default=None, help="base-model cache (default $METARL_CACHE_DIR or ~/.cache)")
+    parser.add_argument("--cache-dir", default=None, help="base-model cache (default $METARL_CACHE_DIR, else ~/.cache/metarl/models)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default .metarl/versus-search/<mode>)")
     add_artifacts_argument(parser)
     return parser.parse_args(argv)
