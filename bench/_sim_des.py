@@ -8,7 +8,7 @@ own pure functions, imported, not reimplemented:
   (a failed inner job ends the episode, as `workers.stages.finish_train` does);
 * the probe verdict: `metarl.probe.probe_job_text` on job.toml text written by the `sim` agent's
   own generators (`metarl.backends.sim.simulator`); the caller passes the probe in (the sim train backend
-  adds no compile checks: `metarl.backends.registry.probe_checks` is empty for it);
+  adds no compile checks: `metarl.composition.probe_checks` is empty for it);
 * staleness: `metarl.outer_update.filter_stale` drops complete groups that are too old, each tick;
 * batching: `metarl.domain.batching.plan_batch` (oldest fresh groups first, `groups_per_batch` at once),
   `groups_to_open` (whole groups to keep the window full) and `group_complete`.

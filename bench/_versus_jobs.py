@@ -67,8 +67,8 @@ def reap(pid: int) -> None:
 def run_inner_job(request: InnerJobRequest) -> InnerJobResult:
     """Launch, poll and score one job with the local backends, as a run's train and eval stages do."""
     from metarl.artifact_store import ArtifactStore
-    from metarl.backends.base import EpisodeContext
     from metarl.backends.local.train import LocalEval, LocalTrain
+    from metarl.interfaces import EpisodeContext
     from schemas.base import parse_toml_text, validate_model
     from schemas.run_config import LocalEvalBackend, LocalTrainBackend
 

@@ -25,10 +25,11 @@ from pydantic import BaseModel, Field
 
 from metarl.learning.data_families import family_for
 from metarl.learning.eval_secret import add_artifacts_argument, install_eval_secret
-from metarl.learning.families import FAMILIES, TaskFamily, generate_dataset, get_family
+from metarl.learning.families import TaskFamily, generate_dataset
 from metarl.learning.grpo import LocalTrainConfig, train
 from metarl.learning.models import BASE_MODELS, build_info, enabled_families, ensure_base_model
 from metarl.learning.presets import bad_config, sensible_config
+from metarl.learning.registry import FAMILIES, get_family
 from metarl.learning.scoring import EvalScore, score_checkpoint
 from metarl.runconfig import load_task_spec
 from schemas.base import ConfigError

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import tomli_w
 
-from metarl.backends.base import EpisodeContext
 from metarl.backends.local.train import local_compile_problems
+from metarl.interfaces import EpisodeContext
 from metarl.learning.eval_secret import add_artifacts_argument, install_eval_secret
-from metarl.learning.families import get_family
+from metarl.learning.registry import get_family
 from metarl.runconfig import load_run
 from metarl.workspace_probe import probe_workspace
 

@@ -94,7 +94,7 @@ def probe_job_text(job_toml: str | bytes, task: TaskSpec, backend_checks: Sequen
     try:
         job = validate_model(JobSpec, parse_toml_text(job_toml, "job.toml"), "job.toml")
     except ConfigError as err:
-        return ProbeVerdict(passed=False, errors=capped(err.problems))
+        return ProbeVerdict(passed=False, errors=capped([FieldProblem(**problem.model_dump()) for problem in err.problems]))
     problems = semantic_problems(job, task)
     if not problems:
         for check in backend_checks:

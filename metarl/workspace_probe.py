@@ -44,13 +44,10 @@ from pydantic import ValidationError
 from metarl import reward_rule
 from metarl.isolation import IsolationLevel
 from metarl.learning.data_families import family_for
-from metarl.learning.families import (
-    Example,
-    TaskFamily,
-    contaminated_prompts,
-)
+from metarl.learning.families import Example, TaskFamily
+from metarl.learning.registry import contaminated_prompts
+from metarl.learning.reward_checks import RewardBounds
 from metarl.probe import BackendCheck, ProbeVerdict, capped, probe_job_text
-from metarl.reward_source import RewardBounds
 from metarl.sandbox import (
     CallOutcome,
     SandboxCall,

@@ -61,7 +61,7 @@ def load_task(task: str, config_path: Path | None) -> tuple[Any, list[Any], str,
     check_name = "none"
     minimum: Literal["process", "full"] = "full"
     if config_path is not None:
-        from metarl.backends import registry
+        from metarl import composition as registry
         from metarl.runconfig import load_run
 
         config, specs = load_run(config_path)

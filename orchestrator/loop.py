@@ -47,7 +47,7 @@ def create_run(database_url: str, config: RunConfig, task_specs: dict[str, TaskS
     Under a local-folder artifact root, the root records that this host made the run (`ArtifactStore.mark_run`), so
     a worker on a host without that folder stops the run instead of failing its episodes.
     """
-    from metarl.backends.registry import outer_backend
+    from metarl.composition import outer_backend
 
     install_eval_secret(config.artifacts.root, create=not is_remote_root(config.artifacts.root))
 
@@ -220,7 +220,7 @@ class Orchestrator:
 
     def _release_train_resources(self, config: RunConfig) -> None:
         """A run that ended leaves nothing running on the train backend (idle Runpod pods are settled)."""
-        from metarl.backends.registry import release_train_resources
+        from metarl.composition import release_train_resources
         from metarl.errors import MetarlError
 
         try:

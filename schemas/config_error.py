@@ -1,15 +1,23 @@
 """The error every bad config file raises, without pydantic: `metarl` catches it in every command, `metarl status` included.
 
-`schemas.base` re-exports both names; the problems it carries are `schemas.base.FieldProblem` models.
+`schemas.base` re-exports both names; the problems it carries are `schemas.base.FieldProblem` models (anything
+of the :class:`Problem` shape).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from schemas.base import FieldProblem
+
+class Problem(Protocol):
+    """One problem with one field: what :class:`ConfigError` needs of it."""
+
+    field: str
+    message: str
+    fix: str
+
+    def model_dump(self) -> dict[str, str]: ...
 
 
 def printable(text: str) -> str:
@@ -20,7 +28,7 @@ def printable(text: str) -> str:
 class ConfigError(ValueError):
     """A config file (run config, task spec, job.toml) is invalid; carries one entry per bad field."""
 
-    def __init__(self, source: str, problems: Sequence[FieldProblem]):
+    def __init__(self, source: str, problems: Sequence[Problem]):
         self.source = source
         self.problems = list(problems)
         super().__init__(self.render())

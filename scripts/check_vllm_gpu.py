@@ -28,8 +28,8 @@ from metarl.backends.vllm.scoring import (
     vllm_available,
 )
 from metarl.learning.eval_secret import add_artifacts_argument, install_eval_secret
-from metarl.learning.families import FAMILIES, get_family
 from metarl.learning.models import BASE_MODELS, ensure_base_model
+from metarl.learning.registry import FAMILIES, get_family
 from metarl.learning.runtime import configure_torch_threads
 from metarl.learning.scoring import (
     PASS_K_TEMPERATURE,

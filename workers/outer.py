@@ -18,10 +18,10 @@ from typing import Any
 from celery import Task
 from celery.signals import task_failure
 
-from metarl.backends import registry
-from metarl.backends.base import OuterResult
+from metarl import composition as registry
 from metarl.domain.retry import WORKER_BACKOFF, backoff_delay
 from metarl.errors import PermanentBackendError, TransientBackendError, describe_error
+from metarl.interfaces import OuterResult
 from metarl.store import outer_steps
 from metarl.store.claims import OuterClaim, claim_outer_lease, renew_outer_step
 from metarl.store.errors import StoreError

@@ -17,13 +17,13 @@ from typing import Any, Literal
 from celery import Task
 from celery.signals import task_failure
 
+from metarl import composition as registry
 from metarl.artifact_store import DIGEST_MARK, ArtifactStore
-from metarl.backends import registry
-from metarl.backends.base import BaseScoreKey, EpisodeContext
 from metarl.backends.local.agent import workspace_key
 from metarl.domain.retry import WORKER_BACKOFF, backoff_delay
 from metarl.domain.transitions import Transition, after_agent, after_eval, after_probe, after_train
 from metarl.errors import CapacityError, PermanentBackendError, PlatformFault, TransientBackendError, describe_error
+from metarl.interfaces import BaseScoreKey, EpisodeContext
 from metarl.messaging.dispatch import send_stage
 from metarl.probe import probe_job_text
 from metarl.store.baselines import baseline_lookup, store_base_score

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from metarl.store.records import Stage
+from schemas.states import Stage
 
 ACTIVE_STAGES = (Stage.agent, Stage.probe, Stage.train, Stage.eval)
 TERMINAL_STAGES = (Stage.done, Stage.failed)

@@ -406,7 +406,7 @@ def model_families(task: TaskSpec) -> dict[str, TaskFamily]:
     A task of a built-in family keeps the built-in set (and its model); a new family gets a model
     that also knows its format, keyed by its content (:func:`metarl.learning.models.build_key`).
     """
-    from metarl.learning.families import FAMILIES
+    from metarl.learning.registry import FAMILIES
 
     families: dict[str, TaskFamily] = dict(FAMILIES)
     own = family_for(task)

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from metarl.domain.advantages import group_advantages as domain_group_advantages
 from metarl.learning.families import Example, TaskFamily
 from metarl.learning.lora import adapters_disabled, apply_lora, merge_lora
+from metarl.learning.reward_checks import BatchRewardFn, RewardBounds, RewardFunctionError, checked_rewards
 from metarl.learning.runtime import configure_torch_threads
 from metarl.learning.sampling import (
     CompletionBatch,
@@ -38,7 +39,6 @@ from metarl.learning.sampling import (
 )
 from metarl.learning.scoring import format_prompt, load_model
 from metarl.learning.tokenizer import load_tokenizer
-from metarl.reward_source import BatchRewardFn, RewardBounds, RewardFunctionError, checked_rewards
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

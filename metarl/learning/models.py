@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from metarl.learning.families import FAMILIES, Example, TaskFamily
+from metarl.learning.families import Example, TaskFamily
+from metarl.learning.registry import FAMILIES
 from metarl.learning.runtime import configure_torch_threads, quiet_transformers
 from metarl.learning.tokenizer import (
     CHARACTERS,

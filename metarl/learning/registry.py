@@ -100,3 +100,38 @@ def refresh_registry() -> None:
     """Forget the loaded registry and plugin graders (after installing a plugin into a running process)."""
     registered_families.cache_clear()
     refresh_graders()
+
+
+def get_family(name: str) -> TaskFamily:
+    """The registered family called ``name`` (built-in or plugin); a ``KeyError`` naming the valid names otherwise."""
+    return registered_family(name)
+
+
+def is_hidden_eval_item(family: str | TaskFamily, prompt: str) -> bool:
+    """True when ``prompt`` is (or canonically equals) an item of the family's hidden-eval partition."""
+    resolved = get_family(family) if isinstance(family, str) else family
+    return resolved.is_hidden_eval_item(prompt)
+
+
+def contaminated_prompts(family: str | TaskFamily, prompts: Iterable[str]) -> list[str]:
+    """The prompts of a dataset that fall in the family's hidden-eval partition (empty when clean).
+
+    Strict: about one random item in ``EVAL_PARTITION_MODULUS`` is flagged, whether or not it is
+    in a drawn eval set; datasets made with ``TaskFamily.generate`` are always clean.
+    """
+    resolved = get_family(family) if isinstance(family, str) else family
+    return [prompt for prompt in prompts if resolved.is_hidden_eval_item(prompt)]
+
+
+def hidden_eval_overlap(family: str | TaskFamily, prompts: Iterable[str], n: int, version: int = 1) -> list[str]:
+    """The prompts whose canonical item is in the drawn hidden eval ``hidden_eval(n, version)`` (set-based)."""
+    resolved = get_family(family) if isinstance(family, str) else family
+    hidden_keys = {resolved.item_key(example.prompt) for example in resolved.hidden_eval(n, version)}
+    return [prompt for prompt in prompts if resolved.item_key(prompt) in hidden_keys]
+
+
+def __getattr__(name: str) -> dict[str, TaskFamily]:
+    """``FAMILIES``: every registered family by name (built-ins and plugins)."""
+    if name == "FAMILIES":
+        return registered_families()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

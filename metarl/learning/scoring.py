@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, Field
 
-from metarl.learning.families import Example, TaskFamily, get_family
+from metarl.learning.families import Example, TaskFamily
+from metarl.learning.registry import get_family
 from metarl.learning.runtime import configure_torch_threads, quiet_transformers
 from metarl.learning.sampling import (
     encode_prompts,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from metarl.store.records import Stage
+from schemas.states import Stage
 
 STAGE_TASKS = {
     Stage.agent: ("metarl.stage.agent", "agent"),

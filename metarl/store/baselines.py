@@ -19,7 +19,7 @@ from pathlib import Path
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from metarl.backends.base import BaseModelIdentity, BaseScoreKey, EvalBackend, Score
+from metarl.interfaces import BaseModelIdentity, BaseScoreKey, EvalBackend, Score
 from metarl.store.columns import checked_columns
 from metarl.store.db import SqlTarget, run_sql, session_scope
 from metarl.store.records import BaselineScore

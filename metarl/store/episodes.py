@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from metarl.backends.base import CostItem, EpisodeContext
 from metarl.domain.reward import RewardInputs, compute_reward
 from metarl.domain.transitions import TERMINAL_STAGES, Transition
+from metarl.interfaces import CostItem, EpisodeContext
 from metarl.store.claims import FINISH_SET, STAGE_CLAIMS, Claim, claim_ctes, claim_params, finish_params, stage_claim_of, stage_key
 from metarl.store.columns import columns_of, insert_lists
 from metarl.store.db import SqlTarget, json_param, run_sql, sql_transaction, text_array_literal

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from metarl.backends.base import LaunchResult, PollResult
+from metarl.interfaces import LaunchResult, PollResult
 from metarl.store.claims import Claim, heartbeat
 from metarl.store.columns import checked_columns
 from metarl.store.db import SqlTarget, json_param, run_sql, sql_transaction

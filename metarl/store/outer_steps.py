@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from sqlalchemy import update
 
-from metarl.backends.base import OuterBatchEpisode, OuterResult, PolicySample
+from metarl.interfaces import OuterBatchEpisode, OuterResult, PolicySample
 from metarl.store.claims import RUNNING, OuterClaim, take_outer_step, utcnow
 from metarl.store.columns import columns_of, insert_lists
 from metarl.store.db import SqlTarget, json_param, run_sql, session_scope

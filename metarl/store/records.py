@@ -238,7 +238,7 @@ class Evaluation(Base):
 
 
 class BaselineScore(Base):
-    """Cached hidden-eval score of an untrained base model, per `metarl.backends.base.BaseScoreKey` (the unique key; migration 0010)."""
+    """Cached hidden-eval score of an untrained base model, per `metarl.interfaces.BaseScoreKey` (the unique key; migration 0010)."""
 
     __tablename__ = "baseline_scores"
     __table_args__ = (

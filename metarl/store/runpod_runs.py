@@ -11,8 +11,8 @@ from contextlib import contextmanager
 
 from sqlalchemy import func, select
 
-from metarl.backends.base import BaseModelIdentity, CostItem
 from metarl.backends.runpod.runs import ReapView, RunState
+from metarl.interfaces import BaseModelIdentity, CostItem
 from metarl.store.baselines import base_score_cached, base_score_key
 from metarl.store.db import session_scope
 from metarl.store.episodes import record_costs, run_config_of

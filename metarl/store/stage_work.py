@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 from sqlalchemy import update
 
-from metarl.backends.base import BaseScoreKey, EpisodeContext
+from metarl.interfaces import BaseScoreKey, EpisodeContext
 from metarl.store.baselines import cached_baseline
 from metarl.store.claims import Claim, ClaimRefused, claim_stage, heartbeat
 from metarl.store.db import SqlTarget, session_scope, sql_transaction

@@ -29,15 +29,17 @@ import psutil
 import pytest
 
 from metarl.artifact_store import ArtifactStore
-from metarl.backends.base import EpisodeContext
 from metarl.backends.local import job as local_job
 from metarl.backends.local.agent import environment_source
 from metarl.backends.local.train import LocalTrain, compile_local_job, copy_workspace, dataset_text
-from metarl.learning.families import generate_dataset, get_family
+from metarl.interfaces import EpisodeContext
+from metarl.learning.families import generate_dataset
 from metarl.learning.grpo import LocalTrainConfig, RewardComponentWeights, read_metrics, rollout_reward, train
 from metarl.learning.models import ensure_base_model
+from metarl.learning.registry import get_family
+from metarl.learning.reward_checks import RewardFunctionError, Rollout
 from metarl.learning.runtime import threads_per_job
-from metarl.reward_source import EnvironmentRewardSpec, RewardFunctionError, Rollout, SandboxRewardSource
+from metarl.reward_source import EnvironmentRewardSpec, SandboxRewardSource
 from metarl.sandbox import SandboxCall, SandboxLimits, SandboxSession
 from schemas.job import JobSpec
 from schemas.run_config import LocalTrainBackend

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from metarl.backends import registry
-from metarl.backends.base import Score
+from metarl import composition as registry
 from metarl.backends.sim.simulator import SimEval
+from metarl.interfaces import Score
 from metarl.learning import models
 from metarl.store.baselines import baseline_lookup, baseline_score, cached_baseline
 from metarl.store.db import session_scope

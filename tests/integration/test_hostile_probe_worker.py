@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text
 
-from metarl.learning.families import get_family
+from metarl.learning.registry import get_family
 from metarl.messaging.dispatch import send_stage
 from metarl.pools import stop_process_group, worker_command
 from metarl.runconfig import load_run

@@ -9,10 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from metarl.learning.families import generate_dataset, get_family
+from metarl.learning.families import generate_dataset
 from metarl.learning.grpo import LocalTrainConfig, StepMetrics, read_metrics, train
 from metarl.learning.models import ensure_base_model
 from metarl.learning.presets import bad_config, sensible_config
+from metarl.learning.registry import get_family
 from metarl.learning.scoring import score_checkpoint
 
 TINY_SCALE = 0.01

@@ -11,7 +11,7 @@ import pytest
 import tomli_w
 from sqlalchemy import select
 
-from metarl.learning.families import get_family
+from metarl.learning.registry import get_family
 from metarl.store.db import session_scope
 from metarl.store.records import Evaluation, InnerJob, InnerJobStatus, Run, RunStatus
 from tests.conftest import REPO, metarl_cli

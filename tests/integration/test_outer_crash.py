@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from metarl.backends import registry
+from metarl import composition as registry
 from metarl.backends.local.agent import saved_states
 from metarl.pools import WorkerPools, signal_group
 from metarl.runconfig import load_run

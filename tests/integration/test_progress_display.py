@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import update
 
-from metarl.backends.base import CostItem
+from metarl.interfaces import CostItem
 from metarl.store.db import session_scope, sql_transaction
 from metarl.store.episodes import record_costs
 from metarl.store.records import Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Reward, Run, Stage

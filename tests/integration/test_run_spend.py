@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import create_engine, text
 
-from metarl.backends.base import CostItem
+from metarl.interfaces import CostItem
 from metarl.store import db
 from metarl.store.db import session_scope, sql_transaction
 from metarl.store.episodes import record_costs

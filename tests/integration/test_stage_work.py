@@ -9,7 +9,7 @@ import threading
 import pytest
 from sqlalchemy import update
 
-from metarl.backends.base import CostItem
+from metarl.interfaces import CostItem
 from metarl.runconfig import load_run
 from metarl.store.claims import utcnow
 from metarl.store.db import observing_statements, session_scope, sql_transaction
@@ -83,7 +83,7 @@ def test_a_stage_claims_in_one_statement_the_claim_rules_in_one_more_and_a_takeo
 
 
 def test_a_loader_reads_on_the_claims_connection(pg_url, tmp_path):
-    from metarl.backends import registry
+    from metarl import composition as registry
 
     _, episode_id = sim_run(pg_url, tmp_path)
     seen: list[object] = []

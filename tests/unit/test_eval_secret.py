@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from metarl.learning import eval_secret
-from metarl.learning.families import get_family, in_eval_partition
+from metarl.learning.families import in_eval_partition
+from metarl.learning.registry import get_family
 from metarl.store.baselines import eval_identity
 from schemas.task_spec import TaskSpec
 

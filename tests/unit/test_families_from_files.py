@@ -15,7 +15,8 @@ from metarl import graders
 from metarl.backends.local.agent import environment_source
 from metarl.learning import registry
 from metarl.learning.data_families import DataFamily, family_for, normalised_prompt
-from metarl.learning.families import generate_dataset, get_family
+from metarl.learning.families import generate_dataset
+from metarl.learning.registry import get_family
 from metarl.runconfig import load_task_spec
 from metarl_cli.tasks_command import check_folder
 from schemas.base import ConfigError

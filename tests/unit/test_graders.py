@@ -13,8 +13,8 @@ import pytest
 
 from metarl import graders, isolation, sandbox_runner
 from metarl.backends.local import train as local_train
-from metarl.learning.families import FAMILIES
 from metarl.learning.grpo import RewardComponentWeights
+from metarl.learning.registry import FAMILIES
 from metarl.learning.tokenizer import CHARACTERS
 from metarl.policy import job_language
 

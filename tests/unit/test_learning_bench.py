@@ -8,8 +8,8 @@ import pytest
 
 from bench.inner_jobs import BenchRow, JobResult, format_row, parse_args, resolve_families, summarize
 from metarl.learning.data_families import DataFamily
-from metarl.learning.families import get_family
 from metarl.learning.presets import BAD_LEARNING_RATE, bad_config, sensible_config
+from metarl.learning.registry import get_family
 from metarl.learning.scoring import EvalScore
 from schemas.base import ConfigError
 

@@ -9,16 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metarl.graders import positional_similarity, right_aligned_similarity
-from metarl.learning.families import (
-    FAMILIES,
-    Example,
-    contaminated_prompts,
-    generate_dataset,
-    get_family,
-    hidden_eval_overlap,
-    in_eval_partition,
-    is_hidden_eval_item,
-)
+from metarl.learning.families import Example, generate_dataset, in_eval_partition
+from metarl.learning.registry import FAMILIES, contaminated_prompts, get_family, hidden_eval_overlap, is_hidden_eval_item
 
 FAMILY_NAMES = sorted(FAMILIES)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from metarl.learning.families import Example, get_family
+from metarl.learning.families import Example
 from metarl.learning.grpo import (
     LocalTrainConfig,
     PromptSampler,
@@ -22,6 +22,7 @@ from metarl.learning.grpo import (
     token_logprobs,
     warmup_learning_rate,
 )
+from metarl.learning.registry import get_family
 from metarl.learning.sampling import mask_after_eos, position_ids_from_mask
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from metarl.learning import models as models_module
-from metarl.learning.families import FAMILIES, Example, TaskFamily, get_family
+from metarl.learning.families import Example, TaskFamily
 from metarl.learning.grpo import token_logprobs
 from metarl.learning.lora import adapters_disabled, apply_lora, merge_lora
 from metarl.learning.models import (
@@ -24,6 +24,7 @@ from metarl.learning.models import (
     ensure_base_model,
     resolve_model_name,
 )
+from metarl.learning.registry import FAMILIES, get_family
 from metarl.learning.runtime import threads_per_job
 from metarl.learning.sampling import (
     completion_logits,

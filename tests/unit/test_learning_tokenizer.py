@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from metarl.learning.families import FAMILIES
+from metarl.learning.registry import FAMILIES
 from metarl.learning.tokenizer import (
     BYTE_TOKENS,
     CHARACTERS,

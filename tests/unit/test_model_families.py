@@ -6,7 +6,7 @@ from pathlib import Path
 
 from metarl.backends.local.train import LocalEval
 from metarl.learning.data_families import model_families
-from metarl.learning.families import FAMILIES
+from metarl.learning.registry import FAMILIES
 from metarl.policy.job_language import TOKEN_ID, context_for_task
 from metarl.policy.task_features import task_features, task_grader_kind
 from metarl.runconfig import load_task_spec

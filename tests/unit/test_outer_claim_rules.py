@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from metarl.backends.base import OuterResult
 from metarl.errors import MAX_ERROR_CHARS, PermanentBackendError, TransientBackendError, describe_error
+from metarl.interfaces import OuterResult
 from workers.heartbeat import heartbeat_interval
 from workers.outer import (
     crash_loop_message,

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from metarl.backends.base import OuterBatchEpisode
 from metarl.domain.batching import is_stale
+from metarl.interfaces import OuterBatchEpisode
 from metarl.outer_update import (
     Datum,
     build_datum,

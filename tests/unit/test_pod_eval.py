@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from metarl.backends.base import CostItem, EpisodeContext
 from metarl.backends.runpod.eval import (
     PASS_K_TEMPERATURE,
     PodVllmEval,
@@ -38,6 +37,7 @@ from metarl.backends.runpod.provider import PodState
 from metarl.backends.runpod.train import RunpodTrain
 from metarl.backends.runpod.verdicts import eval_refusal, eval_targets, judge_eval
 from metarl.errors import PermanentBackendError
+from metarl.interfaces import CostItem, EpisodeContext
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec
 from schemas.run_config import BudgetConfig, PodVllmEvalBackend, RunConfig, RunpodTrainBackend
@@ -82,7 +82,7 @@ def test_pod_eval_needs_runpod_training() -> None:
 
 
 def test_the_request_carries_prompts_but_no_answers_and_the_scorers_rules() -> None:
-    from metarl.learning.families import get_family
+    from metarl.learning.registry import get_family
     from metarl.learning.scoring import PASS_K_TEMPERATURE as SCORING_TEMPERATURE
     from metarl.learning.scoring import format_prompt, max_completion_tokens, pass_k_seed
 
@@ -195,7 +195,7 @@ class LLMStandIn:
 def test_pod_scoring_vllm_path_builds_the_same_engine_and_sampling_as_the_gpu_pool(tiny_model_dir: Path) -> None:
     from metarl.backends.runpod.pod.scoring import score_request
     from metarl.backends.vllm.scoring import engine_kwargs, sampling_kwargs
-    from metarl.learning.families import get_family
+    from metarl.learning.registry import get_family
     from metarl.learning.tokenizer import load_tokenizer
     from schemas.run_config import VllmEvalBackend
 
@@ -235,7 +235,7 @@ def test_pod_scoring_torch_path_matches_the_cpu_scorer(tiny_model_dir: Path) -> 
     out = score_request(request.model_dump(mode="json"), str(tiny_model_dir), "torch")
     output = TargetOutput.model_validate(out)
     items, _ = hidden_items(task)
-    from metarl.learning.families import get_family
+    from metarl.learning.registry import get_family
 
     expected = score_loaded_model(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), get_family(task.family), items)
     assert grade(task, output, request.digest) == expected
@@ -485,7 +485,7 @@ def test_the_scoring_runs_with_private_caches(tmp_path: Path) -> None:
 
 
 def test_base_scores_on_the_pod_are_keyed_by_the_hub_model_and_the_engine_settings() -> None:
-    from metarl.backends import registry
+    from metarl import composition as registry
     from metarl.runconfig import load_run
     from tests.conftest import REPO
 

@@ -525,7 +525,7 @@ def test_a_lora_job_uploads_the_trained_model_and_it_scores_differently_from_the
     assert merged["model.embed_tokens.weight"].equal(saved_by_prime_rl["model.embed_tokens.weight"])  # not a LoRA target
     assert (uploaded / "lora_adapters" / "adapter_config.json").is_file() and (uploaded / "metarl_lora_merge.json").is_file()
 
-    from metarl.learning.families import get_family
+    from metarl.learning.registry import get_family
 
     prompts = [example.prompt for example in get_family("addition").hidden_eval(24, 1)]
     request = {"prompts": prompts, "max_tokens": 12, "pass_k": 1, "temperature": 1.0, "seed": 0, "engine": {}}
@@ -574,7 +574,7 @@ def test_the_agents_processes_are_gone_before_exit_json(tmp_path: Path) -> None:
 
 
 def test_the_on_pod_eval_answers_the_request_after_exit_json_and_deletes_the_items(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from metarl.learning.families import get_family
+    from metarl.learning.registry import get_family
 
     job_url, _ = make_bundle(tmp_path, max_steps=2, rl={"ckpt": {"interval": 1}})
     config = runner_config(

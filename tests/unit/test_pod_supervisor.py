@@ -245,7 +245,7 @@ def eval_settings(settings: dict, tiny_model: Path) -> dict:
 
 
 def publish(result: Path, targets: list[str]) -> EvalRequest:
-    from metarl.learning.families import get_family
+    from metarl.learning.registry import get_family
 
     prompts = [example.prompt for example in get_family("addition").hidden_eval(4, 1)]
     request = EvalRequest(

@@ -209,7 +209,7 @@ def test_a_task_of_a_family_without_a_generator_is_a_valid_context():
 
 
 def test_context_for_episode_reads_an_episode_context():
-    from metarl.backends.base import EpisodeContext
+    from metarl.interfaces import EpisodeContext
 
     ctx = EpisodeContext(
         run_id="r",

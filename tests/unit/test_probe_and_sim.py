@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from metarl.backends.base import EpisodeContext
 from metarl.backends.sim.simulator import SimAgent, SimEval, simulated_improvement
+from metarl.interfaces import EpisodeContext
 from metarl.probe import probe_job_text
 from metarl.runconfig import load_run
 from schemas.base import dump_toml_model, load_toml_model

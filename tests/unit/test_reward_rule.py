@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from metarl import reward_rule
 from metarl.backends.runpod.primerl import compiler
 from metarl.backends.runpod.primerl.compiler import build_bundle
+from metarl.learning.reward_checks import RewardBounds, RewardFunctionError, checked_rewards
 from metarl.reward_rule import CLIP, REJECT_ABOVE, clamp, clamp_note, reward_problem, training_reward
-from metarl.reward_source import RewardBounds, RewardFunctionError, checked_rewards
 from schemas.job import JobSpec
 from tests.unit.test_primerl_package import ITEMS, fake_vf, install  # noqa: F401 - fixture
 

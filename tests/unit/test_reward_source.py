@@ -16,22 +16,11 @@ from pydantic import ValidationError
 from metarl import graders
 from metarl.backends.local.agent import effective_weights, environment_source
 from metarl.backends.local.train import REWARD_COMPONENTS, compile_local_job, reward_process_cpu_seconds
-from metarl.learning.families import FAMILIES
 from metarl.learning.grpo import LocalTrainConfig, RewardComponentWeights, rollout_reward
+from metarl.learning.registry import FAMILIES
+from metarl.learning.reward_checks import RewardBounds, RewardFunctionError, checked_rewards, clamp_reward, reward_problem
 from metarl.learning.tokenizer import CHARACTERS
-from metarl.reward_source import (
-    EnvironmentRewardSpec,
-    RewardBounds,
-    RewardFunctionError,
-    RewardStats,
-    checked_rewards,
-    clamp_reward,
-    failed_job_status,
-    reward_calls,
-    reward_problem,
-    sandbox_error_message,
-    values_from_result,
-)
+from metarl.reward_source import EnvironmentRewardSpec, RewardStats, failed_job_status, reward_calls, sandbox_error_message, values_from_result
 from metarl.sandbox import CallOutcome, SandboxError, SandboxResult
 from schemas.job import JobSpec
 from schemas.task_spec import TaskSpec

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 import pytest
 from pydantic import ValidationError
 
-from metarl.backends.base import CostItem, EpisodeContext
 from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment, decode_env_value
 from metarl.backends.runpod.pods import (
     REAP_LOCK_KEY,
@@ -32,6 +31,7 @@ from metarl.backends.runpod.provider import PodState
 from metarl.backends.runpod.runs import ReapView, RunState
 from metarl.backends.runpod.train import RunpodTrain
 from metarl.backends.runpod.verdicts import ReapSchedule, heartbeat_step, judge, keep_warm, reap_reason, watchdog
+from metarl.interfaces import CostItem, EpisodeContext
 from metarl.runconfig import load_run
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec

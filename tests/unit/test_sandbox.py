@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from metarl import isolation, sandbox
-from metarl.learning.families import get_family
+from metarl.learning.registry import get_family
 from metarl.sandbox import (
     IsolationUnavailable,
     SandboxCall,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from metarl.learning.families import FAMILIES
+from metarl.learning.registry import FAMILIES
 from metarl.runconfig import load_run
 from metarl.workspace import render_task_md
 from schemas.base import ConfigError, FieldProblem, load_toml_model

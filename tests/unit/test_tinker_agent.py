@@ -12,7 +12,6 @@ import httpx
 import pytest
 import tinker
 
-from metarl.backends.base import EpisodeContext
 from metarl.backends.tinker.agent import (
     CHAT_FORMATS,
     NO_CALL_NOTE,
@@ -34,6 +33,7 @@ from metarl.backends.tinker.agent import (
 )
 from metarl.backends.tinker.client import SampledTurn, TinkerGateway, TinkerPolicyRef
 from metarl.errors import PermanentBackendError, TransientBackendError
+from metarl.interfaces import EpisodeContext
 from metarl.workspace import Workspace, tool_specs
 from metarl.workspace_probe import probe_workspace
 from schemas.base import FieldProblem

@@ -11,12 +11,12 @@ import pytest
 import tinker
 import tomli_w
 
-from metarl.backends import registry
-from metarl.backends.base import EpisodeContext, OuterBatchEpisode
+from metarl import composition as registry
 from metarl.backends.tinker import client as tinker_client
 from metarl.backends.tinker.agent import TinkerAgent
 from metarl.backends.tinker.outer import TinkerOuter
 from metarl.errors import PermanentBackendError, TransientBackendError
+from metarl.interfaces import EpisodeContext, OuterBatchEpisode
 from metarl.runconfig import load_run
 from schemas.base import ConfigError, parse_toml_text, validate_model
 from schemas.run_config import RunConfig

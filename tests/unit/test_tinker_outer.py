@@ -14,12 +14,12 @@ import pytest
 import tinker
 from tinker import types
 
-from metarl.backends.base import OuterBatchEpisode, PolicySample
 from metarl.backends.tinker import outer as tinker_outer
 from metarl.backends.tinker.agent import NOT_SAMPLED
 from metarl.backends.tinker.client import TinkerGateway, TinkerPolicyRef
 from metarl.backends.tinker.outer import TinkerOuter, batch_datums, ratio_metrics, sample_datum
 from metarl.errors import PermanentBackendError, TransientBackendError
+from metarl.interfaces import OuterBatchEpisode, PolicySample
 from metarl.outer_update import build_datum, to_tinker_datum
 from schemas.base import load_toml_model
 from schemas.run_config import RunConfig

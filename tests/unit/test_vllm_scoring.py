@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from metarl.backends import registry
+from metarl import composition as registry
 from metarl.backends.local.train import LocalEval
 from metarl.backends.vllm.eval import VllmEval, checkpoint_folder
 from metarl.backends.vllm.scoring import (
@@ -30,8 +30,8 @@ from metarl.backends.vllm.scoring import (
 )
 from metarl.errors import PermanentBackendError
 from metarl.learning import scoring
-from metarl.learning.families import get_family
 from metarl.learning.models import ensure_base_model
+from metarl.learning.registry import get_family
 from metarl.learning.sampling import CompletionBatch, decode_completions, mask_after_eos
 from metarl.learning.scoring import (
     PASS_K_TEMPERATURE,
@@ -365,7 +365,7 @@ def test_backend_scores_in_a_subprocess_and_matches_the_local_backend(monkeypatc
     assert vllm_score == local_score
 
     # a Runpod job without learning signal that saved no weights: its trained model is the base
-    from metarl.backends.base import EpisodeContext
+    from metarl.interfaces import EpisodeContext
     from schemas.job import JobModel, JobSpec
 
     ctx = EpisodeContext(run_id="r", episode_id=1, task=task, policy_version=0, probe_attempt=1, seed=0, artifacts_root=str(tmp_path))

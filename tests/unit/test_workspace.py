@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metarl.learning.families import get_family
+from metarl.learning.registry import get_family
 from metarl.workspace import (
     FILES_DIR,
     TASK_FILE,

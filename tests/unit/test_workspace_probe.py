@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metarl.learning.families import generate_dataset, get_family
+from metarl.learning.families import generate_dataset
+from metarl.learning.registry import get_family
 from metarl.sandbox import SandboxLimits
 from metarl.workspace import Workspace
 from metarl.workspace_probe import (
@@ -283,7 +284,7 @@ def test_property_dataset_problems_never_raise(tmp_path_factory: pytest.TempPath
 def test_probe_applies_the_trainers_reward_rule(ws: Workspace, correct_reward: float, trainer_accepts: bool, signal: bool) -> None:
     """One rule for both: the probe passes a module exactly when the trainer would take its rewards
     and, clamped as the trainer clamps them, they still rank the answer first (issue 40)."""
-    from metarl.reward_source import RewardBounds, RewardFunctionError, checked_rewards
+    from metarl.learning.reward_checks import RewardBounds, RewardFunctionError, checked_rewards
 
     low = min(correct_reward, 0.0) - 1.0
     source = f"def reward(prompt, completion, answer):\n    return {correct_reward!r} if completion.strip() == answer else {low!r}\n"

@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from metarl.artifact_store import ArtifactStore
-from metarl.backends.base import (
+from metarl.backends.local.train import dataset_text
+from metarl.graders import grader_for
+from metarl.interfaces import (
     AgentSubmission,
     EpisodeContext,
     OuterBatchEpisode,
     OuterResult,
     PolicySample,
 )
-from metarl.backends.local.train import dataset_text
-from metarl.graders import grader_for
 from schemas.job import DEFAULT_MAX_TOKENS
 from schemas.run_config import LocalAgentBackend, LocalOuterBackend, RunConfig
 

@@ -36,16 +36,12 @@ def torch_threads() -> int:
 def main(job_dir: Path) -> int:
     """Run the job in ``job_dir``; 0 when it succeeded, 1 when it failed with a recorded status."""
     from metarl.learning.data_families import GradingFamily, model_families
-    from metarl.learning.families import Example, get_family
+    from metarl.learning.families import Example
     from metarl.learning.grpo import LocalTrainConfig, train
     from metarl.learning.models import ensure_base_model
-    from metarl.reward_source import (
-        EnvironmentRewardSpec,
-        RewardFunctionError,
-        RewardStats,
-        SandboxRewardSource,
-        failed_job_status,
-    )
+    from metarl.learning.registry import get_family
+    from metarl.learning.reward_checks import RewardFunctionError
+    from metarl.reward_source import EnvironmentRewardSpec, RewardStats, SandboxRewardSource, failed_job_status
     from metarl.sandbox import SandboxUnavailable
     from schemas.task_spec import TaskSpec
 

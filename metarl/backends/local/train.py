@@ -28,9 +28,9 @@ from typing import Any
 import psutil
 
 from metarl.artifact_store import ArtifactStore
-from metarl.backends.base import BaseModelIdentity, EpisodeContext, LaunchResult, PollResult, Score
 from metarl.errors import PermanentBackendError
 from metarl.graders import REWARD_COMPONENTS
+from metarl.interfaces import BaseModelIdentity, EpisodeContext, LaunchResult, PollResult, Score
 from metarl.isolation import IsolationLevel
 from metarl.learning.data_families import family_for, model_families
 from metarl.learning.eval_secret import EVAL_SECRET_ENV, EVAL_SECRET_FILE_ENV
@@ -140,7 +140,7 @@ def local_compile_problems(job: JobSpec, task: TaskSpec) -> list[FieldProblem]:
 
 def dataset_text(family_or_name: str | TaskFamily, size: int, difficulty: float, seed: int) -> str:
     """A training set as JSONL, from the family's generator (which never yields hidden-eval items)."""
-    from metarl.learning.families import get_family
+    from metarl.learning.registry import get_family
 
     family = get_family(family_or_name) if isinstance(family_or_name, str) else family_or_name
     rng = random.Random(seed)

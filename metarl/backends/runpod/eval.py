@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from metarl.backends.base import BaseModelIdentity, EpisodeContext, Score
 from metarl.backends.runpod.pod.eval_server import EngineSettings, EvalRequest, EvalResult, Target, TargetOutput, items_digest
 from metarl.backends.runpod.pods import Store
 from metarl.errors import PermanentBackendError, TransientBackendError
+from metarl.interfaces import BaseModelIdentity, EpisodeContext, Score
 from metarl.learning.data_families import family_for
 from metarl.learning.families import Example
 from schemas.job import JobSpec

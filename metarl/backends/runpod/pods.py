@@ -17,9 +17,9 @@ from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from metarl.backends.base import CostItem
 from metarl.backends.runpod.pod.runner import ENV_PREFIX as RUNNER_ENV_PREFIX
 from metarl.backends.runpod.pod.supervisor import assignment_path
+from metarl.interfaces import CostItem
 
 log = logging.getLogger("metarl.runpod")
 

@@ -1,5 +1,5 @@
 """What the Runpod backend needs of the run database, as an interface: the store implements it
-(`metarl.store.runpod_runs.RunpodRunStore`), the registry injects it (`metarl.backends.registry`).
+(`metarl.store.runpod_runs.RunpodRunStore`), the registry injects it (`metarl.composition`).
 
 The backend itself holds no connection and no SQL: it bills pods, checks a run's budget and state,
 serialises its pool and reaper across processes, and asks which of a run's jobs still live, through
@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from metarl.backends.base import BaseModelIdentity, CostItem
+from metarl.interfaces import BaseModelIdentity, CostItem
 from schemas.run_config import RunConfig
 from schemas.states import RunStatus
 from schemas.task_spec import TaskSpec

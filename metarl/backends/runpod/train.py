@@ -49,7 +49,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from metarl.backends.base import CostItem, EpisodeContext, LaunchResult, PollResult
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult
 from metarl.backends.runpod.pod.manifest import EXIT_FILE, METRICS_DIR, STATUS_FILE
 from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment
@@ -90,6 +89,7 @@ from metarl.backends.runpod.verdicts import (
     watchdog,
 )
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
+from metarl.interfaces import CostItem, EpisodeContext, LaunchResult, PollResult
 from schemas.job import JobSpec
 from schemas.run_config import BudgetConfig, PodVllmEvalBackend, RunpodTrainBackend
 from schemas.states import ENDED_RUN_STATUSES, RunStatus

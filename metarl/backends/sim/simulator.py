@@ -17,7 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from metarl.backends.base import (
+from metarl.errors import CapacityError
+from metarl.interfaces import (
     AgentSubmission,
     BaseModelIdentity,
     CostItem,
@@ -28,7 +29,6 @@ from metarl.backends.base import (
     PollResult,
     Score,
 )
-from metarl.errors import CapacityError
 from schemas.base import dump_toml_model
 from schemas.job import JobDataset, JobModel, JobRollout, JobSpec, JobTraining
 from schemas.run_config import (

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal, Protocol
 
-from metarl.backends.base import AgentSubmission, CostItem, EpisodeContext, PolicySample
 from metarl.backends.tinker.client import SampledTurn, TinkerGateway, TinkerPolicyRef, connect
 from metarl.errors import PermanentBackendError
+from metarl.interfaces import AgentSubmission, CostItem, EpisodeContext, PolicySample
 from metarl.workspace import JOB_FILE, TASK_FILE, Workspace, WorkspaceError, read_workspace_text, tool_specs
 from schemas.run_config import TinkerAgentBackend
 

@@ -45,10 +45,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from metarl.backends.base import CostItem, OuterBatchEpisode, OuterResult, PolicySample
 from metarl.backends.tinker.agent import is_sampled
 from metarl.backends.tinker.client import AdamSettings, HeldTrainingClient, TinkerGateway, TinkerPolicyRef, checkpoint_name, connect
 from metarl.errors import PermanentBackendError, TransientBackendError
+from metarl.interfaces import CostItem, OuterBatchEpisode, OuterResult, PolicySample
 from schemas.run_config import RunConfig, TinkerAgentBackend, TinkerOuterBackend
 
 if TYPE_CHECKING:

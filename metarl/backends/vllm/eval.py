@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from metarl.backends.base import BaseModelIdentity, EpisodeContext, Score
 from metarl.errors import PermanentBackendError, TransientBackendError
+from metarl.interfaces import BaseModelIdentity, EpisodeContext, Score
 from metarl.learning.data_families import family_for, model_families
 from schemas.base import ConfigError, FieldProblem
 from schemas.job import JobSpec

@@ -30,7 +30,8 @@ from typing import Any
 from metarl.backends.runpod.pod.scoring import engine_kwargs as pod_engine_kwargs
 from metarl.backends.runpod.pod.scoring import generation_kwargs
 from metarl.learning.data_families import family_for
-from metarl.learning.families import Example, TaskFamily, get_family
+from metarl.learning.families import Example, TaskFamily
+from metarl.learning.registry import get_family
 from metarl.learning.scoring import (
     PASS_K_TEMPERATURE,
     EvalScore,

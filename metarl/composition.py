@@ -1,9 +1,8 @@
-"""Build the backend object for each stage from its config (`type` picks the implementation)."""
+"""Build the backend object for each stage from its config (`type` picks the implementation): the one place that joins the backends to the run database (the store), above both."""
 
 from __future__ import annotations
 
 from metarl.artifact_store import ArtifactStore
-from metarl.backends.base import AgentBackend, BaseScoreKey, EvalBackend, OuterBackend, TrainBackend
 from metarl.backends.local.agent import LocalAgent, LocalOuter
 from metarl.backends.local.train import LocalEval, LocalTrain, local_compile_problems
 from metarl.backends.runpod.eval import PodVllmEval
@@ -12,6 +11,7 @@ from metarl.backends.sim.simulator import SimAgent, SimEval, SimOuter, SimTrain
 from metarl.backends.tinker.agent import TinkerAgent
 from metarl.backends.tinker.outer import TinkerOuter
 from metarl.backends.vllm.eval import VllmEval
+from metarl.interfaces import AgentBackend, BaseScoreKey, EvalBackend, OuterBackend, TrainBackend
 from metarl.probe import BackendCheck
 from metarl.settings import database_url as configured_database_url
 from metarl.store.baselines import base_score_key as make_base_score_key

@@ -1,4 +1,4 @@
-"""Interfaces and value types shared by every backend."""
+"""Interfaces and value types shared across layers: every backend implements these protocols; the store, the domain rules, messaging and the workers exchange these values."""
 
 from __future__ import annotations
 
