@@ -8,7 +8,7 @@ A cached base score was keyed by (task, model name, eval version, backend): a re
 stand-in model (another families, tokenizer or recipe), another `model_scale`, `pass_k`, eval size,
 grader or scorer setting reused the old score, and the reward was the trained score minus the
 wrong base. The key now also holds model_build, model_scale, eval_items, pass_k, grader and scorer
-(`metarl.backends.base.BaseScoreKey`). The rows already stored do not say which build they were
+(`metarl.interfaces.BaseScoreKey`). The rows already stored do not say which build they were
 measured on, so they are deleted: the next eval measures again (each evaluation keeps its own
 base_score).
 
