@@ -1,4 +1,4 @@
-"""The run database as the Runpod train backend sees it (`metarl.backends.runpod.runs.RunpodRuns`).
+"""The run database as the Runpod train backend sees it (`metarl.interfaces.RunpodRuns`).
 
 Each call is a unit of work of its own; the locks are PostgreSQL transaction-level advisory locks,
 held by a transaction kept open for the caller's block.
@@ -11,8 +11,7 @@ from contextlib import contextmanager
 
 from sqlalchemy import func, select
 
-from metarl.backends.runpod.runs import ReapView, RunState
-from metarl.interfaces import BaseModelIdentity, CostItem
+from metarl.interfaces import BaseModelIdentity, CostItem, ReapView, RunState
 from metarl.store.baselines import base_score_cached, base_score_key
 from metarl.store.db import session_scope
 from metarl.store.episodes import record_costs, run_config_of

@@ -28,10 +28,9 @@ from metarl.backends.runpod.pods import (
     settle_price,
 )
 from metarl.backends.runpod.provider import PodState
-from metarl.backends.runpod.runs import ReapView, RunState
 from metarl.backends.runpod.train import RunpodTrain
 from metarl.backends.runpod.verdicts import ReapSchedule, heartbeat_step, judge, keep_warm, reap_reason, watchdog
-from metarl.interfaces import CostItem, EpisodeContext
+from metarl.interfaces import CostItem, EpisodeContext, ReapView, RunState
 from metarl.runconfig import load_run
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec
@@ -313,7 +312,7 @@ def test_backend_launch_poll_warm_reuse_preemption_hang_and_release(cloud, tmp_p
 
 
 class InMemoryRuns:
-    """`metarl.backends.runpod.runs.RunpodRuns` in memory (the store's `RunpodRunStore` is tested on PostgreSQL in
+    """`metarl.interfaces.RunpodRuns` in memory (the store's `RunpodRunStore` is tested on PostgreSQL in
     tests/integration/test_stage_work.py): a ledger kept once per key, run states, and locks held by this test."""
 
     def __init__(self, name: str, config, status: RunStatus = RunStatus.running):  # type: ignore[no-untyped-def]

@@ -75,7 +75,6 @@ from metarl.backends.runpod.pods import (
     storage_environment,
 )
 from metarl.backends.runpod.provider import LaunchRequest, PodInfo, PodState, RetryPolicy, RunpodProvider
-from metarl.backends.runpod.runs import RunpodRuns
 from metarl.backends.runpod.verdicts import (
     PROCESS_REAP_SCHEDULE,
     ReapSchedule,
@@ -89,7 +88,7 @@ from metarl.backends.runpod.verdicts import (
     watchdog,
 )
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
-from metarl.interfaces import CostItem, EpisodeContext, LaunchResult, PollResult
+from metarl.interfaces import CostItem, EpisodeContext, LaunchResult, PollResult, RunpodRuns
 from schemas.job import JobSpec
 from schemas.run_config import BudgetConfig, PodVllmEvalBackend, RunpodTrainBackend
 from schemas.states import ENDED_RUN_STATUSES, RunStatus
