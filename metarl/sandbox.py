@@ -112,7 +112,7 @@ from metarl.errors import MetarlError
 from metarl.isolation import IsolationLevel
 from metarl.learning.grader_plugins import registered_graders
 from metarl.sandbox_runner import ALLOWED_MODULES, READY_STATUS
-from metarl.workspace import WorkspaceError, WorkspaceLimits, read_workspace_text
+from metarl.workspace import WorkspaceError, WorkspaceLimits, read_workspace_text, scan_files
 from schemas.base import StrictModel, printable
 
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
@@ -289,6 +289,13 @@ def run_calls_in_sandbox(
     return _interpret(run, limits, len(calls), time.monotonic() - started)
 
 
+def hard_linked_files(workspace: Path) -> list[str]:
+    """The workspace's regular files that have another name (``st_nlink > 1``), at any depth. The kernel walls
+    check paths, and a hard link is the outside file under a workspace path, so no sandbox runs over one."""
+    _, refused = scan_files(workspace, WorkspaceLimits(max_depth=16))
+    return [entry.path for entry in refused if entry.reason == "hard link"]
+
+
 def _prepare_request(
     workspace_dir: str | Path, module_file: str, calls: list[dict[str, Any]], limits: SandboxLimits, extra: dict[str, Any] | None = None
 ) -> tuple[Path, bytes] | SandboxResult:
@@ -305,6 +312,13 @@ def _prepare_request(
     except WorkspaceError as err:
         return _failed("bad_input", f"cannot read the module: {err.message} ({err.fix})")
     del info
+    linked = hard_linked_files(workspace)
+    if linked:
+        return _failed(
+            "bad_input",
+            f"the workspace holds a hard-linked file ({', '.join(linked[:3])}): its other name may lie outside the workspace, where the "
+            "sandbox must not read; put a copy of the file there instead of a link",
+        )
     request = {
         "source": source,
         "filename": module_file,

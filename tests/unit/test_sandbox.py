@@ -619,3 +619,22 @@ def test_no_agent_code_outlives_a_killed_worker(tmp_path: Path) -> None:
     for pid in left:
         os.kill(pid, 9)
     assert not left, f"sandboxed agent code outlived its worker: {left}"
+
+
+def test_a_hard_link_planted_in_the_workspace_is_refused_before_the_module_runs(tmp_path: Path, level: str) -> None:
+    """An outside red-team pass found it: a hard link is the outside file under a workspace path, which Landlock and the
+    bind mount both allow. The agent cannot make one in the sandbox; a workspace that holds one is refused, at any depth."""
+    outside = tmp_path / "outside_secret.txt"
+    outside.write_text(SECRET, encoding="utf-8")
+    outside.chmod(0o644)
+    files = workspace_with(tmp_path, "env.py", "def reward(p, c, a):\n    return open('a/b/c/leak.txt').read()\n")
+    (files / "a" / "b" / "c").mkdir(parents=True)
+    os.link(outside, files / "a" / "b" / "c" / "leak.txt")
+    result = run_calls_in_sandbox(files, "env.py", [SandboxCall(function="reward", args=["p", "c", "a"])], SandboxLimits(**BASE_LIMITS, min_isolation=level))
+    assert result.error is not None and result.error.kind == "bad_input", result
+    assert "hard-linked" in result.error.message and "a/b/c/leak.txt" in result.error.message
+    assert_clean(result, [])
+    os.unlink(files / "a" / "b" / "c" / "leak.txt")
+    (files / "a" / "b" / "c" / "leak.txt").write_text("a copy is fine", encoding="utf-8")
+    copied = run_calls_in_sandbox(files, "env.py", [SandboxCall(function="reward", args=["p", "c", "a"])], SandboxLimits(**BASE_LIMITS, min_isolation=level))
+    assert copied.error is None and copied.calls[0].value == "a copy is fine", copied
