@@ -441,6 +441,7 @@ def _make_hook(out_fd, read_roots, list_roots, isolation_json):
                 break
         if root is None:
             deny(event, shown + " is outside the workspace; only files inside it can be read")
+            raise SystemExit(1)  # deny never returns; should it ever, the operation is still refused
         # Check each component with lstat. Inside the workspace the check uses paths relative to
         # the cwd (the workspace; chdir is denied), so it resolves exactly as a relative open does
         # even when the absolute path is not traversable (after the privilege drop). When lstat
@@ -598,7 +599,7 @@ def main():
     dumps = json.dumps
     loads = json.loads
     out_fd = os.dup(1)
-    applied = []
+    applied: list[str] = []
     reader = None
 
     def flush_stdio():
