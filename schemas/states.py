@@ -42,6 +42,33 @@ class Stage(str, enum.Enum):
     failed = "failed"
 
 
+class StageOutcome(str, enum.Enum):
+    """What one run of a stage task (or the outer update) did: the Celery result of the task, for Flower and the logs."""
+
+    skipped = "skipped"
+    """The message was stale: the episode is elsewhere, or its claim is another worker's."""
+    abandoned = "abandoned"
+    """The run stopped or the episode's group was dropped while the stage ran; nothing was recorded."""
+    taken_over = "taken over"
+    """Another worker took the claim over while this one worked; its result was discarded."""
+    submitted = "submitted"
+    passed = "passed"
+    rejected = "rejected"
+    polling = "polling"
+    """The inner job runs: the stage polls it again later."""
+    budget = "budget"
+    """The run's budget left no room to launch the inner job."""
+    failed = "failed"
+    succeeded = "succeeded"
+    lost = "lost"
+    terminated = "terminated"
+    """An inner job ended so (the train stage's outcome is its job's ended status)."""
+    scored = "scored"
+    updated = "updated"
+    missing = "missing"
+    """No such outer step."""
+
+
 class ClaimStatus(str, enum.Enum):
     """State of one worker's claim on one stage attempt."""
 

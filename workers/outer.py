@@ -26,7 +26,7 @@ from metarl.store import outer_steps
 from metarl.store.claims import OuterClaim, claim_outer_lease, renew_outer_step
 from metarl.store.errors import StoreError
 from metarl.store.outer_steps import OuterWork, claim_outer_work, note_outer_attempt_error, publish_outer_version
-from schemas.states import ENDED_RUN_STATUSES
+from schemas.states import ENDED_RUN_STATUSES, StageOutcome
 from workers.app import app
 from workers.common import database_url, worker_name
 from workers.heartbeat import LeaseKeeper, heartbeat_interval
@@ -124,26 +124,26 @@ def note_outer_failure(sender: Any = None, exception: BaseException | None = Non
 
 
 @app.task(bind=True, name=OUTER_TASK_NAME, queue="outer", max_retries=None)
-def outer_update(self: Task, outer_step_id: int) -> str:
+def outer_update(self: Task, outer_step_id: int) -> StageOutcome:
     """Run one importance-sampling update on the step's batch and publish the next policy version."""
     claimed = claim_outer_work(database_url(), outer_step_id, worker=worker_name(), skip_runs=ENDED_RUN_STATUSES)
     if isinstance(claimed, str):
-        return claimed
+        return StageOutcome(claimed)
     claim, config, work = claimed.claim, claimed.config, claimed.work
     lease_s, cap = config.retries.lease_s, config.retries.max_stage_attempts
     last_error = claim.last_error
     if crash_looping(claim.takeovers, cap):
         fail_outer_step(claim, crash_loop_message(work.step, claim.takeovers, cap, last_error))
-        return "failed"
+        return StageOutcome.failed
     backend = registry.outer_backend(config)
     with keep_alive(claim, lease_s) as beat:
         try:
             result = update_with_retries(lambda: backend.update(work.run_id, work.step, work.version_before + 1, work.batch, config, work.base_state_uri), cap)
         except PermanentBackendError as err:
             fail_outer_step(claim, describe_error(err))
-            return "failed"
+            return StageOutcome.failed
     if beat.lost.is_set() or not publish_version(claim, work, result, backend):
         log.warning("outer step %s was taken over while it ran; its result is not published", work.step)
-        return "taken over"
+        return StageOutcome.taken_over
     log.info("outer step %s done: policy version %s", work.step, work.version_before + 1)
-    return "updated"
+    return StageOutcome.updated

@@ -37,6 +37,7 @@ from metarl.store.stage_work import ClaimReads, StageClaimed, StageSkipped, clai
 from schemas.base import parse_toml_text, validate_model
 from schemas.job import JobSpec
 from schemas.run_config import RunConfig
+from schemas.states import StageOutcome
 from workers.app import app
 from workers.common import database_url, worker_name
 from workers.heartbeat import Heartbeater
@@ -240,11 +241,11 @@ def dispatch_after(job: StageJob, stage: Stage, episode_id: int, probe_attempt: 
 
 
 @app.task(bind=True, name="metarl.stage.agent", queue="agent", max_retries=None)
-def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
+def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> StageOutcome:
     """Run the trainer agent for one attempt and store its submission."""
     job = claim_episode_stage(Stage.agent, episode_id, probe_attempt, token)
     if job is None:
-        return "skipped"
+        return StageOutcome.skipped
     backend = registry.agent_backend(job.config)
     lookup = baseline_lookup(
         database_url(), job.ctx.task, lambda model: registry.base_score_key(job.config, job.ctx.task, model), lambda: registry.eval_backend(job.config)
@@ -257,7 +258,7 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     with heartbeating(job) as beat:
         submission = run_with_retries(self, job, Stage.agent, attempt)
     if submission is None or beat.lost.is_set():
-        return "abandoned"
+        return StageOutcome.abandoned
     to = after_agent(probe_attempt)
     sample = submission.sample
     submitted = submission_record(
@@ -274,17 +275,17 @@ def agent_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     )
     charges = cost_records(job.ctx.run_id, episode_id, submission.costs, backend.simulated)  # the tokens were spent, moved or not
     if not move_episode(database_url(), job.claim, ClaimStatus.done, to, records=[submitted, *charges]):
-        return "taken over"
+        return StageOutcome.taken_over
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
-    return "submitted"
+    return StageOutcome.submitted
 
 
 @app.task(bind=True, name="metarl.stage.probe", queue="probe", max_retries=None)
-def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
+def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> StageOutcome:
     """Validate one submission; send errors back to the agent or end the episode at the retry cap."""
     job = claim_episode_stage(Stage.probe, episode_id, probe_attempt, token)
     if job is None:
-        return "skipped"
+        return StageOutcome.skipped
     job_toml, workspace_uri = submitted_job_text(job.ctx, job.job_toml), job.ctx.workspace_uri
     started = time.perf_counter()
     checks = registry.probe_checks(job.config)
@@ -294,7 +295,7 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             self, job, Stage.probe, lambda: probe_workspace_or_fail(str(with_local_workspace(job).workspace_uri), job.ctx.task, checks, job.ctx.seed, minimum)
         )
         if verdict is None:
-            return "failed"
+            return StageOutcome.failed
         log.info("probe episode=%s attempt=%s passed=%s isolation=%s", episode_id, probe_attempt, verdict.passed, verdict.isolation)
     else:
         verdict = probe_job_text(job_toml, job.ctx.task, checks)
@@ -314,9 +315,9 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     if to.ends_unvalidated:
         records.append(unscored_reward_record(episode_id=episode_id, run_id=job.ctx.run_id, config=job.config, task=job.ctx.task, attempts=job.attempts))
     if not move_episode(database_url(), job.claim, ClaimStatus.done, to, records=records):
-        return "taken over"
+        return StageOutcome.taken_over
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
-    return "passed" if verdict.passed else "rejected"
+    return StageOutcome.passed if verdict.passed else StageOutcome.rejected
 
 
 def probe_workspace_or_fail(workspace_uri: str, task, checks, seed: int, min_isolation: Literal["process", "full"] = "full"):
@@ -400,17 +401,17 @@ def eval_inputs(reads: ClaimReads, claimed: StageClaimed) -> EvalInputs:
 
 
 @app.task(bind=True, name="metarl.stage.train", queue="train", max_retries=None)
-def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
+def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> StageOutcome:
     """Submit the inner job once, then poll it with short messages (each sends the next) until it ends."""
     job = claim_episode_stage(Stage.train, episode_id, probe_attempt, token, load=train_inputs)
     if job is None:
-        return "skipped"
+        return StageOutcome.skipped
     inputs: TrainInputs = job.loaded
     spec, inner = inputs.spec, inputs.inner
     backend = registry.train_backend(job.config)
     url = database_url()
 
-    def poll_again(countdown: float) -> str:
+    def poll_again(countdown: float) -> StageOutcome:
         """Send this stage's next poll (with the claim's token) and end this message: no Retry, whose traceback Celery pickles."""
         send_stage(
             app,
@@ -421,11 +422,11 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             countdown=countdown,
             time_limit=job.config.deadlines.for_queue(Stage.train.value),
         )
-        return "polling"
+        return StageOutcome.polling
 
     if inputs.blocked == "budget":
         fail_episode(job, Stage.train, f"run budget of ${job.config.budget.max_run_usd} reached; job not launched")
-        return "budget"
+        return StageOutcome.budget
     if inputs.blocked == "capacity":
         return poll_again(backend.poll_interval_s())  # the claim was just renewed by this attempt's claim
     assert inner is not None
@@ -437,14 +438,14 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
             note_capacity_wait(url, job.claim, f"capacity: {err}")
             return poll_again(max(5.0, backend.poll_interval_s()))
         if launched is None:
-            return "failed"
+            return StageOutcome.failed
         renew_claim(url, job.claim, records=[launch_record(episode_id, launched)])  # the launch is recorded whether or not the claim still holds
         return poll_again(backend.poll_interval_s())
     if status != InnerJobStatus.running:
         return finish_train(job, episode_id, probe_attempt, status, inner.error)
     polled = run_with_retries(self, job, Stage.train, lambda: backend.poll(with_local_workspace(job), spec, external_id, state))
     if polled is None:
-        return "failed"
+        return StageOutcome.failed
     ended = None if polled.status == "running" else (InnerJobStatus.succeeded if polled.status == "succeeded" else InnerJobStatus.failed)
     facts = [*cost_records(job.ctx.run_id, episode_id, polled.costs, backend.simulated), poll_record(episode_id, polled, ended)]
     # the poll's facts are written in the move's (or the heartbeat's) statement, and kept when the move is refused
@@ -456,9 +457,9 @@ def train_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
     if ended is None:
         return poll_again(backend.poll_interval_s())
     if to is None:
-        return "taken over"
+        return StageOutcome.taken_over
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
-    return ended.value
+    return StageOutcome(ended.value)
 
 
 def close_train_stage(
@@ -479,21 +480,21 @@ def close_train_stage(
     return to if moved else None
 
 
-def finish_train(job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus, error: str | None) -> str:
+def finish_train(job: StageJob, episode_id: int, probe_attempt: int, status: InnerJobStatus, error: str | None) -> StageOutcome:
     """Close the train stage of a job that had already ended when this attempt started (`error`: the job's, read with the claim)."""
     to = close_train_stage(database_url(), job, episode_id, probe_attempt, status, error)
     if to is None:
-        return "taken over"
+        return StageOutcome.taken_over
     dispatch_after(job, to.stage, episode_id, to.probe_attempt)
-    return status.value
+    return StageOutcome(status.value)
 
 
 @app.task(bind=True, name="metarl.stage.eval", queue="eval", max_retries=None)
-def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> str:
+def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | None = None) -> StageOutcome:
     """Score base (cached) and trained model on the hidden eval; store evaluation and reward."""
     job = claim_episode_stage(Stage.eval, episode_id, probe_attempt, token, load=eval_inputs)
     if job is None:
-        return "skipped"
+        return StageOutcome.skipped
     inputs: EvalInputs = job.loaded
     spec, inner, base_score = inputs.spec, inputs.inner, inputs.base_score
     backend = registry.eval_backend(job.config)
@@ -505,12 +506,12 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
         if base_score is None:
             base = run_with_retries(self, job, Stage.eval, lambda: backend.score_base(task, spec.model.name))
             if base is None:
-                return "failed"
+                return StageOutcome.failed
             store_base_score(url, inputs.base_key, base)
             base_score = base.score
         trained = run_with_retries(self, job, Stage.eval, lambda: backend.score_trained(job.ctx, spec, local_checkpoint(job, checkpoint), state))
     if trained is None or beat.lost.is_set():
-        return "abandoned"
+        return StageOutcome.abandoned
     to = after_eval(probe_attempt)
     evaluated = evaluation_record(
         episode_id=episode_id,
@@ -537,5 +538,5 @@ def eval_stage(self: Task, episode_id: int, probe_attempt: int, token: str | Non
     )
     charges = cost_records(job.ctx.run_id, episode_id, trained.costs, backend.simulated)
     if not move_episode(url, job.claim, ClaimStatus.done, to, records=[evaluated, rewarded, *charges]):
-        return "taken over"
-    return "scored"
+        return StageOutcome.taken_over
+    return StageOutcome.scored

@@ -21,3 +21,18 @@ def test_run_config_again_continues_exactly_the_unfinished_statuses() -> None:
 def test_the_stage_claim_sql_refuses_exactly_the_ended_statuses() -> None:
     quoted = {status.value for status in RunStatus if f"'{status.value}'" in ENDED_ARRAY}
     assert quoted == {status.value for status in ENDED_RUN_STATUSES}
+
+
+def test_every_way_an_inner_job_ends_and_every_outer_claim_refusal_is_a_stage_outcome() -> None:
+    """The train stage returns its job's ended status as its outcome, the outer update its claim's refusal: each must
+    be a StageOutcome, or the task would raise after its work was recorded."""
+    from typing import Literal, get_args, get_origin, get_type_hints
+
+    from metarl.store.outer_steps import claim_outer_work
+    from schemas.states import InnerJobStatus, StageOutcome
+
+    ended = [status for status in InnerJobStatus if status not in (InnerJobStatus.launching, InnerJobStatus.running)]
+    assert ended and all(StageOutcome(status.value).value == status.value for status in ended)
+    returned = get_args(get_type_hints(claim_outer_work)["return"])
+    refusals = [value for arg in returned if get_origin(arg) is Literal for value in get_args(arg)]
+    assert sorted(refusals) == ["missing", "skipped"] and all(StageOutcome(refusal).value == refusal for refusal in refusals)
