@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from metarl.store.run_ids import RunIdError
-    from metarl.store.runs import RunsTransaction
 
 EXIT_CONFIG_ERROR = 2
 EXIT_NOT_FOUND = 3
@@ -186,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("METARL_LOGLEVEL", "WARNING"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("kombu.connection").setLevel(logging.ERROR)
+    from metarl.store.run_ids import RunIdError
     from schemas.config_error import ConfigError
 
     try:
@@ -195,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except RunIdError as err:
+        return run_id_refused(err)
     except BrokenPipeError:
         return stdout_closed()
     except KeyboardInterrupt:
@@ -295,9 +297,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         from metarl.store.runs import runs_transaction
 
         with runs_transaction(services.database_url) as runs:
-            run_id = resolved_run_id(runs, args.run_id)
-            if isinstance(run_id, int):
-                return run_id
+            run_id = runs.resolve_run_id(args.run_id)
             run = runs.summary(run_id)
             if run is None:
                 return no_such_run(run_id)
@@ -392,9 +392,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from metarl.store.runs import runs_transaction
 
     with Services(*configured_services(args), spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
-        run_id = resolved_run_id(runs, args.run_id)
-        if isinstance(run_id, int):
-            return run_id
+        run_id = runs.resolve_run_id(args.run_id)
         requested = runs.request_stop(run_id)
     if not requested:
         return no_such_run(run_id)
@@ -414,9 +412,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from metarl.store.runs import runs_transaction
 
     with Services(config_database, config_broker, spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
-        run_id = None if args.run_id is None else resolved_run_id(runs, args.run_id)
-        if isinstance(run_id, int):
-            return run_id
+        run_id = None if args.run_id is None else runs.resolve_run_id(args.run_id)
         if args.episode is not None:
             try:
                 report = runs.episode_report(args.episode)
@@ -452,13 +448,10 @@ def run_status_at_head(args: argparse.Namespace, database_url: str, broker_url: 
     None when the database is behind the migrations: the caller then takes the usual path, which
     migrates it first. A database that cannot be reached is an error that names it (no traceback).
     """
-    from metarl.store.run_ids import RunIdError
     from metarl.store.status import DatabaseUnreachable, read_run_status_at_head, without_password
 
     try:
         read = read_run_status_at_head(database_url, args.run_id, broker_url)
-    except RunIdError as err:
-        return run_id_refused(err)
     except DatabaseUnreachable as err:
         print(
             f"error: cannot read the run database {without_password(database_url)}: {err.reason}. Fix: check METARL_DATABASE_URL and that PostgreSQL runs there",
@@ -471,16 +464,6 @@ def run_status_at_head(args: argparse.Namespace, database_url: str, broker_url: 
         return no_such_run(read.run_id)
     show_run_status(read.status, as_json=args.json)
     return 0
-
-
-def resolved_run_id(runs: RunsTransaction, text: str) -> str | int:
-    """The full id of the run ``text`` names (its id or a unique prefix, `metarl.store.run_ids.resolve_run_id`), or the exit code after saying why not."""
-    from metarl.store.run_ids import RunIdError
-
-    try:
-        return runs.resolve_run_id(text)
-    except RunIdError as err:
-        return run_id_refused(err)
 
 
 def run_id_refused(err: RunIdError) -> int:
@@ -519,9 +502,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         versus_rows = read_versus_csv(args.versus_search)  # a bad CSV is a ConfigError naming its row and column, before any service starts
     with Services(*configured_services(args), spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
-        run_id = resolved_run_id(runs, args.run_id)
-        if isinstance(run_id, int):
-            return run_id
+        run_id = runs.resolve_run_id(args.run_id)
         try:
             data = runs.report_data(run_id)
         except LookupError:
