@@ -6,7 +6,7 @@ own pure functions, imported, not reimplemented:
 
 * episode transitions: `metarl.domain.transitions.after_agent / after_probe / after_train / after_eval`
   (a failed inner job ends the episode, as `workers.stages.finish_train` does);
-* the probe verdict: `metarl.probe.probe_job_text` on job.toml text written by the `sim` agent's
+* the probe verdict: `metarl.probe.job.probe_job_text` on job.toml text written by the `sim` agent's
   own generators (`metarl.backends.sim.simulator`); the caller passes the probe in (the sim train backend
   adds no compile checks: `metarl.composition.probe_checks` is empty for it);
 * staleness: `metarl.outer_update.filter_stale` drops complete groups that are too old, each tick;

@@ -80,7 +80,7 @@ def load_tasks(folder: Path = REPO / "tasks_specs") -> dict[str, TaskSpec]:
 
 def real_probe():  # type: ignore[no-untyped-def]
     """Our probe on job.toml text (memoised: the same text and task always get the same verdict)."""
-    from metarl.probe import probe_job_text
+    from metarl.probe.job import probe_job_text
 
     cache: dict[tuple[str, str], bool] = {}
 

@@ -34,7 +34,7 @@ from metarl.domain.advantages import group_advantages
 from metarl.outer_update import build_datum, local_outer_step
 from metarl.policy import job_language as jl
 from metarl.policy.local_policy import LocalPolicy, PolicyConfig
-from metarl.probe import probe_job_text
+from metarl.probe.job import probe_job_text
 from schemas.base import load_toml_model
 from schemas.task_spec import TaskSpec
 

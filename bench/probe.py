@@ -35,8 +35,8 @@ from metarl.backends.local.train import local_compile_problems
 from metarl.interfaces import EpisodeContext
 from metarl.learning.eval_secret import add_artifacts_argument, install_eval_secret
 from metarl.learning.registry import get_family
+from metarl.probe.workspace import probe_workspace
 from metarl.runconfig import load_run
-from metarl.workspace_probe import probe_workspace
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = REPO / "tests" / "fixtures" / "hostile"

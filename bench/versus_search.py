@@ -87,7 +87,7 @@ from metarl.backends.local.agent import sample_seed
 from metarl.backends.local.train import local_compile_problems
 from metarl.learning.eval_secret import EvalSecretMissing, add_artifacts_argument, install_tool_eval_secret
 from metarl.policy import job_language as jl
-from metarl.probe import ProbeVerdict, probe_job_text
+from metarl.probe.job import ProbeVerdict, probe_job_text
 from metarl.versus_search import (
     BUDGETS,
     METHOD_LABELS,
@@ -624,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from metarl.policy.local_policy import LocalPolicy, PolicyConfig
-    from metarl.report import draw_versus_search_plot
+    from metarl.report.html import draw_versus_search_plot
     from metarl.runconfig import load_run
     from schemas.run_config import LocalAgentBackend
 

@@ -12,7 +12,7 @@ from metarl.backends.tinker.agent import TinkerAgent
 from metarl.backends.tinker.outer import TinkerOuter
 from metarl.backends.vllm.eval import VllmEval
 from metarl.interfaces import AgentBackend, BaseScoreKey, EvalBackend, OuterBackend, TrainBackend
-from metarl.probe import BackendCheck
+from metarl.probe.job import BackendCheck
 from metarl.settings import database_url as configured_database_url
 from metarl.store.baselines import base_score_key as make_base_score_key
 from metarl.store.runpod_runs import RunpodRunStore

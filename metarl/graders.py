@@ -4,7 +4,7 @@ Standard library only (``re``, ``math``, ``sys``, ``functools``), plus ``re2`` (
 imported, and no import of metarl: the same file runs in three places.
 
 - In metarl, :mod:`metarl.learning.families` grades with it (training rewards, hidden evals).
-- In the sandbox (:mod:`metarl.sandbox`) it is importable by an environment module as ``metarl_graders``:
+- In the sandbox (:mod:`metarl.sandbox.parent`) it is importable by an environment module as ``metarl_graders``:
   the runner loads this file (bound read-only at ``/sandbox/metarl_graders.py`` under bubblewrap) before
   the audit hook, so the probe and the local trainer's reward session run the module with it.
 - On a Runpod pod, each compiled environment package ships this file as ``metarl_graders.py``

@@ -1,4 +1,4 @@
-"""Child side of :mod:`metarl.sandbox`: runs agent-written code under limits and reports one JSON frame.
+"""Child side of :mod:`metarl.sandbox.parent`: runs agent-written code under limits and reports one JSON frame.
 
 Started by the parent as ``python -I -S -B sandbox_runner.py`` with cwd = the workspace, an almost
 empty environment and the request (JSON) on stdin. It uses the standard library only and must not
@@ -43,9 +43,9 @@ for the sandbox. Then one frame, a line of JSON:
 ``{"status": "error", "kind": ..., "message": ..., ...}``. The agent's code could forge it (it
 shares the process), so the parent believes no claim about the sandbox from it: a ``bootstrap``
 frame after the set-up report is a forged frame, the layers come from the set-up report only, and
-every value is checked (:mod:`metarl.sandbox`); a forged or malformed frame is the module's fault.
+every value is checked (:mod:`metarl.sandbox.parent`); a forged or malformed frame is the module's fault.
 
-Persistent mode (``sandbox_runner.py --serve``, used by :class:`metarl.sandbox.SandboxSession`):
+Persistent mode (``sandbox_runner.py --serve``, used by :class:`metarl.sandbox.parent.SandboxSession`):
 the set-up request is the first *line* of stdin (no calls needed) and the process keeps a private
 copy of stdin for later requests (fd 0 itself still points at /dev/null). Steps 2-6 are the same.
 After ``ready`` it sends the import frame ``{"status": "ok", "exports": ..., "calls": []}`` and
@@ -293,7 +293,7 @@ def _isolate(request, applied):
 def _kernel_wall(wall, request):
     """Level ``process``: the wall this process puts up around itself, in two steps; see :func:`_isolate`.
 
-    ``wall`` names the files of metarl/landlock.py and metarl/seccomp.py (standard library only),
+    ``wall`` names the files of metarl/sandbox/landlock.py and metarl/sandbox/seccomp.py (standard library only),
     loaded here by path. The Landlock ruleset is made now, before the privilege drop (it opens the
     paths it grants): readable are only the workspace, the standard library without its
     site-packages, the interpreter, this runner and the graders files. The returned function

@@ -2,7 +2,7 @@
 
 `bench/versus_search.py` writes one CSV row per method, family, seed and inner job; `metarl report
 RUN_ID --versus-search CSV` reads it back (:func:`read_versus_csv`, which names the row and column
-of a bad cell) and draws it beside the run's own plots (`metarl/report.py`). Everything here is
+of a bad cell) and draws it beside the run's own plots (`metarl/report/html.py`). Everything here is
 pure: rows in, numbers out.
 
 Best-so-far after k jobs is the highest hidden-eval score among the passing jobs so far, and never

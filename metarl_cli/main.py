@@ -430,7 +430,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             else:
                 from rich.console import Console
 
-                from metarl.render import runs_table
+                from metarl.report.terminal import runs_table
 
                 Console().print(runs_table(listed))
             return 0
@@ -485,7 +485,7 @@ def show_run_status(status: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(status, indent=2, default=str))
         return
-    from metarl.render import print_status  # rich: only for the tables
+    from metarl.report.terminal import print_status  # rich: only for the tables
 
     print_status(status)
 
@@ -493,7 +493,7 @@ def show_run_status(status: dict[str, Any], *, as_json: bool) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     """Write the report of one run (HTML, PNG, CSV) and print the path of its index.html."""
     from metarl.artifact_store import is_remote_root
-    from metarl.report_tables import default_report_dir, printable
+    from metarl.report.tables import default_report_dir, printable
     from metarl.store.runs import runs_transaction
 
     versus_rows = []
@@ -508,7 +508,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         except LookupError:
             return no_such_run(run_id)
         home = services.home
-    from metarl.report import write_report
+    from metarl.report.html import write_report
 
     out = args.out if args.out is not None else default_report_dir(data.artifacts_root, home, data.run.id)
     try:

@@ -1,8 +1,8 @@
 """`metarl probe DIR --task ID [--config RUN.toml] [--json]`: probe a workspace folder as the probe stage does.
 
 The folder holds what an agent writes (job.toml, the environment module, the dataset: an
-attempt's ``files/`` folder). The probe is :func:`metarl.workspace_probe.probe_workspace`, the
-function the probe stage runs, under the same isolation (:mod:`metarl.isolation`), so a user can
+attempt's ``files/`` folder). The probe is :func:`metarl.probe.workspace.probe_workspace`, the
+function the probe stage runs, under the same isolation (:mod:`metarl.sandbox.isolation`), so a user can
 debug an agent's output or run an outside hostile corpus against the real probe.
 
 - ``--task ID`` names a task spec: ``ID.toml`` in the run config's task-spec folder with
@@ -83,8 +83,8 @@ def load_task(task: str, config_path: Path | None) -> tuple[Any, list[Any], str,
 def cmd_probe(args: argparse.Namespace) -> int:
     """Run the probe on ``args.folder``; print the verdict; 0 valid, 1 refused, 2 unusable input or isolation."""
     from metarl.learning.eval_secret import DEFAULT_TOOL_ARTIFACTS, EvalSecretMissing, install_tool_eval_secret
-    from metarl.sandbox import IsolationUnavailable, SandboxLimits, SandboxUnavailable
-    from metarl.workspace_probe import probe_workspace
+    from metarl.probe.workspace import probe_workspace
+    from metarl.sandbox.parent import IsolationUnavailable, SandboxLimits, SandboxUnavailable
     from schemas.base import ConfigError
 
     folder: Path = args.folder
@@ -144,8 +144,8 @@ def preflight_isolation(config: Any) -> str | None:
     or the run's agent writes no code). ``metarl run`` refuses to start the worker pools on such a host."""
     if config.backends.agent.type == "sim":
         return None
-    from metarl import isolation
-    from metarl.sandbox import RUNNER
+    from metarl.sandbox import isolation
+    from metarl.sandbox.parent import RUNNER
     from metarl.sandbox_runner import ALLOWED_MODULES
 
     host = isolation.host_isolation(str(RUNNER), ALLOWED_MODULES)

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from metarl.render import held_out_text
+from metarl.report.terminal import held_out_text
 from metarl.store.progress import read_progress
 from orchestrator.loop import TickReport
 

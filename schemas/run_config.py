@@ -693,7 +693,7 @@ class ServicesConfig(StrictModel):
 
 
 class SandboxConfig(StrictModel):
-    """Isolation of agent-written code (the probe and the local trainer's reward session; metarl/isolation.py)."""
+    """Isolation of agent-written code (the probe and the local trainer's reward session; metarl/sandbox/isolation.py)."""
 
     min_isolation: Literal["full", "process"] = Field(
         default="full",

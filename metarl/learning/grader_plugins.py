@@ -10,7 +10,7 @@ The module is one ``.py`` file that defines ``grade(answer, completion, options)
 optionally ``check_options(options) -> list[str]`` (what is wrong with a spec's options; empty when
 they are fine). A grader ``{"kind": "plugin", "plugin": NAME, "options": {...}}`` (a spec's
 ``[grader]``, schemas/graders.py, or a registered family's own) grades with it through metarl/graders.py,
-wherever that file runs: in metarl, in the sandbox (metarl/sandbox.py binds every registered plugin
+wherever that file runs: in metarl, in the sandbox (metarl/sandbox/parent.py binds every registered plugin
 file read-only next to the graders and the runner loads it as ``metarl_grader_NAME`` before the audit
 hook) and on a Runpod pod (the compiled environment package ships the files its grader uses as
 ``metarl_grader_NAME.py``). So when the registry is built (:func:`registered_graders`) each entry

@@ -3,7 +3,7 @@
 Per step: draw ``batch_size`` prompts, sample ``group_size`` completions each with the KV-cached
 sampler (per-token logprobs come with the samples), score them (with the family's graders under
 ``RewardComponentWeights``, or with a pluggable batch reward function such as the agent's sandboxed
-environment module, see :mod:`metarl.reward_source`), turn
+environment module, see :mod:`metarl.probe.reward_source`), turn
 rewards into group-relative std-normalised advantages, and take ``updates_per_batch`` AdamW steps
 on the PPO-clipped loss (plus an optional KL to the base model). One metrics row per step goes to
 ``metrics.jsonl``; the trained weights are saved in the base model's Hugging Face format.
@@ -311,7 +311,7 @@ def train(
 
     ``reward_fn``, when given, is the reward source: it gets each step's rollouts as
     ``(prompt, completion, answer)`` tuples and returns one reward per rollout, checked and clamped
-    by :func:`metarl.reward_source.checked_rewards` under ``reward_bounds``; ``config.rewards`` is
+    by :func:`metarl.probe.reward_source.checked_rewards` under ``reward_bounds``; ``config.rewards`` is
     then unused, and ``exact_rate`` still reports the family's exact-match grader (monitoring only).
     When it fails (or returns unusable rewards) training stops with :class:`RewardFunctionError`
     naming the step; the metrics of the steps before stay in ``metrics.jsonl`` and no checkpoint

@@ -1,6 +1,6 @@
 """What a reward function's answers count as in training: the check of one batch of rewards against the reward
 rule (:mod:`metarl.reward_rule`), and the error that ends a job when they are unusable. Pure; the sandboxed
-reward sources that produce the answers are in :mod:`metarl.reward_source`."""
+reward sources that produce the answers are in :mod:`metarl.probe.reward_source`."""
 
 from __future__ import annotations
 

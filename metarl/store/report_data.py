@@ -1,11 +1,11 @@
-"""Loads what the run report shows from the records of one run (the tables are made in metarl/report_tables.py)."""
+"""Loads what the run report shows from the records of one run (the tables are made in metarl/report/tables.py)."""
 
 from __future__ import annotations
 
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
-from metarl.report_tables import STAGES, CostLine, ReportData, RunInfo, StageDuration, StepRecord, pick_metrics
+from metarl.report.tables import STAGES, CostLine, ReportData, RunInfo, StageDuration, StepRecord, pick_metrics
 from metarl.store.db import psycopg_connection
 from metarl.store.records import ClaimStatus, CostEntry, Episode, EpisodeGroup, Evaluation, InnerJob, OuterStep, Run, Stage, StageClaim
 from metarl.store.status import run_status

@@ -23,7 +23,7 @@ from metarl.store.run_ids import resolve_run_id
 from metarl.store.status import episode_report, list_runs, run_status
 
 if TYPE_CHECKING:
-    from metarl.report_tables import ReportData
+    from metarl.report.tables import ReportData
     from schemas.run_config import RunConfig  # built here, not on import: the status commands never need it
     from schemas.task_spec import TaskSpec
 

@@ -39,8 +39,8 @@ from metarl.learning.models import ensure_base_model
 from metarl.learning.registry import get_family
 from metarl.learning.reward_checks import RewardFunctionError, Rollout
 from metarl.learning.runtime import threads_per_job
-from metarl.reward_source import EnvironmentRewardSpec, SandboxRewardSource
-from metarl.sandbox import SandboxCall, SandboxLimits, SandboxSession
+from metarl.probe.reward_source import EnvironmentRewardSpec, SandboxRewardSource
+from metarl.sandbox.parent import SandboxCall, SandboxLimits, SandboxSession
 from schemas.job import JobSpec
 from schemas.run_config import LocalTrainBackend
 from schemas.task_spec import TaskSpec
@@ -377,7 +377,7 @@ def test_persistent_session_answers_many_batches_and_keeps_state(tmp_path: Path)
 
 PARENT_SCRIPT = """
 import sys
-from metarl.sandbox import SandboxCall, SandboxLimits, SandboxSession
+from metarl.sandbox.parent import SandboxCall, SandboxLimits, SandboxSession
 session = SandboxSession(sys.argv[1], "env.py", SandboxLimits(cpu_seconds=600, wall_seconds=60.0))
 assert session.start().ok
 print(session.pid, flush=True)

@@ -204,7 +204,7 @@ def wait_for_verdicts(pg_url: str, episode_ids: list[int], timeout_s: float, wor
 WORKER_USERS = ["root", "nobody"] if os.geteuid() == 0 else ["self"]
 NO_BUBBLEWRAP = (
     "import sys\n"
-    "from metarl import isolation\n"
+    "from metarl.sandbox import isolation\n"
     "isolation.host_isolation = lambda runner, modules: isolation.HostIsolation(None, None, 'bwrap failed (exit 1): No permissions to create a new namespace')\n"
     "from celery.__main__ import main\n"
     "sys.exit(main())\n"

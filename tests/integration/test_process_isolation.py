@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from metarl import landlock
+from metarl.sandbox import landlock
 from tests.conftest import REPO
 from tests.unprivileged import nobody_python
 
@@ -92,8 +92,8 @@ def signal(pid):
 
 DRIVER = r"""
 import json, os, shutil, subprocess, sys, tempfile
-from metarl import isolation
-from metarl.sandbox import SandboxCall, SandboxLimits, run_calls_in_sandbox
+from metarl.sandbox import isolation
+from metarl.sandbox.parent import SandboxCall, SandboxLimits, run_calls_in_sandbox
 
 # a host that refuses user namespaces: no bubblewrap, so the process level is all it can give
 isolation.host_isolation = lambda runner, modules: isolation.HostIsolation(None, None, "bwrap failed (exit 1): No permissions to create a new namespace")

@@ -63,7 +63,7 @@ def test_a_local_root_gets_its_secret_and_the_environment_wins(tmp_path: Path, m
 
 def _without_bubblewrap(monkeypatch: pytest.MonkeyPatch, wall_problem: str | None) -> None:
     """This host as one that refuses user namespaces, with or without Landlock."""
-    from metarl import isolation
+    from metarl.sandbox import isolation
 
     refused = isolation.HostIsolation(bwrap=None, root=None, problem="user namespaces are disabled")
     monkeypatch.setattr(isolation, "host_isolation", lambda *_: refused)

@@ -20,7 +20,7 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metarl.probe import ProbeVerdict, probe_job_text
+from metarl.probe.job import ProbeVerdict, probe_job_text
 from metarl.runconfig import load_run, load_task_spec
 from schemas.base import MAX_TOML_BYTES, MAX_TOML_DEPTH, ConfigError, load_toml_model, parse_toml_text, validate_model
 from schemas.job import JobSpec
@@ -671,7 +671,7 @@ def test_probe_never_raises_on_garbage(addition_task: TaskSpec, raw: bytes) -> N
         assert not verdict.passed and verdict.job is None
 
 
-# BUG (metarl/probe.py): ProbeVerdict.errors has max_length=200, so a job.toml with more than 200
+# BUG (metarl/probe/job.py): ProbeVerdict.errors has max_length=200, so a job.toml with more than 200
 # bad keys makes probe_job_text raise pydantic.ValidationError instead of returning a verdict.
 def test_probe_many_problems_do_not_raise(addition_task: TaskSpec) -> None:
     text = VALID_JOB_TOML + "\n[environment]\n" + "\n".join(f"k{i} = 1" for i in range(250))

@@ -21,14 +21,15 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from metarl import graders, isolation
+from metarl import graders
 from metarl.backends.local.agent import environment_source
 from metarl.backends.runpod.pod.manifest import sha256_hex
 from metarl.backends.runpod.primerl.compiler import build_bundle
 from metarl.learning import grader_plugins, registry
 from metarl.learning.grader_plugins import GraderPluginError
 from metarl.runconfig import load_task_spec
-from metarl.sandbox import SandboxCall, SandboxLimits, SandboxSession, run_in_sandbox
+from metarl.sandbox import isolation
+from metarl.sandbox.parent import SandboxCall, SandboxLimits, SandboxSession, run_in_sandbox
 from metarl_cli.tasks_command import check_folder, cmd_check
 from schemas.base import ConfigError
 from schemas.graders import GraderSpec

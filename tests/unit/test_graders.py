@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from metarl import graders, isolation, sandbox_runner
+from metarl import graders, sandbox_runner
 from metarl.backends.local import train as local_train
 from metarl.learning.grpo import RewardComponentWeights
 from metarl.learning.registry import FAMILIES
 from metarl.learning.tokenizer import CHARACTERS
 from metarl.policy import job_language
+from metarl.sandbox import isolation
 
 GRADERS_FILE = Path(graders.__file__)
 ENV_TEMPLATE = Path(__file__).resolve().parents[2] / "metarl" / "backends" / "runpod" / "primerl" / "env_template.py"

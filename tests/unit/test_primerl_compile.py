@@ -33,7 +33,7 @@ from metarl.backends.runpod.primerl.schema import SCHEMA_FILE, rl_config_problem
 from metarl.backends.runpod.primerl.variants import checked_jobs, compiled, expected_resolved
 from metarl.backends.sim.simulator import _valid_job
 from metarl.policy import job_language as jl
-from metarl.probe import probe_job_text
+from metarl.probe.job import probe_job_text
 from schemas.base import load_toml_model
 from schemas.job import CPU_TRAIN_DEFAULTS, PRIME_RL_TRAIN_DEFAULTS, JobSpec, JobTraining
 from schemas.task_spec import TaskSpec

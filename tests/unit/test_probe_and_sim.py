@@ -6,7 +6,7 @@ import random
 
 from metarl.backends.sim.simulator import SimAgent, SimEval, simulated_improvement
 from metarl.interfaces import EpisodeContext
-from metarl.probe import probe_job_text
+from metarl.probe.job import probe_job_text
 from metarl.runconfig import load_run
 from schemas.base import dump_toml_model, load_toml_model
 from schemas.job import JobModel, JobSpec, JobTraining

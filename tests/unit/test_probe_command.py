@@ -20,7 +20,7 @@ HOSTILE = REPO / "tests" / "fixtures" / "hostile"
 NO_NAMESPACES = "bwrap failed (exit 1): No permissions to create a new namespace"
 WITHOUT_BUBBLEWRAP = (
     "import sys\n"
-    "from metarl import isolation\n"
+    "from metarl.sandbox import isolation\n"
     f"isolation.host_isolation = lambda runner, modules: isolation.HostIsolation(None, None, {NO_NAMESPACES!r})\n"
     "from metarl_cli.main import main\n"
     "raise SystemExit(main(sys.argv[1:]))\n"

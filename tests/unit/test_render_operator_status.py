@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-from metarl.render import held_out_text, status_tables
+from metarl.report.terminal import held_out_text, status_tables
 from metarl.store.status import newest_held_out, status_document
 from metarl_cli.progress import ProgressDisplay, progress_line
 

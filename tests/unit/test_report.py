@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metarl.report import LINE_PLOTS, write_report
-from metarl.report_tables import (
+from metarl.report.html import LINE_PLOTS, write_report
+from metarl.report.tables import (
     LATENCY_COLUMNS,
     STEP_COLUMNS,
     CostLine,
@@ -293,7 +293,7 @@ def test_rewriting_a_report_removes_plots_that_lost_their_data(tmp_path: Path) -
 
 
 def test_a_versus_search_csv_is_drawn_beside_the_run_and_summarised(tmp_path: Path) -> None:
-    from metarl.report import VERSUS_PNG
+    from metarl.report.html import VERSUS_PNG
     from tests.unit.test_versus_search import bench_rows
 
     rows = [row.model_copy(update={"mode": "quick"}) for row in bench_rows(seeds=3, jobs=4)]

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from rich.console import Console
 
-from metarl.render import runs_table
+from metarl.report.terminal import runs_table
 from metarl.store.status import unique_prefix
 
 STATUSES = ("running", "stopping", "stopped", "finished", "failed", "interrupted", "paused")

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from metarl import isolation, sandbox
 from metarl.learning.registry import get_family
-from metarl.sandbox import (
+from metarl.sandbox import isolation
+from metarl.sandbox import parent as sandbox
+from metarl.sandbox.parent import (
     IsolationUnavailable,
     SandboxCall,
     SandboxLimits,
@@ -586,7 +587,7 @@ def orphaned_runners(since: float) -> list[int]:
         except OSError:
             continue
         parent = re.search(r"^PPid:\s+(\d+)", status, re.M)
-        if b"sandbox_runner.py" in cmdline and parent and parent.group(1) == "1" and started >= since:
+        if b"runner.py" in cmdline and parent and parent.group(1) == "1" and started >= since:
             found.append(pid)
     return found
 
@@ -599,7 +600,7 @@ def test_no_agent_code_outlives_a_killed_worker(tmp_path: Path) -> None:
 
     (tmp_path / "environment.py").write_text("def reward(prompt, completion, answer):\n    while True:\n        pass\n")
     worker_code = (
-        "import sys\nfrom metarl.sandbox import SandboxCall, SandboxLimits, SandboxSession\n"
+        "import sys\nfrom metarl.sandbox.parent import SandboxCall, SandboxLimits, SandboxSession\n"
         f"session = SandboxSession({str(tmp_path)!r}, 'environment.py', SandboxLimits(cpu_seconds=600, wall_seconds=600))\n"
         "print(session.start().ok, flush=True)\n"
         "session.call([SandboxCall(function='reward', args=['a', 'b', 'c'])], wall_seconds=600)\n"

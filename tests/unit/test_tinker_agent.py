@@ -34,8 +34,8 @@ from metarl.backends.tinker.agent import (
 from metarl.backends.tinker.client import SampledTurn, TinkerGateway, TinkerPolicyRef
 from metarl.errors import PermanentBackendError, TransientBackendError
 from metarl.interfaces import EpisodeContext
+from metarl.probe.workspace import probe_workspace
 from metarl.workspace import Workspace, tool_specs
-from metarl.workspace_probe import probe_workspace
 from schemas.base import FieldProblem
 from schemas.run_config import TinkerAgentBackend
 from tests.unit.test_tinker_fakes import BEHAVIOUR_LOGPROB, IM_END, FakeService, FakeTokenizer, extends, server_failure, user_failure

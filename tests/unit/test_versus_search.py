@@ -33,7 +33,7 @@ from bench.versus_search import (
 )
 from metarl.backends.local.train import local_compile_problems
 from metarl.policy import job_language as jl
-from metarl.probe import ProbeVerdict, probe_job_text
+from metarl.probe.job import ProbeVerdict, probe_job_text
 from metarl.versus_search import (
     CSV_COLUMNS,
     VersusRow,

@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 
 from metarl.learning.families import generate_dataset
 from metarl.learning.registry import get_family
-from metarl.sandbox import SandboxLimits
-from metarl.workspace import Workspace
-from metarl.workspace_probe import (
+from metarl.probe.workspace import (
     dataset_problems,
     probe_workspace,
     sample_items,
     wrong_answer,
 )
+from metarl.sandbox.parent import SandboxLimits
+from metarl.workspace import Workspace
 from schemas.base import MAX_TOML_DEPTH
 from schemas.job import JobSpec
 from schemas.task_spec import TaskSpec

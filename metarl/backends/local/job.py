@@ -3,7 +3,7 @@
 Reads job.json and dataset.jsonl, trains, and writes status.json last (atomically), so a poller
 sees a running process or a final status; a crash leaves its traceback in trainer.log.
 
-When job.json has a `reward` section (:class:`metarl.reward_source.EnvironmentRewardSpec`), the
+When job.json has a `reward` section (:class:`metarl.probe.reward_source.EnvironmentRewardSpec`), the
 rollouts are scored by the agent's environment module in the sandbox (one persistent sandboxed
 process for the whole job); a module that fails (raises, returns NaN/inf or a non-number, hangs
 past the step deadline, crashes) ends the job with a failed status whose `error` says which step,
@@ -41,8 +41,8 @@ def main(job_dir: Path) -> int:
     from metarl.learning.models import ensure_base_model
     from metarl.learning.registry import get_family
     from metarl.learning.reward_checks import RewardFunctionError
-    from metarl.reward_source import EnvironmentRewardSpec, RewardStats, SandboxRewardSource, failed_job_status
-    from metarl.sandbox import SandboxUnavailable
+    from metarl.probe.reward_source import EnvironmentRewardSpec, RewardStats, SandboxRewardSource, failed_job_status
+    from metarl.sandbox.parent import SandboxUnavailable
     from schemas.task_spec import TaskSpec
 
     started = time.monotonic()

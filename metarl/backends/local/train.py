@@ -6,7 +6,7 @@ training again. The trainer process is `python -m metarl.backends.local.job JOB_
 
 When the episode has a workspace (an agent wrote the job), the job trains on the agent's own
 environment module: the workspace's files are copied into `JOB_DIR/workspace/` and job.json gets
-a `reward` section (:class:`metarl.reward_source.EnvironmentRewardSpec`), so the trainer scores
+a `reward` section (:class:`metarl.probe.reward_source.EnvironmentRewardSpec`), so the trainer scores
 every step's rollouts with the module's `reward()` in one persistent sandboxed process. Without a
 workspace (the `sim` agent writes only job.toml) the built-in graders with the job's
 `[reward.components]` weights score the rollouts, as before.
@@ -31,11 +31,11 @@ from metarl.artifact_store import ArtifactStore
 from metarl.errors import PermanentBackendError
 from metarl.graders import REWARD_COMPONENTS
 from metarl.interfaces import BaseModelIdentity, EpisodeContext, LaunchResult, PollResult, Score
-from metarl.isolation import IsolationLevel
 from metarl.learning.data_families import family_for, model_families
 from metarl.learning.eval_secret import EVAL_SECRET_ENV, EVAL_SECRET_FILE_ENV
 from metarl.learning.families import TaskFamily
 from metarl.learning.runtime import THREADS_ENV, threads_per_job
+from metarl.sandbox.isolation import IsolationLevel
 from schemas.base import FieldProblem
 from schemas.job import JobSpec
 from schemas.run_config import LocalEvalBackend, LocalTrainBackend
@@ -96,7 +96,7 @@ def compile_local_job(
         "model_scale": model_scale,
     }
     if environment_reward:
-        from metarl.reward_source import EnvironmentRewardSpec
+        from metarl.probe.reward_source import EnvironmentRewardSpec
 
         spec = EnvironmentRewardSpec(
             workspace=WORKSPACE_COPY,

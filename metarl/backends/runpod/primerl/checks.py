@@ -1,6 +1,6 @@
 """The probe's check that a job compiles to a valid rl.toml for the pinned prime-rl.
 
-``primerl_compile_problems`` has the shape of :data:`metarl.probe.BackendCheck`, so the probe
+``primerl_compile_problems`` has the shape of :data:`metarl.probe.job.BackendCheck`, so the probe
 catches a job that prime-rl would reject before a pod is paid for. It needs only the job and
 the task (the environment module and dataset are checked by the workspace probe).
 """

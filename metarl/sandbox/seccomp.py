@@ -3,7 +3,7 @@
 ``filter_program(machine) -> bytes`` is the program for ``bwrap --seccomp FD`` (an array of
 ``struct sock_filter``, 8 bytes each, native byte order). It is a deny list of what a reward
 function never needs; everything else is allowed, and the rlimits, namespaces and the audit hook
-of :mod:`metarl.sandbox` bound the rest:
+of :mod:`metarl.sandbox.parent` bound the rest:
 
 - a system call of another ABI (i386 through ``int 0x80``, x32) kills the process;
 - the calls in :data:`DENIED` kill the process (``SECCOMP_RET_KILL_PROCESS``, seen by the parent

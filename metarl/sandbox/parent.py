@@ -15,11 +15,11 @@ Agent code runs under kernel-enforced isolation: bubblewrap with new PID, mount,
 UTS namespaces (a user namespace too when the worker is not root), a read-only root made of the
 interpreter, its libraries, the standard library and the workspace (at ``/workspace``, the working
 directory, in the probe and in training alike), an empty read-only ``/tmp`` (nothing is
-writable), no ``/etc``, and a seccomp filter; see :mod:`metarl.isolation` and
-:mod:`metarl.seccomp`. That is isolation level ``full``. Without bubblewrap (a host that refuses
+writable), no ``/etc``, and a seccomp filter; see :mod:`metarl.sandbox.isolation` and
+:mod:`metarl.sandbox.seccomp`. That is isolation level ``full``. Without bubblewrap (a host that refuses
 user namespaces) the child runs as a plain process that walls itself in before the agent's code
 (level ``process``): Landlock leaves it the workspace, the standard library and the runner's own
-files to read and nothing to write (:mod:`metarl.landlock`), a stricter seccomp filter keeps it
+files to read and nothing to write (:mod:`metarl.sandbox.landlock`), a stricter seccomp filter keeps it
 from sockets, IPC, metadata changes and every other process, a root start becomes ``nobody``, and
 the rlimits apply; only where the deployment accepts it (``SandboxLimits.min_isolation``, from the
 run config's ``[sandbox] min_isolation``) and the kernel has Landlock. Otherwise
@@ -107,15 +107,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from metarl import graders, isolation, landlock, seccomp
+from metarl import graders
 from metarl.errors import MetarlError
-from metarl.isolation import IsolationLevel
 from metarl.learning.grader_plugins import registered_graders
+from metarl.sandbox import isolation, landlock, seccomp
+from metarl.sandbox.isolation import IsolationLevel
 from metarl.sandbox_runner import ALLOWED_MODULES, READY_STATUS
 from metarl.workspace import WorkspaceError, WorkspaceLimits, read_workspace_text, scan_files
 from schemas.base import StrictModel, printable
 
-RUNNER = Path(__file__).with_name("sandbox_runner.py")
+RUNNER = Path(__file__).resolve().parent.parent / "sandbox_runner.py"
 GRADERS = Path(graders.__file__).resolve()
 LANDLOCK = Path(landlock.__file__).resolve()
 SECCOMP = Path(seccomp.__file__).resolve()
@@ -384,7 +385,7 @@ def _host_for(limits: SandboxLimits) -> isolation.HostIsolation | None:
 
 def _wall(host: isolation.HostIsolation | None) -> dict[str, str] | None:
     """What the runner loads to wall itself in at level ``process`` (None under bubblewrap): the files of
-    metarl/landlock.py and metarl/seccomp.py (standard library only), see ``sandbox_runner._kernel_wall``."""
+    metarl/sandbox/landlock.py and metarl/sandbox/seccomp.py (standard library only), see ``sandbox_runner._kernel_wall``."""
     return None if host is not None else {"landlock": str(LANDLOCK), "seccomp": str(SECCOMP)}
 
 

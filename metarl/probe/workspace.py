@@ -1,6 +1,6 @@
 """Workspace-level probe checks: the environment module run in the sandbox, the dataset, contamination.
 
-These complement :func:`metarl.probe.probe_job_text` (schema, semantics, budget, backend compile
+These complement :func:`metarl.probe.job.probe_job_text` (schema, semantics, budget, backend compile
 check). :func:`probe_workspace` runs both on a workspace folder and returns one ProbeVerdict;
 :func:`workspace_problems` is the workspace part alone. Every failure is a FieldProblem with an
 actionable fix; nothing raises on bad agent input.
@@ -10,7 +10,7 @@ The environment-module contract (shown to the agent in TASK.md, see
 
 - ``reward(prompt: str, completion: str, answer: str) -> float``: required; judged by the reward
   rule every backend applies (:mod:`metarl.reward_rule`, with the local trainer's
-  :class:`metarl.reward_source.RewardBounds`): a finite number of magnitude at most 1e6, counted
+  :class:`metarl.probe.reward_source.RewardBounds`): a finite number of magnitude at most 1e6, counted
   clamped to [-100, 100]. On sample items of the task (drawn by the family's generator at the
   job's difficulty, from the training partition only), the reference answer's reward *after the
   clamp* must be strictly higher than each of two wrong completions' (another item's answer, or a
@@ -18,11 +18,11 @@ The environment-module contract (shown to the agent in TASK.md, see
 - ``COMPONENTS: dict[str, callable]``: optional; same signature; when present, every name in
   job.toml ``[reward.components]`` must be a key, and each named component must return numbers
   the trainer accepts on the sample items;
-- the module runs exactly as the local trainer runs it (:class:`metarl.reward_source.SandboxRewardSource`):
-  one persistent :class:`metarl.sandbox.SandboxSession` (the same runner, layout, working directory
+- the module runs exactly as the local trainer runs it (:class:`metarl.probe.reward_source.SandboxRewardSource`):
+  one persistent :class:`metarl.sandbox.parent.SandboxSession` (the same runner, layout, working directory
   ``/workspace``, memory and file limits and isolation), the import first, then one batch of
   calls, under one deadline for both (``SandboxLimits.wall_seconds``, 15 s by default). The
-  isolation level it ran under comes back in :attr:`metarl.probe.ProbeVerdict.isolation`.
+  isolation level it ran under comes back in :attr:`metarl.probe.job.ProbeVerdict.isolation`.
 
 The dataset (job.toml ``[dataset] path``): UTF-8 JSON Lines of ``{"prompt": str, "answer": str}``
 objects (blank lines ignored) that validate as :class:`metarl.learning.families.Example`; as
@@ -42,13 +42,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from metarl import reward_rule
-from metarl.isolation import IsolationLevel
 from metarl.learning.data_families import family_for
 from metarl.learning.families import Example, TaskFamily
 from metarl.learning.registry import contaminated_prompts
 from metarl.learning.reward_checks import RewardBounds
-from metarl.probe import BackendCheck, ProbeVerdict, capped, probe_job_text
-from metarl.sandbox import (
+from metarl.probe.job import BackendCheck, ProbeVerdict, capped, probe_job_text
+from metarl.sandbox.isolation import IsolationLevel
+from metarl.sandbox.parent import (
     CallOutcome,
     SandboxCall,
     SandboxLimits,
@@ -420,7 +420,7 @@ def probe_workspace(
 ) -> ProbeVerdict:
     """The whole probe on a workspace folder: job.toml (schema, semantics, backend) plus the workspace checks.
 
-    Never raises on bad agent input. Raises :class:`metarl.sandbox.SandboxUnavailable` when the
+    Never raises on bad agent input. Raises :class:`metarl.sandbox.parent.SandboxUnavailable` when the
     sandbox itself cannot run (not the agent's fault: the probe stage retries or fails, and no
     feedback is charged to the attempt).
     """

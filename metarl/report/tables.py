@@ -1,7 +1,7 @@
 """The run report's numbers: pure functions from outer-step records to the tables it plots and writes as CSV.
 
 Nothing here touches the database or the disk; `metarl/store/report_data.py` loads the records and
-`metarl/report.py` draws and writes them.
+`metarl/report/html.py` draws and writes them.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ class ProbeVerdict(BaseModel):
     errors: list[FieldProblem] = Field(default_factory=list, max_length=200, description="Actionable problems, one per field")
     job: JobSpec | None = Field(default=None, description="The parsed job when it parsed")
     isolation: Literal["process", "full"] | None = Field(
-        default=None, description="Isolation level the environment module ran under (metarl.isolation); None when it did not run"
+        default=None, description="Isolation level the environment module ran under (metarl.sandbox.isolation); None when it did not run"
     )
     isolation_layers: list[str] = Field(default_factory=list, max_length=40, description="The isolation layers of that run")
 

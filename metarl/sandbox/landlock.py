@@ -15,7 +15,7 @@ and nothing else: no other file or folder of the host can be opened, listed, wri
 removed, linked, renamed, truncated or executed (open fails with ``EACCES``). What Landlock does
 not govern (changing metadata: ``chmod``, ``chown``, times, extended attributes; System V IPC;
 sockets by path; ``kill`` before ABI 6; ``prlimit`` on another process), the ``process`` level's
-seccomp filter refuses (:func:`metarl.seccomp.instructions` with ``own_pid``).
+seccomp filter refuses (:func:`metarl.sandbox.seccomp.instructions` with ``own_pid``).
 
 Standard library only (``ctypes``): the parent imports this module to ask the kernel for its ABI
 (:func:`availability`), and the runner, which imports no metarl, loads this file by path.

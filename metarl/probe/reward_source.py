@@ -14,12 +14,12 @@ This module holds
   ``RewardBounds.clip``), and :func:`failed_job_status`, which turns a failure into the inner
   job's final status;
 - :class:`SandboxRewardSource`, the reward function of a local inner job: the agent's
-  ``reward(prompt, completion, answer)`` run by :mod:`metarl.sandbox` with the probe's isolation
+  ``reward(prompt, completion, answer)`` run by :mod:`metarl.sandbox.parent` with the probe's isolation
   (bubblewrap and seccomp, the workspace copy at ``/workspace``, rlimits, empty environment, the
-  audit hook; see :mod:`metarl.isolation`). In ``persistent``
+  audit hook; see :mod:`metarl.sandbox.isolation`). In ``persistent``
   mode (the default) one sandboxed process is started per job and answers one request per step
-  (:class:`metarl.sandbox.SandboxSession`); in ``per_step`` mode each step starts a fresh process
-  (:func:`metarl.sandbox.run_calls_in_sandbox`). Measured on a shared, loaded 2-core box (niced):
+  (:class:`metarl.sandbox.parent.SandboxSession`); in ``per_step`` mode each step starts a fresh process
+  (:func:`metarl.sandbox.parent.run_calls_in_sandbox`). Measured on a shared, loaded 2-core box (niced):
   starting a sandbox and importing the module costs ~90-120 ms (70-240 ms per step inside a
   training run), a persistent request for 64 rollouts ~2 ms in a tight loop (256: ~10 ms; 1-15 ms
   per step inside a training run). A small job's step takes ~30-150 ms on an idle 2-core box
@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from metarl.isolation import IsolationLevel
 from metarl.learning.reward_checks import (
     REWARD_FUNCTION,
     RewardBounds,
@@ -57,9 +56,10 @@ from metarl.learning.reward_checks import (
     Rollout,
     describe_rollout,
 )
+from metarl.sandbox.isolation import IsolationLevel
 
 if TYPE_CHECKING:
-    from metarl.sandbox import SandboxCall, SandboxError, SandboxResult, SandboxSession
+    from metarl.sandbox.parent import SandboxCall, SandboxError, SandboxResult, SandboxSession
 
 
 MAX_MESSAGE_CHARS = 1500
@@ -152,7 +152,7 @@ def _cap(message: str) -> str:
 
 def reward_calls(batch: Sequence[Rollout]) -> list[SandboxCall]:
     """One sandbox call of ``reward(prompt, completion, answer)`` per rollout."""
-    from metarl.sandbox import SandboxCall
+    from metarl.sandbox.parent import SandboxCall
 
     return [SandboxCall(function=REWARD_FUNCTION, args=[prompt, completion, answer]) for prompt, completion, answer in batch]
 
@@ -165,7 +165,7 @@ class SandboxRewardSource:
     one-shot import works (per_step mode); leaving kills and reaps the process. Calling it scores
     one step's rollouts and returns the raw values (the trainer checks them with
     :func:`checked_rewards`). Raises :class:`RewardFunctionError` on any failure of the module,
-    :class:`metarl.sandbox.SandboxUnavailable` when the sandbox itself cannot run.
+    :class:`metarl.sandbox.parent.SandboxUnavailable` when the sandbox itself cannot run.
     """
 
     def __init__(self, workspace_dir: str | Path, spec: EnvironmentRewardSpec) -> None:
@@ -175,8 +175,8 @@ class SandboxRewardSource:
         self._session: SandboxSession | None = None
 
     def limits(self) -> Any:
-        """The sandbox limits of the reward process (a :class:`metarl.sandbox.SandboxLimits`)."""
-        from metarl.sandbox import SandboxLimits
+        """The sandbox limits of the reward process (a :class:`metarl.sandbox.parent.SandboxLimits`)."""
+        from metarl.sandbox.parent import SandboxLimits
 
         spec = self.spec
         per_step_cpu = max(1, min(spec.cpu_seconds, math.ceil(spec.step_wall_seconds)))
@@ -188,7 +188,7 @@ class SandboxRewardSource:
         )
 
     def __enter__(self) -> SandboxRewardSource:
-        from metarl.sandbox import SandboxSession, run_calls_in_sandbox
+        from metarl.sandbox.parent import SandboxSession, run_calls_in_sandbox
 
         started = time.monotonic()
         if self.spec.mode == "persistent":
@@ -217,7 +217,7 @@ class SandboxRewardSource:
 
     def __call__(self, batch: list[Rollout]) -> list[Any]:
         """Score one step's rollouts: the module's raw return values, one per rollout."""
-        from metarl.sandbox import run_calls_in_sandbox
+        from metarl.sandbox.parent import run_calls_in_sandbox
 
         started = time.monotonic()
         calls = reward_calls(batch)

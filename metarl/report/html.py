@@ -18,7 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from metarl.report_tables import STAGES, Cell, Change, ReportData, Table, change, latency_table, series, step_table, to_csv
+from metarl.report.tables import STAGES, Cell, Change, ReportData, Table, change, latency_table, series, step_table, to_csv
 from metarl.versus_search import BUDGETS, METHOD_LABELS, METHODS, SINGLE_JOB_METHODS, VersusRow, interval_text, summarize, zero_shot_lines
 
 STEPS_CSV = "steps.csv"
