@@ -35,9 +35,9 @@ from metarl.backends.sim.simulator import INVALID_KINDS, _invalid_job_text, _val
 from metarl.domain.batching import GroupView, group_complete, groups_to_open, plan_batch
 from metarl.domain.transitions import Transition, after_agent, after_eval, after_probe, after_train
 from metarl.outer_update import filter_stale
-from metarl.store.records import Stage
 from schemas.base import dump_toml_model
 from schemas.run_config import SimDuration, SimTrainBackend
+from schemas.states import Stage
 from schemas.task_spec import TaskSpec
 
 AGENT_DONE, PROBE_DONE, TRAIN_DONE, EVAL_DONE, OUTER_DONE = "agent_done", "probe_done", "train_done", "eval_done", "outer_done"

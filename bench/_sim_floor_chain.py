@@ -22,7 +22,7 @@ import psycopg
 
 from bench._sim_plain_chain import chain_app, count_episode, count_outer
 from metarl.settings import DATABASE_ENV
-from metarl.store.migration_head import libpq_uri
+from metarl.store import libpq_uri
 
 TASK_PREFIX = "bench.floor"
 SETUP_SQL = """

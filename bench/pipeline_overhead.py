@@ -332,17 +332,16 @@ root = "{artifacts}"
 @contextlib.contextmanager
 def scratch_database(admin_url: str) -> Iterator[str]:
     """A fresh, migrated PostgreSQL database, dropped afterwards."""
-    from metarl.store import db
-    from metarl.store.server import create_database, drop_database
+    from metarl.store import create_database, dispose_engines, drop_database, upgrade_database
 
     name = f"metarl_bench_{uuid.uuid4().hex[:10]}"
     create_database(admin_url, name)
     url = admin_url.rsplit("/", 1)[0] + f"/{name}"
     try:
-        db.upgrade(url)
+        upgrade_database(url)
         yield url
     finally:
-        db.dispose_engines()
+        dispose_engines()
         drop_database(admin_url, name)
 
 
@@ -466,18 +465,18 @@ def pids_cpu(pids: list[int]) -> dict[int, float]:
 
 def postgres_backends(database_url: str) -> list[int]:
     """Server pids connected to the scratch database."""
-    from metarl.store.server import backend_pids
+    from metarl.store import backend_pids
 
     return backend_pids(database_url)
 
 
 def committed_transactions(database_url: str, settle_s: float = 1.5) -> int:
     """Transactions committed in the scratch database so far (after letting backends flush their statistics)."""
-    from metarl.store import server
+    from metarl.store import close_pooled_connections, committed_transactions
 
-    server.close_pooled_connections(database_url)  # closed connections flush their backends' statistics
+    close_pooled_connections(database_url)  # closed connections flush their backends' statistics
     time.sleep(settle_s)
-    return server.committed_transactions(database_url)
+    return committed_transactions(database_url)
 
 
 def read_logs(log_dir: Path) -> dict[str, TaskStat]:
@@ -492,10 +491,9 @@ def run_ours(settings: BenchSettings, database_url: str, broker_url: str, work: 
     """N episodes through the real orchestrator and real worker pools on the zero-duration sim backends."""
     from metarl.pools import WorkerPools
     from metarl.runconfig import load_run
-    from metarl.store.records import OuterStatus, RunStatus, Stage
-    from metarl.store.run_reads import count_episodes, count_outer_steps
-    from metarl.store.statement_counts import counting_database_work
+    from metarl.store import count_episodes, count_outer_steps, counting_database_work
     from orchestrator.loop import Orchestrator, TickReport, create_run
+    from schemas.states import OuterStatus, RunStatus, Stage
     from workers.app import QUEUES, make_app
 
     config_path = work / "run.toml"
@@ -632,10 +630,9 @@ def profile_stages(settings: BenchSettings, database_url: str, broker_url: str, 
     from celery.exceptions import Retry
 
     from metarl.runconfig import load_run
-    from metarl.store.records import Stage
-    from metarl.store.run_reads import episode_ids, outer_step_ids, stage_claim_tokens
-    from metarl.store.statement_counts import counting_database_work
+    from metarl.store import counting_database_work, episode_ids, outer_step_ids, stage_claim_tokens
     from orchestrator.loop import Orchestrator, create_run
+    from schemas.states import Stage
     from workers import outer as outer_tasks
     from workers import stages
     from workers.app import make_app

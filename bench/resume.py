@@ -32,9 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metarl.pools import WorkerPools
-from metarl.store import db
-from metarl.store.records import RunStatus
-from metarl.store.run_reads import closed_claims, first_transition_after, in_flight, run_outcome
+from metarl.store import closed_claims, dispose_engines, first_transition_after, in_flight, run_outcome, upgrade_database
 from metarl.testing.drill import (
     kill_everything,
     read_run_id,
@@ -45,6 +43,7 @@ from metarl.testing.drill import (
     wait_until,
 )
 from metarl.testing.services import PrivatePostgres, PrivateRedis
+from schemas.states import RunStatus
 
 TARGET_S = 10.0
 
@@ -227,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="metarl-bench-resume-") as tmp, PrivateRedis() as redis, PrivatePostgres() as postgres:
         url = postgres.create_database("bench_resume")
-        db.upgrade(url)
+        upgrade_database(url)
         work = args.keep.resolve() if args.keep else Path(tmp)
         for index in range(args.repeats):
             repeat = one_repeat(index, rng, url, redis, work, args)
@@ -237,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"  repeat {index}: killed after {repeat.kill_after_transitions} transitions, first transition {seconds} after restart, run {repeat.run_status}, exactly-once {'ok' if not repeat.violations else 'FAILED'} ({repeat.wall_s:.0f} s)",
                 flush=True,
             )
-        db.dispose_engines()
+        dispose_engines()
     print()
     print_table(repeats)
     times = [r.restart_to_transition_s for r in repeats]

@@ -47,13 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from metarl.pools import WorkerPools
-from metarl.store import db
-from metarl.store.records import Stage
-from metarl.store.replicate import replicate_finished_records
-from metarl.store.run_reads import count_episodes, run_record
-from metarl.store.server import table_sizes, vacuum_analyze
+from metarl.store import count_episodes, dispose_engines, replicate_finished_records, run_record, table_sizes, upgrade_database, vacuum_analyze
 from metarl.testing.drill import REPO, read_run_id, service_env, sim_run_config, start_orchestrator, stop_quietly
 from metarl.testing.services import PrivatePostgres, PrivateRedis
+from schemas.states import Stage
 
 EPISODES_PER_STEP = 128
 TABLES = (
@@ -218,7 +215,7 @@ def time_status(env: dict[str, str], run_id: str, repeats: int, as_json: bool) -
 
 def time_status_queries(url: str, broker: str, run_id: str, repeats: int) -> list[float]:
     """Seconds of the status queries alone (metarl.store.status.run_status on a new psycopg connection each time, as the command opens), in this process."""
-    from metarl.store.status import read_run_status
+    from metarl.store import read_run_status
 
     times = []
     for _ in range(repeats):
@@ -289,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         work = args.keep.resolve() if args.keep else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         url = postgres.create_database("bench_scale")
-        db.upgrade(url)
+        upgrade_database(url)
         broker = redis.url(0)
         env = service_env(url, broker)
         config = sim_run_config(
@@ -344,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         status_json = time_status(env, run_id, args.status_repeats, as_json=True)
         queries = time_status_queries(url, broker, run_id, args.status_repeats)
         policy_version = run_record(url, run_id).policy_version
-        db.dispose_engines()
+        dispose_engines()
 
     print()
     print(f"run {run_id}: {final_total} episodes, policy version {policy_version}")

@@ -14,8 +14,8 @@ from metarl.backends.vllm.eval import VllmEval
 from metarl.interfaces import AgentBackend, BaseScoreKey, EvalBackend, OuterBackend, TrainBackend
 from metarl.probe.job import BackendCheck
 from metarl.settings import database_url as configured_database_url
-from metarl.store.baselines import base_score_key as make_base_score_key
-from metarl.store.runpod_runs import RunpodRunStore
+from metarl.store import RunpodRunStore
+from metarl.store import base_score_key as make_base_score_key
 from schemas.run_config import (
     LocalAgentBackend,
     LocalEvalBackend,

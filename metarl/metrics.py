@@ -9,8 +9,7 @@ import time
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from metarl.store.metrics_reads import read_metrics
-from metarl.store.status import queue_depths
+from metarl.store import queue_depths, read_metrics
 
 LATENCY_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from metarl.store.run_ids import RunIdError
+    from metarl.store import RunIdError
 
 EXIT_CONFIG_ERROR = 2
 EXIT_NOT_FOUND = 3
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("METARL_LOGLEVEL", "WARNING"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("kombu.connection").setLevel(logging.ERROR)
-    from metarl.store.run_ids import RunIdError
+    from metarl.store import RunIdError
     from schemas.config_error import ConfigError
 
     try:
@@ -237,7 +237,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     with ExitStack() as stack:
         services = stack.enter_context(Services(config.services.database_url, config.services.broker_url, spawn_workers=not args.no_workers))
-        from metarl.store.runs import runs_transaction
+        from metarl.store import runs_transaction
         from orchestrator.loop import create_run
 
         if not args.new:
@@ -292,9 +292,8 @@ def dry_run(args: argparse.Namespace, config: Any, specs: dict[str, Any]) -> int
 def cmd_resume(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         services = stack.enter_context(Services(*configured_services(args), spawn_workers=not args.no_workers))
-        from metarl.store.failed_runs import NotRetryable
-        from metarl.store.records import RunStatus
-        from metarl.store.runs import runs_transaction
+        from metarl.store import NotRetryable, runs_transaction
+        from schemas.states import RunStatus
 
         with runs_transaction(services.database_url) as runs:
             run_id = runs.resolve_run_id(args.run_id)
@@ -324,9 +323,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def drive(services: Services, run_id: str, quiet: bool) -> int:
     from metarl.errors import PlatformFault
     from metarl.messaging.celery_app import make_app
-    from metarl.store.records import RunStatus
     from metarl_cli.progress import ProgressDisplay
     from orchestrator.loop import Orchestrator, OrchestratorBusy
+    from schemas.states import RunStatus
 
     stop_event = threading.Event()
     received: list[int] = []
@@ -347,7 +346,7 @@ def drive(services: Services, run_id: str, quiet: bool) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BUSY
     except PlatformFault as err:
-        from metarl.store.run_hosts import pause_run
+        from metarl.store import pause_run
 
         pause_run(services.database_url, run_id, f"paused: {err}")
         print(f"error: {err}", file=sys.stderr)
@@ -365,7 +364,7 @@ def drive(services: Services, run_id: str, quiet: bool) -> int:
         return 0
     display.print_summary()
     if status == RunStatus.paused:
-        from metarl.store.runs import runs_transaction
+        from metarl.store import runs_transaction
 
         with runs_transaction(services.database_url) as runs:
             summary = runs.summary(run_id)
@@ -382,14 +381,14 @@ def interrupted_by_ctrl_c(services: Services, run_id: str) -> int:
 
 def mark_interrupted(services: Services, run_id: str, message: str) -> None:
     """The run's orchestrator stopped: show the run as `interrupted` (resumable) unless it has ended."""
-    from metarl.store.runs import runs_transaction
+    from metarl.store import runs_transaction
 
     with runs_transaction(services.database_url) as runs:
         runs.mark_interrupted(run_id, f"{message}; `metarl resume {run_id}` continues it")
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from metarl.store.runs import runs_transaction
+    from metarl.store import runs_transaction
 
     with Services(*configured_services(args), spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
         run_id = runs.resolve_run_id(args.run_id)
@@ -409,7 +408,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         shown = run_status_at_head(args, database_url, settings.broker_url(config_broker))
         if shown is not None:
             return shown
-    from metarl.store.runs import runs_transaction
+    from metarl.store import runs_transaction
 
     with Services(config_database, config_broker, spawn_workers=False) as services, runs_transaction(services.database_url) as runs:
         run_id = None if args.run_id is None else runs.resolve_run_id(args.run_id)
@@ -448,7 +447,7 @@ def run_status_at_head(args: argparse.Namespace, database_url: str, broker_url: 
     None when the database is behind the migrations: the caller then takes the usual path, which
     migrates it first. A database that cannot be reached is an error that names it (no traceback).
     """
-    from metarl.store.status import DatabaseUnreachable, read_run_status_at_head, without_password
+    from metarl.store import DatabaseUnreachable, read_run_status_at_head, without_password
 
     try:
         read = read_run_status_at_head(database_url, args.run_id, broker_url)
@@ -494,7 +493,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Write the report of one run (HTML, PNG, CSV) and print the path of its index.html."""
     from metarl.artifact_store import is_remote_root
     from metarl.report.tables import default_report_dir, printable
-    from metarl.store.runs import runs_transaction
+    from metarl.store import runs_transaction
 
     versus_rows = []
     if args.versus_search is not None:
@@ -547,12 +546,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from metarl.store import db
+    from metarl.store import current_revision, upgrade_database
 
     with Services(*configured_services(args), spawn_workers=False, migrate=False) as services:
         if args.action == "upgrade":
-            db.upgrade(services.database_url)
-        print(f"database at revision {db.current_revision(services.database_url)}")
+            upgrade_database(services.database_url)
+        print(f"database at revision {current_revision(services.database_url)}")
     return 0
 
 
@@ -603,7 +602,7 @@ class Services:
         self.broker_url: str | None = None
 
     def __enter__(self) -> Services:
-        from metarl.store import db
+        from metarl.store import upgrade_database
 
         if self.database_url_setting:
             self.database_url = self.database_url_setting
@@ -622,7 +621,7 @@ class Services:
         elif self.embedded is not None:
             self.broker_url = self.embedded.broker_url
         if self.migrate:
-            db.upgrade(self.database_url)
+            upgrade_database(self.database_url)
         if self.spawn_workers:
             if self.broker_url is None:
                 raise SystemExit("error: METARL_BROKER_URL is not set while METARL_DATABASE_URL is; set both, or neither for the embedded default")
@@ -645,7 +644,7 @@ SERVICES_NOTE = "services.json"
 
 def note_services_mode(home: Path, database_url: str, broker_url: str | None) -> None:
     """Record under `home` that runs of this folder live in services mode, so a later command does not open the embedded database."""
-    from metarl.store.status import without_password
+    from metarl.store import without_password
 
     home.mkdir(parents=True, exist_ok=True)
     note = {"database_url": without_password(database_url), "broker_url": without_password(broker_url) if broker_url else None}

@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 
 from metarl.report.terminal import held_out_text
-from metarl.store.progress import read_progress
+from metarl.store import read_progress
 from orchestrator.loop import TickReport
 
 LIVE_REFRESH_S = 0.5

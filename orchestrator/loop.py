@@ -20,20 +20,24 @@ from metarl.errors import HiddenEvalSecretFault
 from metarl.learning.eval_secret import install_eval_secret, installed_fingerprint
 from metarl.messaging.dispatch import send_outer, send_stage
 from metarl.settings import host_name
-from metarl.store.claims import utcnow
-from metarl.store.db import DATABASE_UNREACHABLE, unreachable_reason
-from metarl.store.reconcile import StageDispatch
-from metarl.store.records import RunStatus, Stage
-from metarl.store.run_hosts import record_host, secret_disagreement
-from metarl.store.run_lock import RunLock
-from metarl.store.run_tick import RunTick, run_tick
-from metarl.store.runs import create_run as insert_run
-from metarl.store.runs import take_up_run
-from metarl.store.tick_counts import TickCounts
-from metarl.store.tick_wakeup import TickWaiter
+from metarl.store import (
+    DATABASE_UNREACHABLE,
+    RunLock,
+    RunTick,
+    StageDispatch,
+    TickCounts,
+    TickWaiter,
+    locked_tick,
+    record_host,
+    secret_disagreement,
+    take_up_run,
+    unreachable_reason,
+    utcnow,
+)
+from metarl.store import create_run as insert_run
 from orchestrator.reconciler import Reconciler
 from schemas.run_config import RunConfig, StageDeadlines
-from schemas.states import ENDED_RUN_STATUSES
+from schemas.states import ENDED_RUN_STATUSES, RunStatus, Stage
 from schemas.task_spec import TaskSpec
 
 log = logging.getLogger("metarl.orchestrator")
@@ -135,7 +139,7 @@ class Orchestrator:
         report = TickReport()
         dispatches: list[StageDispatch] = []
         outer_ids: list[int] = []
-        with run_tick(self.database_url, self.run_id) as tick:
+        with locked_tick(self.database_url, self.run_id) as tick:
             report.status = tick.status
             if tick.status in ENDED_RUN_STATUSES:
                 report.finished = True

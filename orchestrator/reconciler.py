@@ -10,8 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 
-from metarl.store.reconcile import StageDispatch
-from metarl.store.run_tick import RunTick
+from metarl.store import RunTick, StageDispatch
 from schemas.run_config import RunConfig
 
 

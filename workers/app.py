@@ -25,7 +25,7 @@ app = make_app(include=TASK_MODULES)
 @worker_process_init.connect
 def _fresh_connections(**_: object) -> None:
     """After fork: forget the parent's pooled connections, then open this process's first one in the background."""
-    from metarl.store.db import dispose_engines
+    from metarl.store import dispose_engines
 
     dispose_engines()
     url = os.environ.get(DATABASE_ENV)
@@ -36,8 +36,7 @@ def _fresh_connections(**_: object) -> None:
 def warm_database_pool(url: str) -> None:
     """Connect before the first task needs it (a task that comes first connects itself); a database that is down is only logged:
     the tasks' own connections report it and the orchestrator pauses the run."""
-    from metarl.store.db import warm_pool
-    from metarl.store.errors import StoreError
+    from metarl.store import StoreError, warm_pool
 
     try:
         warm_pool(url)

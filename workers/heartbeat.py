@@ -16,8 +16,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
-from metarl.store.claims import Claim, renew_claim
-from metarl.store.errors import StoreError
+from metarl.store import Claim, StoreError, renew_claim
 
 MIN_HEARTBEAT_INTERVAL_S = 0.5
 BEATS_PER_LEASE = 3

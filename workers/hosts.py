@@ -14,8 +14,7 @@ from metarl.artifact_store import ArtifactStore
 from metarl.errors import HiddenEvalSecretFault, PlatformFault, describe_error
 from metarl.learning.eval_secret import install_eval_secret, installed_fingerprint
 from metarl.settings import host_name
-from metarl.store.claims import Claim
-from metarl.store.run_hosts import pause_run, record_host, secret_disagreement
+from metarl.store import Claim, pause_run, record_host, secret_disagreement
 from schemas.run_config import RunConfig
 from workers.common import database_url
 

@@ -22,10 +22,19 @@ from metarl import composition as registry
 from metarl.domain.retry import WORKER_BACKOFF, backoff_delay
 from metarl.errors import PermanentBackendError, TransientBackendError, describe_error
 from metarl.interfaces import OuterResult
-from metarl.store import outer_steps
-from metarl.store.claims import OuterClaim, claim_outer_lease, renew_outer_step
-from metarl.store.errors import StoreError
-from metarl.store.outer_steps import OuterWork, claim_outer_work, note_outer_attempt_error, publish_outer_version
+from metarl.store import (
+    OuterClaim,
+    OuterWork,
+    StoreError,
+    claim_outer_lease,
+    claim_outer_work,
+    note_outer_attempt_error,
+    publish_outer_version,
+    renew_outer_step,
+)
+from metarl.store import (
+    fail_outer_step as record_outer_failure,
+)
 from schemas.states import ENDED_RUN_STATUSES, StageOutcome
 from workers.app import app
 from workers.common import database_url, worker_name
@@ -88,7 +97,7 @@ def fail_outer_step(claim: OuterClaim, message: str) -> bool:
 
     Returns False (and changes nothing) if this worker no longer holds the claim.
     """
-    failed = outer_steps.fail_outer_step(database_url(), claim, message)
+    failed = record_outer_failure(database_url(), claim, message)
     if failed is None:
         return False
     run_id, step = failed

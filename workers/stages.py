@@ -26,18 +26,41 @@ from metarl.errors import CapacityError, PermanentBackendError, PlatformFault, T
 from metarl.interfaces import BaseScoreKey, EpisodeContext
 from metarl.messaging.dispatch import send_stage
 from metarl.probe.job import probe_job_text
-from metarl.store.baselines import baseline_lookup, store_base_score
-from metarl.store.claims import Claim, count_transient_failure, note_claim_error, renew_claim
-from metarl.store.episodes import StaleTransition, cost_records, move_episode, reward_params, reward_record, unscored_reward_record
-from metarl.store.errors import StoreError
-from metarl.store.inner_jobs import CreationBlock, InnerJobRow, inner_job_name, launch_record, lost_record, note_capacity_wait, poll_record
-from metarl.store.records import ClaimStatus, InnerJobStatus, Stage
-from metarl.store.stage_records import StageRecord, evaluation_record, submission_record, verdict_record
-from metarl.store.stage_work import ClaimReads, StageClaimed, StageSkipped, claim_stage_work, note_storage_wait
+from metarl.store import (
+    Claim,
+    ClaimReads,
+    CreationBlock,
+    InnerJobRow,
+    StageClaimed,
+    StageRecord,
+    StageSkipped,
+    StaleTransition,
+    StoreError,
+    baseline_lookup,
+    claim_stage_work,
+    cost_records,
+    count_transient_failure,
+    evaluation_record,
+    inner_job_name,
+    launch_record,
+    lost_record,
+    move_episode,
+    note_capacity_wait,
+    note_claim_error,
+    note_storage_wait,
+    poll_record,
+    renew_claim,
+    reward_params,
+    reward_record,
+    store_base_score,
+    submission_record,
+    unscored_reward_record,
+    verdict_record,
+)
 from schemas.base import parse_toml_text, validate_model
 from schemas.job import JobSpec
 from schemas.run_config import RunConfig
-from schemas.states import StageOutcome
+from schemas.states import ClaimStatus, InnerJobStatus, Stage, StageOutcome
 from workers.app import app
 from workers.common import database_url, worker_name
 from workers.heartbeat import Heartbeater

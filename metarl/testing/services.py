@@ -172,7 +172,7 @@ class PrivatePostgres:
 
     def create_database(self, name: str) -> str:
         """Create database `name` and return its URL."""
-        from metarl.store.server import create_database
+        from metarl.store import create_database
 
         create_database(self.url(), name)
         return self.url(name)
