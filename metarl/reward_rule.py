@@ -4,7 +4,7 @@ One definition, applied alike by
 
 - the probe (:mod:`metarl.probe.workspace`): it judges the sample calls by this rule, so the
   correct answer must score strictly higher than wrong ones *after* clamping;
-- the local trainer (:func:`metarl.probe.reward_source.checked_rewards`, used by
+- the local trainer (:func:`metarl.learning.reward_checks.checked_rewards`, used by
   :func:`metarl.learning.grpo.train` in :mod:`metarl.backends.local.job`);
 - the compiled prime-rl environment (:mod:`metarl.backends.runpod.primerl.env_template`): the
   compiler ships this very file in the environment package as ``metarl_reward_rule.py``
