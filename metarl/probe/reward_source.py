@@ -59,7 +59,8 @@ from metarl.learning.reward_checks import (
 from metarl.sandbox.isolation import IsolationLevel
 
 if TYPE_CHECKING:
-    from metarl.sandbox.parent import SandboxCall, SandboxError, SandboxResult, SandboxSession
+    from metarl.sandbox.parent import SandboxCall, SandboxResult, SandboxSession
+    from metarl.sandbox.results import SandboxError
 
 
 MAX_MESSAGE_CHARS = 1500

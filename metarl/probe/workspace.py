@@ -49,12 +49,12 @@ from metarl.learning.reward_checks import RewardBounds
 from metarl.probe.job import BackendCheck, ProbeVerdict, capped, probe_job_text
 from metarl.sandbox.isolation import IsolationLevel
 from metarl.sandbox.parent import (
-    CallOutcome,
     SandboxCall,
     SandboxLimits,
     SandboxResult,
     SandboxSession,
 )
+from metarl.sandbox.results import CallOutcome
 from metarl.workspace import (
     COMPONENTS_NAME,
     ENVIRONMENT_FUNCTION,

@@ -95,7 +95,6 @@ Residual risks
 from __future__ import annotations
 
 import json
-import math
 import os
 import selectors
 import signal
@@ -103,18 +102,29 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import ValidationError
 
 from metarl import graders
-from metarl.errors import MetarlError
 from metarl.learning.grader_plugins import registered_graders
 from metarl.sandbox import isolation, landlock, seccomp
 from metarl.sandbox.isolation import IsolationLevel
-from metarl.sandbox_runner import ALLOWED_MODULES, READY_STATUS
+from metarl.sandbox.results import (
+    ChildRun,
+    IsolationUnavailable,
+    Launch,
+    ModuleExports,
+    SandboxCall,
+    SandboxLimits,
+    SandboxResult,
+    SandboxUnavailable,
+    failed_run,
+    interpret_run,
+    parse_frame,
+)
+from metarl.sandbox_runner import ALLOWED_MODULES
 from metarl.workspace import WorkspaceError, WorkspaceLimits, read_workspace_text, scan_files
-from schemas.base import StrictModel, printable
 
 RUNNER = Path(__file__).resolve().parent.parent / "sandbox_runner.py"
 GRADERS = Path(graders.__file__).resolve()
@@ -123,117 +133,6 @@ SECCOMP = Path(seccomp.__file__).resolve()
 """The task families' graders (metarl/graders.py), importable by the agent's module as ``metarl_graders``."""
 CHILD_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
 NOBODY = 65534
-
-ErrorKind = Literal["timeout", "memory", "crash", "forbidden", "bad_output", "bad_input"]
-
-
-class SandboxUnavailable(MetarlError):
-    """The sandbox itself could not run (the child could not be started, or its set-up before the
-    agent's code failed, e.g. the privilege drop). Raised, not returned: it is not the agent's
-    fault, so it must not become probe feedback; the caller retries or fails the stage."""
-
-
-class IsolationUnavailable(SandboxUnavailable):
-    """The host cannot provide the isolation level the deployment requires (``min_isolation``).
-
-    Not transient: retrying on the same host will not help. The message names the setting and the fixes."""
-
-
-FIXES: dict[str, str] = {
-    "timeout": "make the module fast: no unbounded loops or sleeps, cheap top-level code",
-    "memory": "use far less memory: no huge lists, strings or tables",
-    "crash": "fix the error (see message and line)",
-    "forbidden": "compute the reward from the function's arguments only: no files outside the workspace, writes, network, processes, threads or interpreter tricks",
-    "bad_output": "return a finite number (a plain float or int) and print little",
-    "bad_input": "check the module file name and the arguments",
-}
-
-
-class SandboxLimits(StrictModel):
-    """Limits of one sandboxed run."""
-
-    cpu_seconds: int = Field(default=5, ge=1, le=3600, description="CPU seconds (RLIMIT_CPU)")
-    wall_seconds: float = Field(default=15.0, gt=0, le=3600, description="Wall-clock deadline, start-up included")
-    memory_bytes: int = Field(default=512 * 1024**2, ge=64 * 1024**2, le=64 * 1024**3, description="Address space (RLIMIT_AS)")
-    file_size_bytes: int = Field(default=1024**2, ge=0, le=1024**3, description="Largest file the child may write (RLIMIT_FSIZE)")
-    open_files: int = Field(default=32, ge=8, le=4096, description="Open file descriptors (RLIMIT_NOFILE)")
-    stdout_bytes: int = Field(default=8 * 1024**2, ge=1024, le=1024**3, description="Largest result frame")
-    max_stderr_bytes: int = Field(default=16 * 1024**2, ge=1024, le=1024**3, description="Stderr beyond this kills the child")
-    stderr_tail_chars: int = Field(default=4000, ge=0, le=100_000, description="Characters of stderr kept in the result")
-    max_source_bytes: int = Field(default=1024**2, ge=1, le=64 * 1024**2, description="Largest module file")
-    max_request_bytes: int = Field(default=16 * 1024**2, ge=1024, le=30 * 1024**2, description="Largest request (source + arguments)")
-    isolate_network: bool = Field(default=True, description="Try a new network namespace (process isolation; full always has one)")
-    drop_privileges: bool = Field(default=True, description="Ignored: a root start runs the agent's code as nobody at every level")
-    min_isolation: IsolationLevel = Field(
-        default="full", description="Least isolation accepted ([sandbox] min_isolation); IsolationUnavailable when the host gives less"
-    )
-    audit_hook: bool = Field(default=True, description="Install the audit hook (tests switch it off to check the kernel layers alone)")
-
-
-class SandboxError(BaseModel):
-    """Why a run (or one call) failed."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: ErrorKind
-    message: str = Field(max_length=4000)
-    fix: str = Field(max_length=1000)
-    exception_type: str | None = Field(default=None, max_length=200)
-    line: int | None = Field(default=None, description="Line of the module file where it happened")
-    event: str | None = Field(default=None, max_length=200, description="The refused audit event (forbidden)")
-
-
-class CallOutcome(BaseModel):
-    """The outcome of one call of a batch."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    ok: bool
-    value: JsonValue = None
-    error: SandboxError | None = None
-
-
-class ModuleExports(BaseModel):
-    """What the module defines, as reported by the child."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    functions: list[str] = Field(default_factory=list, max_length=100)
-    components: list[str] | None = Field(default=None, max_length=64)
-    components_problem: str | None = Field(default=None, max_length=2000)
-
-
-class SandboxCall(StrictModel):
-    """One call: ``function(*args, **kwargs)``, or ``function[key](...)`` for a dict of functions."""
-
-    function: str = Field(min_length=1, max_length=200)
-    key: str | None = Field(default=None, max_length=200)
-    args: list[JsonValue] = Field(default_factory=list)
-    kwargs: dict[str, JsonValue] = Field(default_factory=dict)
-
-
-class SandboxResult(BaseModel):
-    """Outcome of one sandboxed run."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    ok: bool = Field(description="The module imported and (for a single call) the call returned a JSON value")
-    value: JsonValue = Field(default=None, description="The return value of a single call")
-    error: SandboxError | None = None
-    calls: list[CallOutcome] = Field(default_factory=list, description="Per-call outcomes of a batch")
-    exports: ModuleExports | None = None
-    stderr_tail: str = Field(default="", description="The end of the child's stderr (its prints go there too)")
-    wall_seconds: float = 0.0
-    isolation: list[str] = Field(default_factory=list, description="Isolation layers that were in place")
-    level: IsolationLevel | None = Field(default=None, description="Isolation level of the run (None: nothing ran)")
-
-
-def _error(kind: ErrorKind, message: str, fix: str | None = None, **extra: Any) -> SandboxError:
-    return SandboxError(kind=kind, message=printable(message)[:4000], fix=fix or FIXES[kind], **extra)
-
-
-def _failed(kind: ErrorKind, message: str, **extra: Any) -> SandboxResult:
-    return SandboxResult(ok=False, error=_error(kind, message), **extra)
 
 
 def run_in_sandbox(
@@ -252,7 +151,7 @@ def run_in_sandbox(
         try:
             parsed = json.loads(args_json)
         except (ValueError, RecursionError) as exc:
-            return _failed("bad_input", f"the arguments are not JSON: {exc}")
+            return failed_run("bad_input", f"the arguments are not JSON: {exc}")
     else:
         parsed = args_json
     try:
@@ -261,9 +160,9 @@ def run_in_sandbox(
         elif isinstance(parsed, dict):
             call = SandboxCall(function=function, kwargs=parsed)
         else:
-            return _failed("bad_input", "the arguments must be a JSON array (positional) or object (keyword)")
+            return failed_run("bad_input", "the arguments must be a JSON array (positional) or object (keyword)")
     except ValidationError as exc:
-        return _failed("bad_input", f"bad call: {exc.errors(include_url=False)[0]['msg']}")
+        return failed_run("bad_input", f"bad call: {exc.errors(include_url=False)[0]['msg']}")
     batch = run_calls_in_sandbox(workspace_dir, module_file, [call], limits)
     if batch.error is not None or not batch.calls:
         return batch
@@ -287,7 +186,7 @@ def run_calls_in_sandbox(
         return prepared
     workspace, payload = prepared
     run = _run_child(host, workspace, payload, limits)
-    return _interpret(run, limits, len(calls), time.monotonic() - started)
+    return interpret_run(run, limits, len(calls), time.monotonic() - started)
 
 
 def hard_linked_files(workspace: Path) -> list[str]:
@@ -305,17 +204,17 @@ def _prepare_request(
     try:
         info = os.lstat(workspace)
     except OSError:
-        return _failed("bad_input", "the workspace folder does not exist")
+        return failed_run("bad_input", "the workspace folder does not exist")
     if not os.path.isdir(workspace) or os.path.islink(workspace):
-        return _failed("bad_input", "the workspace is not a folder (or is a link)")
+        return failed_run("bad_input", "the workspace is not a folder (or is a link)")
     try:
         source = read_workspace_text(workspace, module_file, WorkspaceLimits(), max_bytes=limits.max_source_bytes)
     except WorkspaceError as err:
-        return _failed("bad_input", f"cannot read the module: {err.message} ({err.fix})")
+        return failed_run("bad_input", f"cannot read the module: {err.message} ({err.fix})")
     del info
     linked = hard_linked_files(workspace)
     if linked:
-        return _failed(
+        return failed_run(
             "bad_input",
             f"the workspace holds a hard-linked file ({', '.join(linked[:3])}): its other name may lie outside the workspace, where the "
             "sandbox must not read; put a copy of the file there instead of a link",
@@ -339,34 +238,8 @@ def _prepare_request(
     }
     payload = json.dumps(request).encode("utf-8")
     if len(payload) > limits.max_request_bytes:
-        return _failed("bad_input", f"the request has {len(payload)} bytes; keep the source and arguments under {limits.max_request_bytes}")
+        return failed_run("bad_input", f"the request has {len(payload)} bytes; keep the source and arguments under {limits.max_request_bytes}")
     return workspace, payload
-
-
-class _ChildRun:
-    def __init__(self, launch: _Launch | None = None) -> None:
-        self.stdout = bytearray()
-        self.stderr_tail = bytearray()
-        self.stderr_total = 0
-        self.timed_out = False
-        self.overflow: str | None = None
-        self.status: int | None = None
-        self.cpu_seconds = 0.0
-        self.launch = launch
-
-
-class _Launch:
-    """A started child: the process, its isolation level and the layers set up outside it."""
-
-    def __init__(self, process: subprocess.Popen[bytes], level: IsolationLevel, layers: list[str]) -> None:
-        self.process = process
-        self.level = level
-        self.layers = layers
-
-    @property
-    def bubblewrap(self) -> bool:
-        """True when the child is bubblewrap (its exit status says how the runner ended)."""
-        return self.level == "full"
 
 
 def _host_for(limits: SandboxLimits) -> isolation.HostIsolation | None:
@@ -405,7 +278,7 @@ def _plugin_paths(host: isolation.HostIsolation | None) -> dict[str, str]:
     return {name: isolation.sandbox_plugin_path(name) for name in files} if host is not None else files
 
 
-def _start_child(host: isolation.HostIsolation | None, workspace: Path, limits: SandboxLimits, *runner_args: str) -> _Launch:
+def _start_child(host: isolation.HostIsolation | None, workspace: Path, limits: SandboxLimits, *runner_args: str) -> Launch:
     """Start the sandbox runner on ``workspace``: under bubblewrap (``host``), else as a plain process."""
     if host is not None:
         assert host.bwrap is not None and host.root is not None
@@ -426,9 +299,9 @@ def _start_child(host: isolation.HostIsolation | None, workspace: Path, limits: 
             process = _popen(command, cwd="/", env={}, pass_fds=(fd,))
         finally:
             os.close(fd)
-        return _Launch(process, "full", isolation.layers(as_root))
+        return Launch(process, "full", isolation.layers(as_root))
     process = _popen([sys.executable, "-I", "-S", "-B", str(RUNNER), *runner_args], cwd=str(workspace), env=dict(CHILD_ENV), pass_fds=())
-    return _Launch(process, "process", [])  # the runner walls itself in (Landlock, seccomp, nobody) and reports its layers
+    return Launch(process, "process", [])  # the runner walls itself in (Landlock, seccomp, nobody) and reports its layers
 
 
 def _popen(command: list[str], *, cwd: str, env: dict[str, str], pass_fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
@@ -448,9 +321,9 @@ def _popen(command: list[str], *, cwd: str, env: dict[str, str], pass_fds: tuple
         raise SandboxUnavailable(f"cannot start the sandbox child: {exc.strerror or type(exc).__name__}") from None
 
 
-def _run_child(host: isolation.HostIsolation | None, workspace: Path, payload: bytes, limits: SandboxLimits) -> _ChildRun:
+def _run_child(host: isolation.HostIsolation | None, workspace: Path, payload: bytes, limits: SandboxLimits) -> ChildRun:
     launch = _start_child(host, workspace, limits)
-    run = _ChildRun(launch)
+    run = ChildRun(launch)
     process = launch.process
     deadline = time.monotonic() + limits.wall_seconds
     tail_bytes = max(limits.stderr_tail_chars * 4, 1)
@@ -565,215 +438,6 @@ def _signal(send: Any) -> None:
         pass
 
 
-def _interpret(run: _ChildRun, limits: SandboxLimits, n_calls: int, elapsed: float, forged: str | None = None) -> SandboxResult:
-    """What a child's run means (``forged``: the caller found its frame forged, for this reason).
-
-    Raises :class:`SandboxUnavailable` only when the set-up report is missing (the agent's code
-    never ran); anything after it is the module's doing, whatever it claims.
-    """
-    tail = run.stderr_tail.decode("utf-8", "replace")[-limits.stderr_tail_chars :] if limits.stderr_tail_chars else ""
-    common: dict[str, Any] = {"stderr_tail": tail, "wall_seconds": round(elapsed, 4)}
-    ready_layers, frame, frame_problem = _parse_frame(bytes(run.stdout))
-    if ready_layers is None:
-        # the agent's code never ran (it starts only after the set-up report): a failed or killed set-up is the sandbox's problem
-        if frame is not None and frame.get("kind") == "bootstrap":
-            raise SandboxUnavailable(_text(frame.get("message"))[:2000] or "sandbox set-up failed")
-        detail = "timed out" if run.timed_out else f"ended with status {run.status}"
-        raise SandboxUnavailable(f"the sandbox set-up {detail} before running the module; stderr: {tail[-500:]}")
-    launch = run.launch
-    # the layers come from the set-up report alone: a later frame is within the agent's reach, so its claims are not believed
-    common["isolation"] = (list(launch.layers) if launch is not None else []) + ready_layers
-    common["level"] = launch.level if launch is not None else None
-    if launch is not None and launch.bubblewrap and run.status is not None and run.status > 128:
-        run.status = -(run.status - 128)  # bubblewrap exits with 128 + the signal that ended the runner
-    if forged is not None:
-        return SandboxResult(ok=False, error=_forged(forged), **common)
-    if run.timed_out:
-        return _failed("timeout", f"the module ran past the wall-clock limit of {limits.wall_seconds:g} s", **common)
-    if run.overflow:
-        return _failed("bad_output", run.overflow, **common)
-    if frame is None:
-        status = run.status or 0
-        # Under bubblewrap the runner is not bubblewrap's direct child, so its CPU seconds are not in the
-        # rusage read here: a SIGKILL the sandbox did not send itself (no wall-clock or output kill) is
-        # the hard CPU limit's, the only SIGKILL its own limits send.
-        cpu_kill = status == -signal.SIGKILL and (run.cpu_seconds >= limits.cpu_seconds - 0.05 or (launch is not None and launch.bubblewrap))
-        if status in (-signal.SIGXCPU,) or cpu_kill:
-            return _failed("timeout", f"the module used more than its {limits.cpu_seconds} CPU seconds", **common)
-        if status == -signal.SIGXFSZ:
-            return _failed("forbidden", "the module tried to write a file larger than allowed", **common)
-        if status == -signal.SIGSYS:
-            message = "the module made a system call the sandbox forbids (seccomp: devices, other processes, mounts, namespaces, sockets...)"
-            return SandboxResult(ok=False, error=_error("forbidden", message, event="seccomp"), **common)
-        if "MemoryError" in tail or "Cannot allocate memory" in tail:
-            return _failed("memory", f"the module ran out of memory (limit {limits.memory_bytes} bytes)", **common)
-        if status < 0:
-            return _failed("crash", f"the module was killed by signal {_signal_name(-status)}", **common)
-        if frame_problem:
-            return SandboxResult(ok=False, error=_forged(frame_problem), **common)
-        if status == 0:
-            return _failed("bad_output", "the module ended the process without a result (os._exit?)", **common)
-        return _failed("crash", f"the module's process exited with status {status}", **common)
-    try:
-        return _from_frame(frame, limits, n_calls, common)
-    except _ForgedFrame as forged:
-        return SandboxResult(ok=False, error=_forged(str(forged)), **common)
-
-
-ERROR_KINDS_AFTER_SETUP = ("memory", "crash", "forbidden", "bad_output")
-"""The error kinds a frame may carry once the agent's code has started (``bootstrap`` is the set-up's alone)."""
-MAX_VALUE_DEPTH = 16
-"""Deepest container the runner sends in a value (sandbox_runner._plain): containers at depth 0 to 16."""
-MAX_SAFE_INT = 2**53
-"""Largest integer magnitude the runner sends in a value (sandbox_runner._plain)."""
-MAX_LINE = 10**7
-FORGED_FIX = (
-    "return the reward from the function and write nothing on the sandbox's file descriptors: the result channel "
-    "(fd 3) is the sandbox's, and its own reports end before the module's code starts"
-)
-
-
-class _ForgedFrame(Exception):
-    """A frame the runner never writes: its problem, for the message."""
-
-
-def _forged(problem: str) -> SandboxError:
-    """The error of a forged or malformed frame: the workspace's fault (``bad_output``), its problem named."""
-    return _error("bad_output", f"forged or malformed result frame: {problem}; the module's code wrote on the sandbox's result channel itself", fix=FORGED_FIX)
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
-
-
-def _ready_layers(frame: Any) -> list[str] | None:
-    """The isolation layers of a set-up report (None: ``frame`` is not one)."""
-    if not isinstance(frame, dict) or frame.get("status") != READY_STATUS or not set(frame) <= {"status", "isolation"}:
-        return None
-    layers = frame.get("isolation")
-    return [printable(item)[:100] for item in layers if isinstance(item, str)][:20] if isinstance(layers, list) else []
-
-
-def _parse_frame(stdout: bytes) -> tuple[list[str] | None, dict[str, Any] | None, str | None]:
-    """(the set-up report's layers, None when set-up did not finish; the result frame or None; why the channel is unusable or None).
-
-    The set-up report is the first line, written before the agent's code runs; everything after it
-    is within the agent's reach. Never raises.
-    """
-    lines = stdout.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    frames = []
-    for line in lines:
-        try:
-            frames.append(json.loads(line))
-        except (ValueError, RecursionError):
-            frames.append(None)
-    ready = _ready_layers(frames[0]) if frames else None
-    body = frames[1:] if ready is not None else frames
-    if not body:
-        return ready, None, None
-    if len(body) != 1:
-        return ready, None, "the result channel carried more than one frame"
-    if not isinstance(body[0], dict):
-        return ready, None, "the result frame is not a JSON object" if body[0] is not None else "the result channel carried a line that is not JSON"
-    return ready, body[0], None
-
-
-def _text(value: Any) -> str:
-    return printable(value)[:4000] if isinstance(value, str) else ""
-
-
-def _opt_str(value: Any) -> str | None:
-    return printable(value)[:200] if isinstance(value, str) else None
-
-
-def _opt_line(value: Any) -> int | None:
-    return value if type(value) is int and 1 <= value <= MAX_LINE else None
-
-
-def _value_problem(value: Any) -> str | None:
-    """Why a returned value is not one the runner sends (None: it is one); the runner's own rules
-    (``sandbox_runner._plain``) checked again, without recursion and without converting anything."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        kind = type(item)
-        if item is None or kind is bool or kind is str:
-            continue
-        if kind is int:
-            if not -MAX_SAFE_INT <= item <= MAX_SAFE_INT:
-                return f"an integer beyond ±2**53 ({item.bit_length()} bits)"
-        elif kind is float:
-            if not math.isfinite(item):
-                return "NaN or infinity"
-        elif kind is list or kind is dict:
-            if depth > MAX_VALUE_DEPTH:
-                return f"containers nested deeper than {MAX_VALUE_DEPTH + 1} levels"
-            stack.extend((child, depth + 1) for child in (item.values() if kind is dict else item))
-        else:
-            return f"a {kind.__name__}"
-    return None
-
-
-def _outcome(index: int, item: Any) -> CallOutcome:
-    """One call's outcome from a result frame; :class:`_ForgedFrame` when the runner would never have written it."""
-    if not isinstance(item, dict):
-        raise _ForgedFrame(f"the answer to call {index} is not a JSON object")
-    if item.get("ok") is True:
-        value = item.get("value")
-        problem = _value_problem(value)
-        if problem is not None:
-            raise _ForgedFrame(f"the value of call {index} holds {problem}, which the runner never sends")
-        return CallOutcome(ok=True, value=value)
-    kind = item.get("kind")
-    if item.get("ok") is not False or kind not in ("crash", "bad_output"):
-        raise _ForgedFrame(f"the answer to call {index} is neither a value nor a failure of the function")
-    return CallOutcome(
-        ok=False,
-        error=_error(kind, _text(item.get("message")), exception_type=_opt_str(item.get("type")), line=_opt_line(item.get("line"))),
-    )
-
-
-def _from_frame(frame: dict[str, Any], limits: SandboxLimits, n_calls: int, common: dict[str, Any]) -> SandboxResult:
-    """The result a frame written after the set-up report says; :class:`_ForgedFrame` for one the runner never writes.
-
-    Every claim in it is within the agent's reach, so it is believed only where the agent could
-    have caused it anyway (its own results and failures), never about the sandbox itself.
-    """
-    status = frame.get("status")
-    if status == "error":
-        kind = frame.get("kind")
-        if kind == "bootstrap":
-            raise _ForgedFrame("a sandbox set-up failure reported after the set-up had finished and the module's code had started")
-        if kind not in ERROR_KINDS_AFTER_SETUP:
-            raise _ForgedFrame("an error of a kind the runner never reports")
-        error = _error(
-            kind,
-            _text(frame.get("message")),
-            exception_type=_opt_str(frame.get("type")),
-            line=_opt_line(frame.get("line")),
-            event=_opt_str(frame.get("event")),
-        )
-        if kind == "memory":
-            error = error.model_copy(update={"message": f"{error.message} (limit {limits.memory_bytes} bytes)"})
-        return SandboxResult(ok=False, error=error, **common)
-    if status != "ok":
-        raise _ForgedFrame("a frame that is neither a result nor an error")
-    calls = frame.get("calls")
-    if not isinstance(calls, list) or len(calls) != n_calls:
-        raise _ForgedFrame(f"{len(calls) if isinstance(calls, list) else 'no'} answers for {n_calls} calls")
-    outcomes = [_outcome(index, item) for index, item in enumerate(calls)]
-    try:
-        exports = ModuleExports.model_validate(frame.get("exports") or {})
-    except ValidationError:
-        raise _ForgedFrame("the module's exports are not of the runner's shape") from None
-    return SandboxResult(ok=True, calls=outcomes, exports=exports, **common)
-
-
 class SandboxSession:
     """One sandboxed import of a module kept alive to answer many batches of calls.
 
@@ -806,7 +470,7 @@ class SandboxSession:
         self.isolation: list[str] = []
         self.level: IsolationLevel | None = None
         self._process: subprocess.Popen[bytes] | None = None
-        self._launch: _Launch | None = None
+        self._launch: Launch | None = None
         self._selector: selectors.BaseSelector | None = None
         self._buffer = bytearray()
         self._stderr_tail = bytearray()
@@ -862,10 +526,10 @@ class SandboxSession:
         deadline = started + self.limits.wall_seconds
         try:
             first = self._exchange(payload + b"\n", deadline)
-            if first is None or _parse_frame(first + b"\n")[0] is None:
-                # set-up failed, was killed or timed out: the sandbox's problem (_interpret raises)
+            if first is None or parse_frame(first + b"\n")[0] is None:
+                # set-up failed, was killed or timed out: the sandbox's problem (interpret_run raises)
                 so_far = (b"" if first is None else first + b"\n") + bytes(self._buffer)
-                return self._closed(_interpret(self._end(deadline, so_far), self.limits, 0, time.monotonic() - started))
+                return self._closed(interpret_run(self._end(deadline, so_far), self.limits, 0, time.monotonic() - started))
             self._ready_line = first + b"\n"  # the set-up report: the last word of the sandbox itself in this session
             line = self._exchange(b"", deadline)
             result = self._answer(line, 0, started, deadline, self.limits, request_id=None)
@@ -895,7 +559,7 @@ class SandboxSession:
         request_id = self._next_id
         payload = json.dumps({"id": request_id, "calls": [call.model_dump(mode="json") for call in calls]}).encode("utf-8")
         if len(payload) > limits.max_request_bytes:
-            return _failed("bad_input", f"the request has {len(payload)} bytes; send batches under {limits.max_request_bytes}")
+            return failed_run("bad_input", f"the request has {len(payload)} bytes; send batches under {limits.max_request_bytes}")
         if deadline is None:
             deadline = started + limits.wall_seconds
         try:
@@ -911,7 +575,7 @@ class SandboxSession:
     def close(self) -> None:
         """End the child (kill its process group) and reap it; idempotent."""
         if self._closed_with is None:
-            self._closed_with = _failed("crash", "the sandbox session is closed")
+            self._closed_with = failed_run("crash", "the sandbox session is closed")
         self._kill()
 
     def _exchange(self, payload: bytes, deadline: float) -> bytes | None:
@@ -971,15 +635,15 @@ class SandboxSession:
         """Interpret one answer (or its absence) by the one-shot rules; close the session on failure."""
         if line is None:
             run = self._end(deadline, self._ready_line + bytes(self._buffer))
-            return self._closed(_interpret(run, limits, n_calls, time.monotonic() - started))
-        run = _ChildRun(self._launch)
+            return self._closed(interpret_run(run, limits, n_calls, time.monotonic() - started))
+        run = ChildRun(self._launch)
         run.stdout = bytearray(self._ready_line + line + b"\n")
         run.stderr_tail = bytearray(self._stderr_tail)
-        frame = _parse_frame(bytes(run.stdout))[1]
-        # a bootstrap frame here is the agent's forgery: the set-up report came first (_interpret says so)
+        frame = parse_frame(bytes(run.stdout))[1]
+        # a bootstrap frame here is the agent's forgery: the set-up report came first (interpret_run says so)
         stray = frame is not None and frame.get("status") == "ok" and frame.get("id") != request_id
         forged = "a frame that answers no request (its id is not the request's)" if stray else None
-        result = _interpret(run, limits, n_calls, time.monotonic() - started, forged=forged)
+        result = interpret_run(run, limits, n_calls, time.monotonic() - started, forged=forged)
         if result.isolation:
             self.isolation = list(result.isolation)
             self.level = result.level
@@ -988,9 +652,9 @@ class SandboxSession:
             return self._closed(result)
         return result
 
-    def _end(self, deadline: float, stdout: bytes) -> _ChildRun:
-        """Kill and reap the child; what is known about how it ended, for :func:`_interpret`."""
-        run = _ChildRun(self._launch)
+    def _end(self, deadline: float, stdout: bytes) -> ChildRun:
+        """Kill and reap the child; what is known about how it ended, for :func:`interpret_run`."""
+        run = ChildRun(self._launch)
         run.stdout = bytearray(stdout)
         run.stderr_tail = bytearray(self._stderr_tail)
         run.stderr_total = self._stderr_total

@@ -21,7 +21,7 @@ from metarl.learning.registry import FAMILIES
 from metarl.learning.reward_checks import RewardBounds, RewardFunctionError, checked_rewards, clamp_reward, reward_problem
 from metarl.learning.tokenizer import CHARACTERS
 from metarl.probe.reward_source import EnvironmentRewardSpec, RewardStats, failed_job_status, reward_calls, sandbox_error_message, values_from_result
-from metarl.sandbox.parent import CallOutcome, SandboxError, SandboxResult
+from metarl.sandbox.results import CallOutcome, SandboxError, SandboxResult
 from schemas.job import JobSpec
 from schemas.task_spec import TaskSpec
 from tests.conftest import REPO

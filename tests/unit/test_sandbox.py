@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from metarl.learning.registry import get_family
-from metarl.sandbox import isolation
+from metarl.sandbox import isolation, results
 from metarl.sandbox import parent as sandbox
 from metarl.sandbox.parent import (
     IsolationUnavailable,
@@ -448,9 +448,9 @@ def test_a_forged_setup_failure_in_a_session_is_the_modules_fault(tmp_path: Path
     assert result.level == ("full" if FULL else "process") and "rlimits" in result.isolation
 
 
-def child_run(*lines: object) -> sandbox._ChildRun:
+def child_run(*lines: object) -> results.ChildRun:
     """A finished child run whose result channel carried the runner's set-up report and then ``lines`` (JSON text as given)."""
-    run = sandbox._ChildRun(None)
+    run = results.ChildRun(None)
     run.stdout = bytearray(b'{"status": "ready", "isolation": ["rlimits"]}\n' + b"".join(str(line).encode() + b"\n" for line in lines))
     run.status = 0
     return run
@@ -486,7 +486,7 @@ def ok_frame(*values: str) -> str:
 def test_frames_and_numbers_from_the_child_are_parsed_defensively(lines: list[str], n_calls: int, needle: str) -> None:
     """Issue 40: a forged frame whose reward was 10**400 came back as a value the probe could not convert (OverflowError).
     Every frame after the set-up report is checked against what the runner writes; a forged one is the module's fault."""
-    result = sandbox._interpret(child_run(*lines), SandboxLimits(), n_calls, 0.1)
+    result = results.interpret_run(child_run(*lines), SandboxLimits(), n_calls, 0.1)
     assert not result.ok and result.error.kind == "bad_output", result
     assert result.error.message.startswith("forged or malformed result frame: ") and needle in result.error.message, result.error.message
     assert result.isolation == ["rlimits"]
@@ -496,12 +496,12 @@ def test_failures_in_a_frame_keep_only_what_can_be_shown() -> None:
     """Messages, types and lines of a frame are taken only when they are what the runner writes (a string, a plausible line)."""
     line = str(10**400)
     error_frame = '{"status": "error", "kind": "crash", "message": [[1]], "type": 5, "line": ' + line + "}"
-    result = sandbox._interpret(child_run(error_frame), SandboxLimits(), 0, 0.1)
+    result = results.interpret_run(child_run(error_frame), SandboxLimits(), 0, 0.1)
     assert result.error.kind == "crash" and result.error.message == "" and result.error.exception_type is None and result.error.line is None
     call_failure = '{"status": "ok", "calls": [{"ok": false, "kind": "crash", "message": "boom", "type": "KeyError", "line": 3}]}'
-    outcome = sandbox._interpret(child_run(call_failure), SandboxLimits(), 1, 0.1).calls[0]
+    outcome = results.interpret_run(child_run(call_failure), SandboxLimits(), 1, 0.1).calls[0]
     assert not outcome.ok and outcome.error.message == "boom" and outcome.error.exception_type == "KeyError" and outcome.error.line == 3
-    good = sandbox._interpret(child_run(ok_frame("1.5", '{"a": [1, "x", null, true]}')), SandboxLimits(), 2, 0.1)
+    good = results.interpret_run(child_run(ok_frame("1.5", '{"a": [1, "x", null, true]}')), SandboxLimits(), 2, 0.1)
     assert good.ok and [call.value for call in good.calls] == [1.5, {"a": [1, "x", None, True]}]
 
 
