@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,15 +175,13 @@ class ArtifactStore:
             return str(target)
         manifest = manifest_of(folder)
         data = manifest_bytes(manifest)
-        fs, _base = self._filesystem()
-        prefix = self._remote_path(key)
-        try:
+
+        def write(fs: Any, prefix: str) -> None:
             for relative in manifest["files"]:
                 fs.put_file(str(folder / relative), f"{prefix}/{relative}")
             fs.pipe_file(f"{prefix}/{MANIFEST}", data)
-        except store_errors() as err:
-            raise ArtifactStoreUnavailable(f"cannot write {self.url(key)}: {err}") from None
-        return f"{self.url(key)}{DIGEST_MARK}{hashlib.sha256(data).hexdigest()}"
+
+        return self._write_remote(key, hashlib.sha256(data).hexdigest(), write)
 
     def tree(self, ref: str) -> Path:
         """A local folder holding the stored folder `ref`: the folder itself under a local root, else a verified cached copy."""
@@ -226,13 +225,7 @@ class ArtifactStore:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
             return str(target)
-        digest = sha256_of(path)
-        fs, _base = self._filesystem()
-        try:
-            fs.put_file(str(path), self._remote_path(key))
-        except store_errors() as err:
-            raise ArtifactStoreUnavailable(f"cannot write {self.url(key)}: {err}") from None
-        return f"{self.url(key)}{DIGEST_MARK}{digest}"
+        return self._write_remote(key, sha256_of(path), lambda fs, remote: fs.put_file(str(path), remote))
 
     def file(self, ref: str) -> Path:
         """A local path holding the stored file `ref`: the file itself under a local root, else a verified cached copy."""
@@ -248,14 +241,19 @@ class ArtifactStore:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             return str(target)
-        fs, _base = self._filesystem()
-        try:
-            fs.pipe_file(self._remote_path(key), data)
-        except store_errors() as err:
-            raise ArtifactStoreUnavailable(f"cannot write {self.url(key)}: {err}") from None
-        return f"{self.url(key)}{DIGEST_MARK}{hashlib.sha256(data).hexdigest()}"
+        return self._write_remote(key, hashlib.sha256(data).hexdigest(), lambda fs, remote: fs.pipe_file(remote, data))
 
     # --- internals --------------------------------------------------------------------------------------------------
+
+    def _write_remote(self, key: str, digest: str, write: Callable[[Any, str], None]) -> str:
+        """Run ``write(filesystem, remote path of key)``; the reference to `key` with `digest`, or
+        ArtifactStoreUnavailable naming the URL when the store refuses or cannot be reached."""
+        fs, _base = self._filesystem()
+        try:
+            write(fs, self._remote_path(key))
+        except store_errors() as err:
+            raise ArtifactStoreUnavailable(f"cannot write {self.url(key)}: {err}") from None
+        return f"{self.url(key)}{DIGEST_MARK}{digest}"
 
     def _inside_local_root(self, path: Path) -> bool:
         """True when `path` already lies in the local root: it is stored where it is (its path is its reference)."""
