@@ -148,10 +148,4 @@ def preflight_isolation(config: Any) -> str | None:
     from metarl.sandbox.parent import RUNNER
     from metarl.sandbox_runner import ALLOWED_MODULES
 
-    host = isolation.host_isolation(str(RUNNER), ALLOWED_MODULES)
-    if host.problem is None:
-        return None
-    if not isolation.level_at_least("process", config.sandbox.min_isolation):
-        return isolation.unavailable_message(host.problem, config.sandbox.min_isolation)
-    wall_problem = isolation.process_wall_problem()
-    return None if wall_problem is None else isolation.process_unavailable_message(host.problem, wall_problem)
+    return isolation.refusal(isolation.host_isolation(str(RUNNER), ALLOWED_MODULES), config.sandbox.min_isolation)

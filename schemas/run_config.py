@@ -781,13 +781,22 @@ STORED_URL_FIELDS: dict[tuple[str, ...], bool] = {
 def stored_without_credentials(data: dict[str, Any]) -> dict[str, Any]:
     """A stored run config (``runs.config``) with the credentials of its URL fields removed (pure): a run stored before
     such URLs were refused still loads, and its row can be rewritten without the secret."""
-    cleaned = copy.deepcopy(data)
+    changes: dict[tuple[str, ...], str] = {}
     for path, user_allowed in STORED_URL_FIELDS.items():
-        parent: Any = cleaned
+        parent: Any = data
         for key in path[:-1]:
             parent = parent.get(key) if isinstance(parent, dict) else None
-        if isinstance(parent, dict) and isinstance(parent.get(path[-1]), str):
-            parent[path[-1]] = without_credentials(parent[path[-1]], user_allowed=user_allowed)
+        value = parent.get(path[-1]) if isinstance(parent, dict) else None
+        if isinstance(value, str) and (cleaned_url := without_credentials(value, user_allowed=user_allowed)) != value:
+            changes[path] = cleaned_url
+    if not changes:
+        return data  # the usual case, on every stage's read of its run: nothing copied
+    cleaned = copy.deepcopy(data)
+    for path, value in changes.items():
+        parent = cleaned
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = value
     return cleaned
 
 

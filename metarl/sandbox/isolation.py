@@ -461,3 +461,15 @@ def process_unavailable_message(full_problem: str, wall_problem: str) -> str:
         "the worker as root, for the full level; or run the workers on a kernel with Landlock enabled (Linux 5.13+, "
         "CONFIG_SECURITY_LANDLOCK=y, landlock in the lsm= boot parameter), for the process level"
     )
+
+
+def refusal(host: HostIsolation, minimum: IsolationLevel) -> str | None:
+    """Why agent code must not run on this host at ``minimum`` (None: it may, under bubblewrap when
+    ``host`` has it, else walled in at the process level): the one check the sandbox and ``metarl run``'s
+    preflight share."""
+    if host.problem is None:
+        return None
+    if not level_at_least("process", minimum):
+        return unavailable_message(host.problem, minimum)
+    wall_problem = process_wall_problem()
+    return None if wall_problem is None else process_unavailable_message(host.problem, wall_problem)

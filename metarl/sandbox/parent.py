@@ -246,14 +246,10 @@ def _host_for(limits: SandboxLimits) -> isolation.HostIsolation | None:
     """The bubblewrap set-up to use (None: a plain process, which ``limits.min_isolation`` accepts);
     :class:`IsolationUnavailable` when the host cannot give the required level."""
     host = isolation.host_isolation(str(RUNNER), ALLOWED_MODULES)
-    if host.problem is None:
-        return host
-    if not isolation.level_at_least("process", limits.min_isolation):
-        raise IsolationUnavailable(isolation.unavailable_message(host.problem, limits.min_isolation))
-    wall_problem = isolation.process_wall_problem()
-    if wall_problem is not None:
-        raise IsolationUnavailable(isolation.process_unavailable_message(host.problem, wall_problem))
-    return None
+    problem = isolation.refusal(host, limits.min_isolation)
+    if problem is not None:
+        raise IsolationUnavailable(problem)
+    return host if host.problem is None else None
 
 
 def _wall(host: isolation.HostIsolation | None) -> dict[str, str] | None:

@@ -27,28 +27,13 @@ from metarl.sandbox import landlock
 from tests.conftest import REPO
 from tests.unprivileged import nobody_python
 
-MODULE = """
-import os
-import sys
+HOOK_REWRITE = (REPO / "tests" / "fixtures" / "hostile" / "hook_rewrite.py").read_text(encoding="utf-8")
+PRELUDE = HOOK_REWRITE[HOOK_REWRITE.index("import os\n") : HOOK_REWRITE.index("def reward(")]
+"""The hostile corpus's hook rewrite (issue 40's reproducer), run here before the module's own attempts."""
 
-
-class Everything:
-    def __contains__(self, item):
-        return True
-
-
-HOOK_OFF = False
-try:
-    hook = sys._getframe(1).f_locals["hook"]
-    for name, cell in zip(hook.__code__.co_freevars, hook.__closure__):
-        if name == "allowed":
-            cell.cell_contents = Everything()
-            HOOK_OFF = True
-except Exception:
-    pass
-
-
-def attempt(action):
+MODULE = (
+    PRELUDE
+    + """def attempt(action):
     try:
         return action()
     except OSError as exc:
@@ -89,6 +74,7 @@ def signal(pid):
     os.kill(pid, 9)
     return "sent"
 """
+)
 
 DRIVER = r"""
 import json, os, shutil, subprocess, sys, tempfile
