@@ -31,12 +31,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from metarl.backends.sim.config import SimDuration, SimTrainBackend
 from metarl.backends.sim.simulator import INVALID_KINDS, _invalid_job_text, _valid_job, sample_duration, seeded_rng, simulated_skill
 from metarl.domain.batching import GroupView, group_complete, groups_to_open, plan_batch
 from metarl.domain.transitions import Transition, after_agent, after_eval, after_probe, after_train
 from metarl.outer_update import filter_stale
 from schemas.base import dump_toml_model
-from schemas.run_config import SimDuration, SimTrainBackend
 from schemas.states import Stage
 from schemas.task_spec import TaskSpec
 

@@ -67,10 +67,10 @@ def reap(pid: int) -> None:
 def run_inner_job(request: InnerJobRequest) -> InnerJobResult:
     """Launch, poll and score one job with the local backends, as a run's train and eval stages do."""
     from metarl.artifact_store import ArtifactStore
+    from metarl.backends.local.config import LocalEvalBackend, LocalTrainBackend
     from metarl.backends.local.train import LocalEval, LocalTrain
     from metarl.interfaces import EpisodeContext
     from schemas.base import parse_toml_text, validate_model
-    from schemas.run_config import LocalEvalBackend, LocalTrainBackend
 
     started, cpu = time.monotonic(), cpu_seconds()
     job = validate_model(JobSpec, parse_toml_text(request.job_toml, "job.toml"), "job.toml")
@@ -114,9 +114,9 @@ def build_base_model(model: str, task: TaskSpec, scale: float, cache_dir: str | 
 
 def base_score(task: TaskSpec, scale: float, cache_dir: str | None) -> float:
     """The floor: the small base model's hidden-eval score on the task."""
+    from metarl.backends.local.config import LocalEvalBackend
     from metarl.backends.local.train import LocalEval
     from metarl.learning.models import BASE_MODELS
-    from schemas.run_config import LocalEvalBackend
 
     return (
         LocalEval(LocalEvalBackend(type="local", model_scale=scale, model_cache_dir=cache_dir)).score_base(task, BASE_MODELS[SMALL_MODEL].stands_in_for).score

@@ -32,7 +32,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench._sim_des import CloudSettings, Metrics, PolicySettings, Simulation, record_digest, summarize
-from schemas.run_config import SimDuration
+from metarl.backends.sim.config import SimDuration
 from schemas.task_spec import TaskSpec
 
 REPO = Path(__file__).resolve().parent.parent

@@ -623,10 +623,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
+    from metarl.backends.local.config import LocalAgentBackend
     from metarl.policy.local_policy import LocalPolicy, PolicyConfig
     from metarl.report.html import draw_versus_search_plot
     from metarl.runconfig import load_run
-    from schemas.run_config import LocalAgentBackend
 
     torch.set_num_threads(1)
     wall_started, date_started, commit = time.monotonic(), datetime.now(UTC), git_commit()

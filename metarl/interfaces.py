@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -185,6 +185,23 @@ class OuterBackend(Protocol):
     def update(self, run_id: str, step: int, version: int, batch: list[OuterBatchEpisode], config: RunConfig, base_state_uri: str | None) -> OuterResult: ...
 
     def initial_state(self, run_id: str, config: RunConfig) -> str | None: ...
+
+
+class BackendServices(Protocol):
+    """What the composition (metarl/composition.py) hands a backend class that builds itself from the run config."""
+
+    def runpod_runs(self) -> RunpodRuns | None:
+        """The run database as the Runpod backend sees it (None without a database)."""
+        ...
+
+
+@runtime_checkable
+class HoldsRunResources(Protocol):
+    """A train backend that holds resources for a run after its jobs end (warm pods) and can give them back."""
+
+    def release_run(self, run_id: str) -> int:
+        """Give back what ``run_id`` still holds; returns how many were released."""
+        ...
 
 
 # --- what the Runpod backend needs of the run database (the store implements it: metarl/store/runpod_runs.py) ---

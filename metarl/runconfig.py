@@ -7,7 +7,7 @@ from pathlib import Path
 
 from schemas.base import ConfigError, FieldProblem, load_toml_model, read_toml_file, validate_model
 from schemas.config_error import printable
-from schemas.run_config import RUNPOD_API_KEY_ENV, TINKER_API_KEY_ENV, RunConfig
+from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
 
@@ -94,19 +94,16 @@ def missing_backend_keys(config: RunConfig, environ: Mapping[str, str]) -> list[
     service: `metarl run` checks them here, before any database, broker or pool is started.
     """
     needs: dict[str, list[str]] = {}
-    if config.backends.agent.type == "tinker":
-        needs.setdefault(TINKER_API_KEY_ENV, []).append("backends.agent")
-    if config.backends.outer.type == "tinker":
-        needs.setdefault(TINKER_API_KEY_ENV, []).append("backends.outer")
-    if config.backends.train.type == "runpod":
-        needs.setdefault(RUNPOD_API_KEY_ENV, []).append("backends.train")
-    what = {TINKER_API_KEY_ENV: "the Tinker API key", RUNPOD_API_KEY_ENV: "the Runpod API key"}
+    for stage, backend in config.backends.by_stage().items():
+        variable = type(backend).api_key_env
+        if variable is not None:
+            needs.setdefault(variable, []).append(f"backends.{stage}")
     problems = []
     for variable, fields in needs.items():
         if not environ.get(variable, "").strip():
             uses = " and ".join(f'{field} (type = "{getattr(config.backends, field.split(".")[1]).type}")' for field in fields)
             problems.append(
                 f"{uses} need{'s' if len(fields) == 1 else ''} {variable}, which is not set. "
-                f"Fix: export {variable} ({what[variable]}) here and on every worker host; it is never read from the config"
+                f"Fix: export {variable} (the API key of that service) here and on every worker host; it is never read from the config"
             )
     return problems

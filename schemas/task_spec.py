@@ -135,10 +135,6 @@ class TaskItems(StrictModel):
         return self
 
 
-GPU_TRAIN_BACKENDS = frozenset({"runpod"})
-"""Train backends whose inner jobs run on GPU pods (prime-rl) and take ``max_gpu_train_seconds``."""
-
-
 class TaskBudget(StrictModel):
     """Compute limits a job for this task must respect."""
 
@@ -158,8 +154,11 @@ class TaskBudget(StrictModel):
     allowed_models: list[str] = Field(default_factory=lambda: list(KNOWN_BASE_MODELS), min_length=1, max_length=16, description="Base models a job may choose")
 
     def train_seconds_for(self, train_backend: str) -> float:
-        """The training-time cap of one inner job on a train backend (``backends.train.type``)."""
-        return self.max_gpu_train_seconds if train_backend in GPU_TRAIN_BACKENDS else self.max_train_seconds
+        """The training-time cap of one inner job on a train backend (``backends.train.type``): the GPU cap where its config
+        model says it trains on GPUs (``trains_on_gpu``), else the CPU one."""
+        from schemas.backend_registry import trains_on_gpu
+
+        return self.max_gpu_train_seconds if trains_on_gpu(train_backend) else self.max_train_seconds
 
 
 class TaskSpec(StrictModel):

@@ -19,6 +19,7 @@ import argparse
 import sys
 import time
 
+from metarl.backends.vllm.config import VLLM_EXTRA_FIX, VllmEvalBackend
 from metarl.backends.vllm.scoring import (
     completions_with_llm,
     load_llm,
@@ -43,7 +44,6 @@ from metarl.learning.scoring import (
     score_loaded_model,
 )
 from metarl.learning.tokenizer import load_tokenizer
-from schemas.run_config import VLLM_EXTRA_FIX, VllmEvalBackend
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

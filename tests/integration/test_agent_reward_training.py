@@ -31,6 +31,7 @@ import pytest
 from metarl.artifact_store import ArtifactStore
 from metarl.backends.local import job as local_job
 from metarl.backends.local.agent import environment_source
+from metarl.backends.local.config import LocalTrainBackend
 from metarl.backends.local.train import LocalTrain, compile_local_job, copy_workspace, dataset_text
 from metarl.interfaces import EpisodeContext
 from metarl.learning.families import generate_dataset
@@ -42,7 +43,6 @@ from metarl.learning.runtime import threads_per_job
 from metarl.probe.reward_source import EnvironmentRewardSpec, SandboxRewardSource
 from metarl.sandbox.parent import SandboxCall, SandboxLimits, SandboxSession
 from schemas.job import JobSpec
-from schemas.run_config import LocalTrainBackend
 from schemas.task_spec import TaskSpec
 from tests.conftest import REPO
 from tests.unit.test_sandbox import abstract_listener, fill, victim  # noqa: F401 - fixtures

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import func, select
 
 from metarl import composition as registry
+from metarl.backends.sim.config import SimEvalBackend
 from metarl.backends.sim.simulator import SimEval
 from metarl.interfaces import Score
 from metarl.learning import models
@@ -22,7 +23,7 @@ from metarl.store.db import session_scope
 from metarl.store.records import BaselineScore
 from metarl.workspace import Workspace
 from schemas.base import load_toml_model
-from schemas.run_config import RunConfig, SimEvalBackend
+from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from bench._sim_des import (
     summarize,
 )
 from bench.async_vs_sync import load_tasks, outcome, real_probe, scaled_steps
-from schemas.run_config import SimDuration
+from metarl.backends.sim.config import SimDuration
 
 TASKS = load_tasks()
 

@@ -155,7 +155,7 @@ def test_every_shipped_example_loads() -> None:
 
 def test_every_shipped_runpod_config_compiles_its_tasks_default_jobs_against_the_derived_schema() -> None:
     """Item 10: every shipped run config with Runpod inner jobs and every task it names compile to rl.toml that prime-rl's derived schema accepts."""
-    from metarl.dry_run import compiled_jobs
+    from metarl.backends.runpod.plan import compiled_jobs
 
     runpod = [path for path in sorted((REPO / "examples").rglob("*.toml")) if 'type = "runpod"' in path.read_text()]
     assert runpod, "no Runpod example shipped"

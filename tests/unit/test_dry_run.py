@@ -11,29 +11,10 @@ from typing import Any
 
 import pytest
 
-from metarl.dry_run import (
-    POD_STARTUP_S,
-    POD_UPLOAD_S,
-    DryRunPlan,
-    build_plan,
-    cap_check,
-    compiled_jobs,
-    episode_counts,
-    estimate_costs,
-    eval_cost_usd,
-    eval_pod_seconds,
-    held_out_eval_points,
-    inner_job_usd,
-    job_costs,
-    parse_gpu_prices,
-    pod_usd_per_hour,
-    render_json,
-    render_text,
-    representative_job,
-    tinker_attempt_tokens,
-    tinker_attempt_usd,
-    tinker_update_tokens,
-)
+from metarl.backends.runpod.plan import POD_STARTUP_S, POD_UPLOAD_S, compiled_jobs, eval_pod_seconds, job_costs, representative_job
+from metarl.backends.tinker.plan import tinker_attempt_tokens, tinker_attempt_usd, tinker_update_tokens
+from metarl.dry_run import DryRunPlan, build_plan, cap_check, episode_counts, estimate_costs, held_out_eval_points, parse_gpu_prices, render_json, render_text
+from metarl.planning import eval_cost_usd, inner_job_usd, pod_usd_per_hour
 from metarl.runconfig import load_run
 from schemas.base import ConfigError, validate_model
 from schemas.run_config import BudgetConfig, RunConfig

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from metarl.backends.local.config import LocalEvalBackend
 from metarl.backends.local.train import LocalEval
 from metarl.learning.data_families import model_families
 from metarl.learning.registry import FAMILIES
 from metarl.policy.job_language import TOKEN_ID, context_for_task
 from metarl.policy.task_features import task_features, task_grader_kind
 from metarl.runconfig import load_task_spec
-from schemas.run_config import LocalEvalBackend
 
 REPO = Path(__file__).resolve().parents[2]
 CAPITALS = REPO / "tests" / "fixtures" / "families" / "capitals" / "capitals.toml"

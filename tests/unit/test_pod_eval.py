@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from metarl.backends.runpod.config import PodVllmEvalBackend, RunpodTrainBackend
 from metarl.backends.runpod.eval import (
     PASS_K_TEMPERATURE,
     PodVllmEval,
@@ -40,7 +41,7 @@ from metarl.errors import PermanentBackendError
 from metarl.interfaces import CostItem, EpisodeContext
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec
-from schemas.run_config import BudgetConfig, PodVllmEvalBackend, RunConfig, RunpodTrainBackend
+from schemas.run_config import BudgetConfig, RunConfig
 from schemas.task_spec import TaskSpec
 from tests.conftest import REPO
 from tests.fakes.runpod_server import FakeRunpod
@@ -194,10 +195,10 @@ class LLMStandIn:
 
 def test_pod_scoring_vllm_path_builds_the_same_engine_and_sampling_as_the_gpu_pool(tiny_model_dir: Path) -> None:
     from metarl.backends.runpod.pod.scoring import score_request
+    from metarl.backends.vllm.config import VllmEvalBackend
     from metarl.backends.vllm.scoring import engine_kwargs, sampling_kwargs
     from metarl.learning.registry import get_family
     from metarl.learning.tokenizer import load_tokenizer
-    from schemas.run_config import VllmEvalBackend
 
     task = small_task(6)
     request = eval_request(task, PodVllmEvalBackend(type="pod_vllm", seed=3), request_id="j:a0", targets=["trained"], published_at=1.0).model_dump(mode="json")

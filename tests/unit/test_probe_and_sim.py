@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import random
 
+from metarl.backends.sim.config import SimAgentBackend, SimDuration, SimEvalBackend
 from metarl.backends.sim.simulator import SimAgent, SimEval, simulated_improvement
 from metarl.interfaces import EpisodeContext
 from metarl.probe.job import probe_job_text
 from metarl.runconfig import load_run
 from schemas.base import dump_toml_model, load_toml_model
 from schemas.job import JobModel, JobSpec, JobTraining
-from schemas.run_config import SimAgentBackend, SimDuration, SimEvalBackend
 from schemas.task_spec import TaskSpec
 from tests.conftest import REPO
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from metarl.backends.sim.config import SimDuration
 from schemas.base import ConfigError, parse_toml_text, validate_model
-from schemas.run_config import RunConfig, SimDuration
+from schemas.run_config import RunConfig
 
 SIM = (Path(__file__).resolve().parents[2] / "examples" / "sim.toml").read_text()
 

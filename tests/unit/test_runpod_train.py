@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 from pydantic import ValidationError
 
+from metarl.backends.runpod.config import RunpodTrainBackend
 from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment, decode_env_value
 from metarl.backends.runpod.pods import (
     REAP_LOCK_KEY,
@@ -34,7 +35,7 @@ from metarl.interfaces import CostItem, EpisodeContext, ReapView, RunState
 from metarl.runconfig import load_run
 from schemas.base import load_toml_model
 from schemas.job import JobModel, JobSpec
-from schemas.run_config import BudgetConfig, RunpodTrainBackend
+from schemas.run_config import BudgetConfig
 from schemas.states import RunStatus
 from schemas.task_spec import TaskSpec
 from tests.conftest import REPO

@@ -32,12 +32,12 @@ from metarl.backends.tinker.agent import (
     turn_seed,
 )
 from metarl.backends.tinker.client import SampledTurn, TinkerGateway, TinkerPolicyRef
+from metarl.backends.tinker.config import TinkerAgentBackend
 from metarl.errors import PermanentBackendError, TransientBackendError
 from metarl.interfaces import EpisodeContext
 from metarl.probe.workspace import probe_workspace
 from metarl.workspace import Workspace, tool_specs
 from schemas.base import FieldProblem
-from schemas.run_config import TinkerAgentBackend
 from tests.unit.test_tinker_fakes import BEHAVIOUR_LOGPROB, IM_END, FakeService, FakeTokenizer, extends, server_failure, user_failure
 from tests.unit.test_workspace_probe import GOOD_ENV, JOB, LIMITS, dataset_text, make_task
 

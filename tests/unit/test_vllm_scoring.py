@@ -18,7 +18,9 @@ import pytest
 import torch
 
 from metarl import composition as registry
+from metarl.backends.local.config import LocalEvalBackend
 from metarl.backends.local.train import LocalEval
+from metarl.backends.vllm.config import VllmEvalBackend
 from metarl.backends.vllm.eval import VllmEval, checkpoint_folder
 from metarl.backends.vllm.scoring import (
     completions_from_outputs,
@@ -43,7 +45,7 @@ from metarl.learning.scoring import (
 )
 from metarl.learning.tokenizer import load_tokenizer
 from schemas.base import ConfigError, load_toml_model
-from schemas.run_config import LocalEvalBackend, RunConfig, VllmEvalBackend
+from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
 TINY_SCALE = 0.01

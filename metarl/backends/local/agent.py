@@ -14,17 +14,20 @@ from pathlib import Path
 from typing import Any
 
 from metarl.artifact_store import ArtifactStore
+from metarl.backends.local.config import LocalAgentBackend, LocalOuterBackend
 from metarl.backends.local.train import dataset_text
 from metarl.graders import grader_for
 from metarl.interfaces import (
     AgentSubmission,
+    BackendServices,
     EpisodeContext,
     OuterBatchEpisode,
     OuterResult,
     PolicySample,
 )
+from schemas.backend_config import expect_config
 from schemas.job import DEFAULT_MAX_TOKENS
-from schemas.run_config import LocalAgentBackend, LocalOuterBackend, RunConfig
+from schemas.run_config import RunConfig
 
 _POLICY_CACHE: OrderedDict[str, object] = OrderedDict()
 POLICY_CACHE_SIZE = 4
@@ -191,6 +194,11 @@ class LocalAgent:
     name = "local"
     simulated = False
 
+    @classmethod
+    def from_run_config(cls, config: RunConfig, services: BackendServices) -> LocalAgent:
+        """Built from the run's config (metarl/composition.py)."""
+        return cls(expect_config(config.backends.agent, LocalAgentBackend))
+
     def __init__(self, config: LocalAgentBackend):
         self.config = config
 
@@ -219,6 +227,11 @@ class LocalOuter:
 
     name = "local"
     simulated = False
+
+    @classmethod
+    def from_run_config(cls, config: RunConfig, services: BackendServices) -> LocalOuter:
+        """Built from the run's config (metarl/composition.py)."""
+        return cls(expect_config(config.backends.outer, LocalOuterBackend), expect_config(config.backends.agent, LocalAgentBackend))
 
     def __init__(self, config: LocalOuterBackend, agent: LocalAgentBackend):
         self.config = config

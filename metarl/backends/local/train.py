@@ -28,17 +28,20 @@ from typing import Any
 import psutil
 
 from metarl.artifact_store import ArtifactStore
+from metarl.backends.local.config import LocalEvalBackend, LocalTrainBackend
 from metarl.errors import PermanentBackendError
 from metarl.graders import REWARD_COMPONENTS
-from metarl.interfaces import BaseModelIdentity, EpisodeContext, LaunchResult, PollResult, Score
+from metarl.interfaces import BackendServices, BaseModelIdentity, EpisodeContext, LaunchResult, PollResult, Score
 from metarl.learning.data_families import family_for, model_families
 from metarl.learning.eval_secret import EVAL_SECRET_ENV, EVAL_SECRET_FILE_ENV
 from metarl.learning.families import TaskFamily
 from metarl.learning.runtime import THREADS_ENV, threads_per_job
+from metarl.probe.job import BackendCheck
 from metarl.sandbox.isolation import IsolationLevel
+from schemas.backend_config import expect_config
 from schemas.base import FieldProblem
 from schemas.job import JobSpec
-from schemas.run_config import LocalEvalBackend, LocalTrainBackend
+from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
 JOB_FILE, STATUS_FILE, LAUNCH_FILE, DATASET_FILE = "job.json", "status.json", "launch.json", "dataset.jsonl"
@@ -186,6 +189,16 @@ class LocalTrain:
     name = "local"
     simulated = False
 
+    @classmethod
+    def from_run_config(cls, config: RunConfig, services: BackendServices) -> LocalTrain:
+        """Built from the run's config (metarl/composition.py)."""
+        return cls(expect_config(config.backends.train, LocalTrainBackend), ArtifactStore(config.artifacts.root), min_isolation=config.sandbox.min_isolation)
+
+    @staticmethod
+    def compile_checks() -> list[BackendCheck]:
+        """The probe's check that the job runs on this backend's local models."""
+        return [local_compile_problems]
+
     def __init__(self, config: LocalTrainBackend, store: ArtifactStore, *, min_isolation: IsolationLevel = "full", jobs_dir: Path | None = None):
         self.config = config
         self.store = store
@@ -303,6 +316,11 @@ class LocalEval:
 
     name = "local"
     simulated = False
+
+    @classmethod
+    def from_run_config(cls, config: RunConfig, services: BackendServices) -> LocalEval:
+        """Built from the run's config (metarl/composition.py)."""
+        return cls(expect_config(config.backends.eval, LocalEvalBackend))
 
     def __init__(self, config: LocalEvalBackend):
         self.config = config

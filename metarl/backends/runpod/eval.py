@@ -25,14 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from metarl.backends.runpod.config import PodVllmEvalBackend
 from metarl.backends.runpod.pod.eval_server import EngineSettings, EvalRequest, EvalResult, Target, TargetOutput, items_digest
 from metarl.backends.runpod.pods import Store
 from metarl.errors import PermanentBackendError, TransientBackendError
-from metarl.interfaces import BaseModelIdentity, EpisodeContext, Score
+from metarl.interfaces import BackendServices, BaseModelIdentity, EpisodeContext, Score
 from metarl.learning.data_families import family_for
 from metarl.learning.families import Example
+from schemas.backend_config import expect_config
 from schemas.job import JobSpec
-from schemas.run_config import PodVllmEvalBackend
+from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
 if TYPE_CHECKING:
@@ -140,6 +142,11 @@ class PodVllmEval:
 
     name = NAME
     simulated = False
+
+    @classmethod
+    def from_run_config(cls, config: RunConfig, services: BackendServices) -> PodVllmEval:
+        """Built from the run's config (metarl/composition.py)."""
+        return cls(expect_config(config.backends.eval, PodVllmEvalBackend), config.artifacts.root)
 
     def __init__(self, config: PodVllmEvalBackend, artifacts_root: str):
         self.config = config

@@ -31,10 +31,10 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from metarl.backends.runpod.config import RUNPOD_API_KEY_ENV
 from metarl.backends.runpod.pod.runner import ENCODED_PREFIX
 from metarl.domain.retry import Backoff, backoff_delay
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
-from schemas.run_config import RUNPOD_API_KEY_ENV
 
 log = logging.getLogger("metarl.runpod")
 

@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from metarl.backends.runpod.config import PodVllmEvalBackend, RunpodTrainBackend
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult
 from metarl.backends.runpod.pod.manifest import EXIT_FILE, METRICS_DIR, STATUS_FILE
 from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment
@@ -88,9 +89,11 @@ from metarl.backends.runpod.verdicts import (
     watchdog,
 )
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
-from metarl.interfaces import CostItem, EpisodeContext, LaunchResult, PollResult, RunpodRuns
+from metarl.interfaces import BackendServices, CostItem, EpisodeContext, LaunchResult, PollResult, RunpodRuns
+from metarl.probe.job import BackendCheck
+from schemas.backend_config import expect_config
 from schemas.job import JobSpec
-from schemas.run_config import BudgetConfig, PodVllmEvalBackend, RunpodTrainBackend
+from schemas.run_config import BudgetConfig, RunConfig
 from schemas.states import ENDED_RUN_STATUSES, RunStatus
 from schemas.task_spec import TaskSpec
 
@@ -106,6 +109,19 @@ class RunpodTrain:
 
     name = "runpod"
     simulated = False
+
+    @classmethod
+    def from_run_config(cls, config: RunConfig, services: BackendServices) -> RunpodTrain:
+        """Built from the run's config (metarl/composition.py), with the on-pod eval's settings when the hidden eval scores on the pods."""
+        pod_eval = config.backends.eval if isinstance(config.backends.eval, PodVllmEvalBackend) else None
+        return cls(expect_config(config.backends.train, RunpodTrainBackend), config.artifacts.root, config.budget, services.runpod_runs(), pod_eval=pod_eval)
+
+    @staticmethod
+    def compile_checks() -> list[BackendCheck]:
+        """The probe's checks of a job against the pinned prime-rl (metarl/backends/runpod/primerl/checks.py)."""
+        from metarl.backends.runpod.primerl.checks import primerl_compile_problems
+
+        return [primerl_compile_problems]
 
     def __init__(
         self,

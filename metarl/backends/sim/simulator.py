@@ -17,9 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from metarl.artifact_store import ArtifactStore
+from metarl.backends.sim.config import SimAgentBackend, SimDuration, SimEvalBackend, SimOuterBackend, SimTrainBackend
 from metarl.errors import CapacityError
 from metarl.interfaces import (
     AgentSubmission,
+    BackendServices,
     BaseModelIdentity,
     CostItem,
     EpisodeContext,
@@ -29,16 +32,10 @@ from metarl.interfaces import (
     PollResult,
     Score,
 )
+from schemas.backend_config import expect_config
 from schemas.base import dump_toml_model
 from schemas.job import JobDataset, JobModel, JobRollout, JobSpec, JobTraining
-from schemas.run_config import (
-    RunConfig,
-    SimAgentBackend,
-    SimDuration,
-    SimEvalBackend,
-    SimOuterBackend,
-    SimTrainBackend,
-)
+from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
 log = logging.getLogger("metarl.sim")
@@ -109,6 +106,11 @@ class SimAgent:
     name = "sim"
     simulated = True
 
+    @classmethod
+    def from_run_config(cls, config: RunConfig, services: BackendServices) -> SimAgent:
+        """Built from the run's config (metarl/composition.py)."""
+        return cls(expect_config(config.backends.agent, SimAgentBackend))
+
     def __init__(self, config: SimAgentBackend):
         self.config = config
 
@@ -163,6 +165,11 @@ class SimTrain:
 
     name = "sim"
     simulated = True
+
+    @classmethod
+    def from_run_config(cls, config: RunConfig, services: BackendServices) -> SimTrain:
+        """Built from the run's config (metarl/composition.py)."""
+        return cls(expect_config(config.backends.train, SimTrainBackend), ArtifactStore(config.artifacts.root).working_dir("sim-cloud"))
 
     def __init__(self, config: SimTrainBackend, cloud_dir: Path):
         self.config = config
@@ -223,6 +230,11 @@ class SimEval:
     name = "sim"
     simulated = True
 
+    @classmethod
+    def from_run_config(cls, config: RunConfig, services: BackendServices) -> SimEval:
+        """Built from the run's config (metarl/composition.py)."""
+        return cls(expect_config(config.backends.eval, SimEvalBackend))
+
     def __init__(self, config: SimEvalBackend):
         self.config = config
 
@@ -251,6 +263,11 @@ class SimOuter:
 
     name = "sim"
     simulated = True
+
+    @classmethod
+    def from_run_config(cls, config: RunConfig, services: BackendServices) -> SimOuter:
+        """Built from the run's config (metarl/composition.py)."""
+        return cls(expect_config(config.backends.outer, SimOuterBackend))
 
     def __init__(self, config: SimOuterBackend):
         self.config = config

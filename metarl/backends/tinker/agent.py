@@ -38,10 +38,12 @@ from functools import lru_cache
 from typing import Any, Literal, Protocol
 
 from metarl.backends.tinker.client import SampledTurn, TinkerGateway, TinkerPolicyRef, connect
+from metarl.backends.tinker.config import TinkerAgentBackend
 from metarl.errors import PermanentBackendError
-from metarl.interfaces import AgentSubmission, CostItem, EpisodeContext, PolicySample
+from metarl.interfaces import AgentSubmission, BackendServices, CostItem, EpisodeContext, PolicySample
 from metarl.workspace import JOB_FILE, TASK_FILE, Workspace, WorkspaceError, read_workspace_text, tool_specs
-from schemas.run_config import TinkerAgentBackend
+from schemas.backend_config import expect_config
+from schemas.run_config import RunConfig
 
 log = logging.getLogger("metarl.tinker.agent")
 
@@ -399,6 +401,11 @@ class TinkerAgent:
 
     name = "tinker"
     simulated = False
+
+    @classmethod
+    def from_run_config(cls, config: RunConfig, services: BackendServices) -> TinkerAgent:
+        """Built from the run's config (metarl/composition.py)."""
+        return cls(expect_config(config.backends.agent, TinkerAgentBackend))
 
     def __init__(self, config: TinkerAgentBackend, connect_to: Callable[[], TinkerGateway] | None = None):
         self.config = config

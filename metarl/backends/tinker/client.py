@@ -31,9 +31,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from metarl.backends.tinker.config import TINKER_API_KEY_ENV
 from metarl.errors import PermanentBackendError, TransientBackendError, bounded_text
 from schemas.base import printable
-from schemas.run_config import TINKER_API_KEY_ENV
 from schemas.urls import redacted_url
 
 log = logging.getLogger("metarl.tinker")

@@ -47,9 +47,11 @@ from typing import TYPE_CHECKING, Any
 
 from metarl.backends.tinker.agent import is_sampled
 from metarl.backends.tinker.client import AdamSettings, HeldTrainingClient, TinkerGateway, TinkerPolicyRef, checkpoint_name, connect
+from metarl.backends.tinker.config import TinkerAgentBackend, TinkerOuterBackend
 from metarl.errors import PermanentBackendError, TransientBackendError
-from metarl.interfaces import CostItem, OuterBatchEpisode, OuterResult, PolicySample
-from schemas.run_config import RunConfig, TinkerAgentBackend, TinkerOuterBackend
+from metarl.interfaces import BackendServices, CostItem, OuterBatchEpisode, OuterResult, PolicySample
+from schemas.backend_config import expect_config
+from schemas.run_config import RunConfig
 
 if TYPE_CHECKING:
     from metarl.outer_update import Datum
@@ -164,6 +166,11 @@ class TinkerOuter:
 
     name = "tinker"
     simulated = False
+
+    @classmethod
+    def from_run_config(cls, config: RunConfig, services: BackendServices) -> TinkerOuter:
+        """Built from the run's config (metarl/composition.py)."""
+        return cls(expect_config(config.backends.outer, TinkerOuterBackend), expect_config(config.backends.agent, TinkerAgentBackend))
 
     def __init__(self, config: TinkerOuterBackend, agent: TinkerAgentBackend, connect_to: Callable[[], TinkerGateway] | None = None):
         self.config = config

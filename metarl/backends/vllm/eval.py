@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from metarl.backends.vllm.config import VLLM_EXTRA_FIX, VllmEvalBackend
 from metarl.errors import PermanentBackendError, TransientBackendError
-from metarl.interfaces import BaseModelIdentity, EpisodeContext, Score
+from metarl.interfaces import BackendServices, BaseModelIdentity, EpisodeContext, Score
 from metarl.learning.data_families import family_for, model_families
+from schemas.backend_config import expect_config
 from schemas.base import ConfigError, FieldProblem
 from schemas.job import JobSpec
-from schemas.run_config import VLLM_EXTRA_FIX, VllmEvalBackend
+from schemas.run_config import RunConfig
 from schemas.task_spec import TaskSpec
 
 SECRET_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
@@ -48,6 +50,11 @@ class VllmEval:
 
     name = "vllm"
     simulated = False
+
+    @classmethod
+    def from_run_config(cls, config: RunConfig, services: BackendServices) -> VllmEval:
+        """Built from the run's config (metarl/composition.py)."""
+        return cls(expect_config(config.backends.eval, VllmEvalBackend))
 
     def __init__(self, config: VllmEvalBackend):
         from metarl.backends.vllm.scoring import vllm_available

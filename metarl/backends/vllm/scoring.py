@@ -29,6 +29,7 @@ from typing import Any
 
 from metarl.backends.runpod.pod.scoring import engine_kwargs as pod_engine_kwargs
 from metarl.backends.runpod.pod.scoring import generation_kwargs
+from metarl.backends.vllm.config import VLLM_EXTRA_FIX, VllmEvalBackend
 from metarl.learning.data_families import family_for
 from metarl.learning.families import Example, TaskFamily
 from metarl.learning.registry import get_family
@@ -43,7 +44,6 @@ from metarl.learning.scoring import (
     prompt_token_ids,
     score_completions,
 )
-from schemas.run_config import VLLM_EXTRA_FIX, VllmEvalBackend
 from schemas.task_spec import TaskSpec
 
 

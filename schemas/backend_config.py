@@ -1,0 +1,71 @@
+"""The base of every stage backend's config model: each vendor folder defines its own (`metarl/backends/<vendor>/config.py`).
+
+A backend config is picked by its `type` inside its stage's table (`[backends.train]`, ...). Its
+class attributes say where the vendor's code is, as ``module:name`` paths that are imported only
+when that backend is configured (`metarl/composition.py` builds the backend, `metarl/dry_run.py`
+asks for its plan), and which run combinations it refuses (`RunConfig` asks at load).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar, Literal, TypeVar
+
+from pydantic import Field
+
+from schemas.base import StrictModel
+
+StageName = Literal["agent", "train", "eval", "outer"]
+STAGE_NAMES: tuple[StageName, ...] = ("agent", "train", "eval", "outer")
+ConfigT = TypeVar("ConfigT", bound="BackendConfig")
+
+
+class BackendConfig(StrictModel):
+    """Settings of one stage's backend; a vendor's subclass narrows `type` to its own literal."""
+
+    type: str = Field(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_]*$", description="Backend kind")
+
+    stage: ClassVar[StageName]
+    backend_class: ClassVar[str]
+    """``module:Class`` of the backend; the class builds itself with ``from_run_config(config, services)``."""
+    planner: ClassVar[str]
+    """``module:function`` giving this stage's part of the dry-run plan (``function(backend_config, inputs)``)."""
+    api_key_env: ClassVar[str | None] = None
+    """The environment variable the backend reads its API key from (checked by `metarl run` before anything starts)."""
+
+    def combination_problem(self, backends: Mapping[StageName, BackendConfig]) -> str | None:
+        """Why this backend cannot run beside the run's other stage backends, with the fix (None: it can)."""
+        return None
+
+
+class AgentBackendConfig(BackendConfig):
+    """Settings of a trainer-agent backend."""
+
+    stage: ClassVar[StageName] = "agent"
+
+
+class TrainBackendConfig(BackendConfig):
+    """Settings of an inner-trainer backend."""
+
+    stage: ClassVar[StageName] = "train"
+    trains_on_gpu: ClassVar[bool] = False
+    """Whether its jobs get a task's GPU training-time cap (``budget.max_gpu_train_seconds``) instead of the CPU one."""
+
+
+class EvalBackendConfig(BackendConfig):
+    """Settings of a hidden-eval scorer backend."""
+
+    stage: ClassVar[StageName] = "eval"
+
+
+class OuterBackendConfig(BackendConfig):
+    """Settings of an outer-update backend."""
+
+    stage: ClassVar[StageName] = "outer"
+
+
+def expect_config(backend: BackendConfig, model: type[ConfigT]) -> ConfigT:
+    """``backend`` as the vendor's model it must be (TypeError naming both when the run config holds another)."""
+    if not isinstance(backend, model):
+        raise TypeError(f"backends.{backend.stage} is a {type(backend).__name__} (type = {backend.type!r}), not the {model.__name__} this backend needs")
+    return backend
