@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 REFERENCE_STEPS = 54
 TARGET_BUSY = 0.95
 TARGET_SPEEDUP = 1.8
-PRICE_SOURCE = "SimTrainBackend.usd_per_hour default in schemas/run_config.py (one 2x A40 pod); the reference run gives only ~$0.13-0.30 per inner job"
+PRICE_SOURCE = "SimTrainBackend.usd_per_hour default in metarl/backends/sim/config.py (one 2x A40 pod); the reference run gives only ~$0.13-0.30 per inner job"
 
 
 class Outcome(BaseModel):

@@ -8,7 +8,7 @@ next user turn; this repeats until ``submit()`` succeeds or a cap is hit (turns,
 budget). Sampling uses the snapshot sampler weights of the episode's policy version. Each turn's
 ``max_tokens`` is capped at the context left (window minus prompt, as tinker-cookbook's
 ``TinkerTokenCompleter`` caps it), so a prompt plus its reply never exceeds ``max_context_tokens``,
-which itself fits the base model's window (:data:`schemas.run_config.TINKER_CONTEXT_WINDOWS`).
+which itself fits the base model's window (:data:`metarl.backends.tinker.config.TINKER_CONTEXT_WINDOWS`).
 
 Tokens. The conversation is one token sequence that only grows: each prompt is the previous prompt
 plus the exact sampled tokens plus the rendered tool results (never a re-rendering of the history),

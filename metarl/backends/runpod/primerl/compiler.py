@@ -143,7 +143,7 @@ def pod_compile_options(gpu_count: int, max_train_seconds: float | None = None) 
     """Options for a pod of ``gpu_count`` GPUs: half of them (at least one) train, the rest serve vLLM.
 
     Raises ValueError below two GPUs: prime-rl needs a trainer GPU and an inference GPU on the node
-    (``schemas.run_config.RunpodTrainBackend`` rejects such a config at load).
+    (``metarl.backends.runpod.config.RunpodTrainBackend`` rejects such a config at load).
     """
     if gpu_count < 2:
         raise ValueError(f"a {gpu_count}-GPU pod cannot run prime-rl: it needs one trainer and one inference GPU at least")
