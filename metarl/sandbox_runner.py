@@ -1,5 +1,7 @@
 """Child side of :mod:`metarl.sandbox.parent`: runs agent-written code under limits and reports one JSON frame.
 
+Over 600 lines on purpose: the sandbox binds this one file into the child, which can import nothing else of the project.
+
 Started by the parent as ``python -I -S -B sandbox_runner.py`` with cwd = the workspace, an almost
 empty environment and the request (JSON) on stdin. It uses the standard library only and must not
 import metarl (with ``-I -S`` neither the repository nor site-packages is on ``sys.path``).

@@ -1,5 +1,7 @@
 """Run agent-written Python (the environment/reward module) in a limited child process.
 
+Over 600 lines on purpose: the one-shot calls and SandboxSession share the launch, watch and teardown of one child; the value types and the frame reader are in sandbox/results.py.
+
 ``run_in_sandbox(workspace_dir, module_file, function, args_json, limits) -> SandboxResult`` runs
 one call; ``run_calls_in_sandbox`` runs many calls against one import of the module (the probe
 uses it: one process for all sample items); ``SandboxSession`` keeps one sandboxed import alive

@@ -33,7 +33,25 @@ TINKER_CONTEXT_WINDOWS: dict[str, int] = {
 """Context window (prompt plus sampled tokens) of the Tinker base models whose window we know; the service refuses more."""
 
 
-class TinkerAgentBackend(AgentBackendConfig):
+class TinkerTable(BackendConfig):
+    """What the two Tinker tables share: no API key in them, no credentials in `base_url`, and they come together."""
+
+    def combination_problem(self, backends: Mapping[StageName, BackendConfig]) -> str | None:
+        """The Tinker agent and the Tinker update come together, on one Tinker service."""
+        return tinker_pair_problem(backends)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data: object) -> object:
+        return refuse_secrets(hide_url_credentials(data, {"base_url": False}), TINKER_API_KEY_ENV, "the Tinker API key")
+
+    @field_validator("base_url", mode="before", check_fields=False)
+    @classmethod
+    def _no_url_credentials(cls, value: object) -> object:
+        return credential_free(value, user_allowed=False, fix=TINKER_URL_FIX)
+
+
+class TinkerAgentBackend(TinkerTable, AgentBackendConfig):
     """The trainer agent as an LLM on Tinker: snapshot sampling client per policy version, chat renderer, tool calls."""
 
     type: Literal["tinker"] = Field(description="Backend kind")
@@ -74,20 +92,6 @@ class TinkerAgentBackend(AgentBackendConfig):
         default=None, max_length=2048, pattern=r"^https?://[^\s]+$", description="Tinker API URL (default: TINKER_BASE_URL, then the SDK's)"
     )
     timeout_s: float = Field(default=900.0, ge=1.0, le=86_400.0, description="Longest wait for one Tinker request")
-
-    def combination_problem(self, backends: Mapping[StageName, BackendConfig]) -> str | None:
-        """The Tinker agent and the Tinker update come together, on one Tinker service."""
-        return tinker_pair_problem(backends)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_secrets(cls, data: object) -> object:
-        return refuse_secrets(hide_url_credentials(data, {"base_url": False}), TINKER_API_KEY_ENV, "the Tinker API key")
-
-    @field_validator("base_url", mode="before")
-    @classmethod
-    def _no_url_credentials(cls, value: object) -> object:
-        return credential_free(value, user_allowed=False, fix=TINKER_URL_FIX)
 
     @field_validator("max_context_tokens")
     @classmethod
@@ -135,7 +139,7 @@ CHECKPOINT_TTL_S = 7 * 86_400
 """Expiry of each version's saved state and sampler weights: the 7 days of tinker-cookbook 0.6.1's periodic checkpoints (rl/train.py `ttl_seconds`)."""
 
 
-class TinkerOuterBackend(OuterBackendConfig):
+class TinkerOuterBackend(TinkerTable, OuterBackendConfig):
     """GRPO of the Tinker LoRA policy with a clipped importance weight: forward_backward, Adam optim_step, save_state every step."""
 
     type: Literal["tinker"] = Field(description="Backend kind")
@@ -169,20 +173,6 @@ class TinkerOuterBackend(OuterBackendConfig):
     usd_per_million_train_tokens: float = Field(ge=0.0, le=1000.0, description="Tinker price of trained tokens, from its price list")
     base_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$", description="Tinker API URL; must equal backends.agent.base_url")
     timeout_s: float = Field(default=1800.0, ge=1.0, le=86_400.0, description="Longest wait for one Tinker request")
-
-    def combination_problem(self, backends: Mapping[StageName, BackendConfig]) -> str | None:
-        """The Tinker agent and the Tinker update come together, on one Tinker service."""
-        return tinker_pair_problem(backends)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_secrets(cls, data: object) -> object:
-        return refuse_secrets(hide_url_credentials(data, {"base_url": False}), TINKER_API_KEY_ENV, "the Tinker API key")
-
-    @field_validator("base_url", mode="before")
-    @classmethod
-    def _no_url_credentials(cls, value: object) -> object:
-        return credential_free(value, user_allowed=False, fix=TINKER_URL_FIX)
 
 
 CONFIGS = (TinkerAgentBackend, TinkerOuterBackend)
