@@ -16,11 +16,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.orm import Session
-
 from metarl.interfaces import BaseModelIdentity, BaseScoreKey, EvalBackend, Score
-from metarl.store.columns import checked_columns
+from metarl.store.columns import checked_columns, insert_lists
 from metarl.store.db import SqlTarget, run_sql, session_scope
 from metarl.store.records import BaselineScore
 from schemas.task_spec import TaskSpec
@@ -31,7 +28,9 @@ GRADER_SOURCES = ("families.py", "data_families.py", "scoring.py")
 BASE_SCORE_KEY_COLUMNS = checked_columns(BaselineScore.__table__, BaseScoreKey.model_fields)
 """The columns of a cached score's key: the fields of `BaseScoreKey` (the table's unique key, migration 0010)."""
 CACHED_BASELINE_SQL = f"SELECT score FROM baseline_scores WHERE {' AND '.join(f'{column} = %({column})s' for column in BASE_SCORE_KEY_COLUMNS)}"
-"""Sent as written (`cached_baseline`)."""
+STORE_COLUMNS, STORE_VALUES = insert_lists(BaselineScore.__table__, (*BASE_SCORE_KEY_COLUMNS, "score", "ci_low", "ci_high", "n_items"))
+STORE_BASELINE_SQL = f"INSERT INTO baseline_scores ({STORE_COLUMNS}) VALUES ({STORE_VALUES}) ON CONFLICT ON CONSTRAINT uq_baseline_scores_key DO NOTHING"
+"""Sent as written (`cached_baseline`, `store_baseline`)."""
 
 
 @functools.cache
@@ -87,13 +86,9 @@ def cached_baseline(session: SqlTarget, key: BaseScoreKey) -> float | None:
     return None if row is None else float(row[0])
 
 
-def store_baseline(session: Session, key: BaseScoreKey, score: Score) -> None:
+def store_baseline(session: SqlTarget, key: BaseScoreKey, score: Score) -> None:
     """Store a measured base score; a row stored meanwhile by another worker wins (same inputs, same score)."""
-    session.execute(
-        insert(BaselineScore)
-        .values(**key.model_dump(), score=score.score, ci_low=score.ci_low, ci_high=score.ci_high, n_items=score.n_items)
-        .on_conflict_do_nothing(constraint="uq_baseline_scores_key")
-    )
+    run_sql(session, STORE_BASELINE_SQL, {**key.model_dump(), "score": score.score, "ci_low": score.ci_low, "ci_high": score.ci_high, "n_items": score.n_items})
 
 
 def store_base_score(database_url: str, key: BaseScoreKey, score: Score) -> None:

@@ -10,14 +10,12 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import update
-
 from metarl.interfaces import OuterBatchEpisode, OuterResult, PolicySample
 from metarl.store.claims import RUNNING, OuterClaim, take_outer_step, utcnow
 from metarl.store.columns import columns_of, insert_lists
-from metarl.store.db import SqlTarget, json_param, run_sql, session_scope
+from metarl.store.db import SqlTarget, json_param, run_sql, session_scope, text_array_literal
 from metarl.store.episodes import record_costs
-from metarl.store.records import OuterStatus, OuterStep, PolicyVersion, Run, RunStatus
+from metarl.store.records import PolicyVersion, RunStatus
 from metarl.store.step_metrics import outer_step_metrics
 from metarl.store.tick_wakeup import request_tick
 from schemas.run_config import RunConfig, stored_run_config
@@ -54,6 +52,7 @@ LEFT JOIN probe_attempts pa ON pa.episode_id = e.id AND pa.policy_tokens IS NOT 
 WHERE g.outer_step_id = %(id)s
 ORDER BY e.id, pa.attempt
 """
+ENDED_ARRAY = text_array_literal(status.value for status in ENDED_RUN_STATUSES)
 FINISH_STEP_SQL = f"""
 UPDATE outer_steps SET status = 'done', policy_version_after = %(after)s, finished_at = %(now)s, metrics = %(metrics)s, error = NULL
 WHERE id = %(id)s AND token = %(token)s AND status = '{RUNNING}'
@@ -62,6 +61,13 @@ RETURNING id
 VERSION_COLUMNS, VERSION_VALUES = insert_lists(PolicyVersion.__table__, columns_of(PolicyVersion.__table__, without=("id",)), {"created_at": "now()"})
 INSERT_VERSION_SQL = f"INSERT INTO policy_versions ({VERSION_COLUMNS}) VALUES ({VERSION_VALUES})"
 ADVANCE_RUN_SQL = "UPDATE runs SET policy_version = %(after)s WHERE id = %(run_id)s AND policy_version = %(before)s"
+FAIL_STEP_SQL = f"""
+UPDATE outer_steps SET status = 'failed', error = %(message)s, finished_at = %(now)s, heartbeat_at = %(now)s
+WHERE id = %(id)s AND token = %(token)s AND status = '{RUNNING}'
+RETURNING run_id, step
+"""
+FAIL_RUN_SQL = f"UPDATE runs SET status = 'failed', status_message = %(message)s, finished_at = %(now)s WHERE id = %(run_id)s AND status <> ALL({ENDED_ARRAY})"
+NOTE_ATTEMPT_ERROR_SQL = f"UPDATE outer_steps SET error = %(message)s WHERE id = %(id)s AND status = '{RUNNING}'"
 """The outer task's statements, sent as they are (no ORM compilation)."""
 
 
@@ -154,24 +160,15 @@ def fail_outer_step(database_url: str, claim: OuterClaim, message: str) -> tuple
     """
     now = utcnow()
     with session_scope(database_url) as session:
-        failed = session.execute(
-            update(OuterStep)
-            .where(OuterStep.id == claim.outer_step_id, OuterStep.token == claim.token, OuterStep.status == OuterStatus.running)
-            .values(status=OuterStatus.failed, error=message, finished_at=now, heartbeat_at=now)
-            .returning(OuterStep.run_id, OuterStep.step)
-        ).one_or_none()
+        failed = run_sql(session, FAIL_STEP_SQL, {"id": claim.outer_step_id, "token": claim.token, "message": message, "now": now}).first()
         if failed is None:
             return None
         run_id, step = failed
-        session.execute(
-            update(Run)
-            .where(Run.id == run_id, Run.status.not_in(ENDED_RUN_STATUSES))
-            .values(status=RunStatus.failed, status_message=f"outer step {step} failed: {message}", finished_at=now)
-        )
+        run_sql(session, FAIL_RUN_SQL, {"run_id": run_id, "message": f"outer step {step} failed: {message}", "now": now})
     return run_id, step
 
 
 def note_outer_attempt_error(database_url: str, outer_step_id: int, message: str) -> None:
     """Note why an attempt at a running step ended (kept for the crash-loop message); its status is untouched."""
     with session_scope(database_url) as session:
-        session.execute(update(OuterStep).where(OuterStep.id == outer_step_id, OuterStep.status == OuterStatus.running).values(error=message))
+        run_sql(session, NOTE_ATTEMPT_ERROR_SQL, {"id": outer_step_id, "message": message})

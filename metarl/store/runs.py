@@ -19,8 +19,9 @@ from metarl.errors import RunNotFound
 from metarl.store.db import psycopg_connection, session_scope
 from metarl.store.failed_runs import ReopenedStep, reopen_failed_run
 from metarl.store.records import PolicyVersion, Run, RunStatus
+from metarl.store.report_data import episode_report, list_runs
 from metarl.store.run_ids import resolve_run_id
-from metarl.store.status import episode_report, list_runs, run_status
+from metarl.store.status import run_status
 
 if TYPE_CHECKING:
     from metarl.report.tables import ReportData
@@ -127,7 +128,7 @@ class RunsTransaction:
         return marked is not None
 
     def list_runs(self) -> list[dict[str, Any]]:
-        """The newest runs as `metarl status` lists them (`metarl.store.status.list_runs`)."""
+        """The newest runs as `metarl status` lists them (`metarl.store.report_data.list_runs`)."""
         return list_runs(self._session)
 
     def run_status(self, run_id: str, broker_url: str | None) -> dict[str, Any]:
@@ -135,7 +136,7 @@ class RunsTransaction:
         return run_status(psycopg_connection(self._session), run_id, broker_url)
 
     def episode_report(self, episode_id: int) -> dict[str, Any]:
-        """What happened to one episode (`metarl.store.status.episode_report`); LookupError when there is no such episode."""
+        """What happened to one episode (`metarl.store.report_data.episode_report`); LookupError when there is no such episode."""
         return episode_report(self._session, episode_id)
 
     def report_data(self, run_id: str) -> ReportData:

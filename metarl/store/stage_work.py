@@ -18,15 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from sqlalchemy import update
-
 from metarl.interfaces import BaseScoreKey, EpisodeContext
 from metarl.store.baselines import cached_baseline
 from metarl.store.claims import Claim, ClaimRefused, claim_stage, heartbeat
-from metarl.store.db import SqlTarget, session_scope, sql_transaction
+from metarl.store.db import SqlTarget, run_sql, session_scope, sql_transaction
 from metarl.store.episodes import StageRow, config_and_task, stage_context, stage_row_and_claim
 from metarl.store.inner_jobs import CreationBlock, InnerJobRow, create_within_limits
-from metarl.store.records import Episode, Stage, StageClaim
+from metarl.store.records import Stage
 from schemas.run_config import RunConfig
 from schemas.states import ENDED_RUN_STATUSES
 from schemas.task_spec import TaskSpec
@@ -131,16 +129,18 @@ def claim_stage_work(
         return StageWork(claimed, load(ClaimReads(sql), claimed) if load is not None else None)
 
 
+NOTE_CLAIM_WAIT_SQL = "UPDATE stage_claims SET error = %(error)s WHERE id = %(claim_id)s"
+NOTE_EPISODE_WAIT_SQL = "UPDATE episodes SET error = %(error)s WHERE id = %(episode_id)s AND stage = %(stage)s AND probe_attempt = %(probe_attempt)s"
+"""A storage wait shown on the claim and on the episode (`note_storage_wait`), sent as written."""
+
+
 def note_storage_wait(database_url: str, claim: Claim, error: str) -> bool:
     """The stage waits for storage space: renew its claim and show `error` on the claim and on the episode (`metarl status`),
     in one transaction. False (nothing written) when the claim was taken over."""
     with session_scope(database_url) as session:
         if not heartbeat(session, claim):
             return False
-        session.execute(update(StageClaim).where(StageClaim.id == claim.claim_id).values(error=error))
-        session.execute(
-            update(Episode)
-            .where(Episode.id == claim.episode_id, Episode.stage == claim.stage, Episode.probe_attempt == claim.probe_attempt)
-            .values(error=error)
-        )
+        params = {"claim_id": claim.claim_id, "episode_id": claim.episode_id, "stage": claim.stage.value, "probe_attempt": claim.probe_attempt, "error": error}
+        run_sql(session, NOTE_CLAIM_WAIT_SQL, params)
+        run_sql(session, NOTE_EPISODE_WAIT_SQL, params)
     return True

@@ -2,7 +2,7 @@
 
 `run_status` reads a run's records with plain SQL on a psycopg connection, so `metarl status
 RUN_ID` imports neither SQLAlchemy nor the record models (about a third of its time went to those
-imports, bench.scale); the listing and the episode report use the ORM.
+imports, bench.scale). The listing and the episode report, ORM reads, are in `report_data.py`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from schemas.urls import redacted_url
 
 if TYPE_CHECKING:
     import psycopg
-    from sqlalchemy.orm import Session
 
 log = logging.getLogger("metarl.status")
 
@@ -107,34 +106,6 @@ def _filesystem_depth(folder: Path, queue: str) -> int:
 
 SHORT_ID_MIN_LENGTH = 8
 """Fewest characters of a run id that the runs table shows."""
-
-
-def list_runs(session: Session) -> list[dict[str, Any]]:
-    """The 50 newest runs, each with `short_id`: the id's shortest unique prefix (:func:`unique_prefix`)."""
-    from sqlalchemy import func, select
-
-    from metarl.store.ledger import run_total_usd
-    from metarl.store.records import Run
-
-    in_order = func.lower(Run.id).collate("C")
-    neighbours = select(
-        Run.id.label("id"), func.lag(Run.id).over(order_by=in_order).label("before"), func.lead(Run.id).over(order_by=in_order).label("after")
-    ).subquery()
-    found = session.execute(
-        select(Run, neighbours.c.before, neighbours.c.after).join(neighbours, neighbours.c.id == Run.id).order_by(Run.created_at.desc()).limit(50)
-    ).all()
-    return [
-        {
-            "id": run.id,
-            "short_id": unique_prefix(run.id, (before, after)),
-            "name": run.name,
-            "status": run.status.value,
-            "policy_version": run.policy_version,
-            "created_at": run.created_at.isoformat(),
-            "cost_usd": round(run_total_usd(session, run.id), 4),
-        }
-        for run, before, after in found
-    ]
 
 
 def unique_prefix(run_id: str, neighbours: Iterable[str | None], minimum: int = SHORT_ID_MIN_LENGTH) -> str:
@@ -300,11 +271,11 @@ def status_document(
         "cost_usd_total": float(sum((total or 0) for _, _, total, _ in costs)),
         "rewards": {
             "episodes": int(rewards[0] or 0),
-            "total_mean": _f(rewards[1]),
-            "job_mean": _f(rewards[2]),
-            "validation_mean": _f(rewards[3]),
-            "efficiency_mean": _f(rewards[4]),
-            "speed_mean": _f(rewards[5]),
+            "total_mean": optional_float(rewards[1]),
+            "job_mean": optional_float(rewards[2]),
+            "validation_mean": optional_float(rewards[3]),
+            "efficiency_mean": optional_float(rewards[4]),
+            "speed_mean": optional_float(rewards[5]),
         },
         "recent_episodes": [
             {
@@ -312,11 +283,11 @@ def status_document(
                 "task": t,
                 "stage": s,
                 "policy_version": v,
-                "reward": _f(total),
-                "job": _f(job),
-                "validation": _f(val),
-                "efficiency": _f(eff),
-                "speed": _f(speed),
+                "reward": optional_float(total),
+                "job": optional_float(job),
+                "validation": optional_float(val),
+                "efficiency": optional_float(eff),
+                "speed": optional_float(speed),
             }
             for e, t, s, v, total, job, val, eff, speed in recent
         ],
@@ -356,96 +327,6 @@ def outer_step_line(step_row: tuple[Any, ...], held_out: dict[int, float]) -> di
     }
 
 
-def _f(value: Any) -> float | None:
+def optional_float(value: Any) -> float | None:
+    """A database number as a float rounded to 4 places (None stays None)."""
     return None if value is None else round(float(value), 4)
-
-
-def episode_report(session: Session, episode_id: int) -> dict[str, Any]:
-    """What happened to one episode and what it cost: stage claims, submissions, inner job, scores, reward, charges."""
-    from sqlalchemy import select
-
-    from metarl.store.records import CostEntry, Episode, Evaluation, InnerJob, ProbeAttempt, Reward, StageClaim
-
-    episode = session.get(Episode, episode_id)
-    if episode is None:
-        raise LookupError(episode_id)
-    claims = session.execute(select(StageClaim).where(StageClaim.episode_id == episode_id).order_by(StageClaim.claimed_at)).scalars().all()
-    attempts = session.execute(select(ProbeAttempt).where(ProbeAttempt.episode_id == episode_id).order_by(ProbeAttempt.attempt)).scalars().all()
-    job = session.execute(select(InnerJob).where(InnerJob.episode_id == episode_id)).scalar_one_or_none()
-    evaluation = session.execute(select(Evaluation).where(Evaluation.episode_id == episode_id)).scalar_one_or_none()
-    reward = session.execute(select(Reward).where(Reward.episode_id == episode_id)).scalar_one_or_none()
-    costs = session.execute(select(CostEntry).where(CostEntry.episode_id == episode_id).order_by(CostEntry.created_at)).scalars().all()
-    return {
-        "episode": {
-            "id": episode.id,
-            "run": episode.run_id,
-            "task": episode.task_id,
-            "group": episode.group_id,
-            "policy_version": episode.policy_version,
-            "held_out": episode.held_out,
-            "stage": episode.stage.value,
-            "probe_attempt": episode.probe_attempt,
-            "dispatches": episode.dispatch_count,
-            "error": episode.error,
-        },
-        "claims": [
-            {
-                "stage": c.stage.value,
-                "attempt": c.probe_attempt,
-                "status": c.status.value,
-                "worker": c.worker,
-                "takeovers": c.takeovers,
-                "transient_failures": c.transient_failures,
-                "seconds": _f(c.duration_s),
-                "error": c.error,
-            }
-            for c in claims
-        ],
-        "attempts": [
-            {
-                "attempt": a.attempt,
-                "passed": a.passed,
-                "model": a.model_name,
-                "agent_tokens": a.agent_tokens,
-                "errors": a.errors,
-                "workspace": a.workspace_uri,
-                "isolation": a.isolation,
-            }
-            for a in attempts
-        ],
-        "inner_job": None
-        if job is None
-        else {
-            "name": job.name,
-            "backend": job.backend,
-            "simulated": job.simulated,
-            "external_id": job.external_id,
-            "status": job.status.value,
-            "launch_count": job.launch_count,
-            "train_seconds": _f(job.train_seconds),
-            "checkpoint": job.checkpoint_uri,
-            "error": job.error,
-        },
-        "evaluation": None
-        if evaluation is None
-        else {
-            "backend": evaluation.backend,
-            "simulated": evaluation.simulated,
-            "base": evaluation.base_score,
-            "trained": evaluation.trained_score,
-            "ci": [evaluation.ci_low, evaluation.ci_high],
-            "n": evaluation.n_items,
-        },
-        "reward": None
-        if reward is None
-        else {
-            "total": reward.total,
-            "job": reward.job,
-            "validation": reward.validation,
-            "efficiency": reward.efficiency,
-            "speed": reward.speed,
-            "raw_improvement": reward.raw_improvement,
-        },
-        "costs": [{"source": c.source, "description": c.description, "quantity": c.quantity, "unit": c.unit, "usd": float(c.amount_usd)} for c in costs],
-        "cost_usd_total": float(sum(float(c.amount_usd) for c in costs)),
-    }

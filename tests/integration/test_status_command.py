@@ -14,8 +14,9 @@ from metarl.store import db
 from metarl.store.db import psycopg_connection, session_scope
 from metarl.store.migration_head import head_revision, libpq_uri, revision_of
 from metarl.store.records import Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Reward, Run, RunStatus, Stage
+from metarl.store.report_data import list_runs
 from metarl.store.run_ids import resolve_run_id
-from metarl.store.status import list_runs, run_status
+from metarl.store.status import run_status
 from tests.conftest import REPO, metarl_cli
 from tests.integration.helpers import finished_episode
 
