@@ -50,12 +50,16 @@ class TrainBackendConfig(BackendConfig):
     stage: ClassVar[StageName] = "train"
     trains_on_gpu: ClassVar[bool] = False
     """Whether its jobs get a task's GPU training-time cap (``budget.max_gpu_train_seconds``) instead of the CPU one."""
+    weights: ClassVar[str]
+    """What its trained weights are, as the eval backends name it in ``scores`` (e.g. `local`: a CPU stand-in's checkpoint folder)."""
 
 
 class EvalBackendConfig(BackendConfig):
     """Settings of a hidden-eval scorer backend."""
 
     stage: ClassVar[StageName] = "eval"
+    scores: ClassVar[frozenset[str]]
+    """The kinds of trained weights (a train backend's ``weights``) it can score; the run config refuses any other pair."""
 
 
 class OuterBackendConfig(BackendConfig):

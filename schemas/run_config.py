@@ -18,7 +18,7 @@ from schemas.backend_config import (
     StageName,
     TrainBackendConfig,
 )
-from schemas.backend_registry import stage_configs
+from schemas.backend_registry import backend_type, stage_configs
 from schemas.base import StrictModel
 from schemas.config_guards import ARTIFACTS_URL_FIX, BROKER_URL_FIX, DATABASE_URL_FIX, credential_free, hide_url_credentials
 from schemas.task_spec import IDENTIFIER
@@ -56,6 +56,17 @@ class Backends(StrictModel):
     def by_stage(self) -> dict[StageName, BackendConfig]:
         """Stage name -> that stage's backend config."""
         return {"agent": self.agent, "train": self.train, "eval": self.eval, "outer": self.outer}
+
+    @model_validator(mode="after")
+    def _work_together(self) -> Backends:
+        backends = self.by_stage()
+        problem = backends_problem(backends)
+        if problem is not None:
+            raise ValueError(problem)
+        refused = weights_problem(backends)
+        if refused is not None:
+            raise refused
+        return self
 
 
 class RunSection(StrictModel):
@@ -228,13 +239,6 @@ class RunConfig(StrictModel):
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
-    @model_validator(mode="after")
-    def _backends_work_together(self) -> RunConfig:
-        problem = backends_problem(self.backends.by_stage())
-        if problem is not None:
-            raise ValueError(problem)
-        return self
-
 
 def backends_problem(backends: Mapping[StageName, BackendConfig]) -> str | None:
     """The first reason one stage's backend gives why it cannot run beside the others (None: they combine).
@@ -246,6 +250,30 @@ def backends_problem(backends: Mapping[StageName, BackendConfig]) -> str | None:
         if problem is not None:
             return problem
     return None
+
+
+def weights_problem(backends: Mapping[StageName, BackendConfig]) -> PydanticCustomError | None:
+    """Why the eval backend cannot score what the train backend trains (its ``weights`` not in the eval's ``scores``), naming the pairs that work."""
+    train, evaluate = backends["train"], backends["eval"]
+    weights: str = getattr(type(train), "weights", "")
+    scores: frozenset[str] = getattr(type(evaluate), "scores", frozenset())
+    if weights in scores:
+        return None
+    evals = [backend_type(model) for model in stage_configs("eval") if weights in getattr(model, "scores", frozenset())]
+    trains = [backend_type(model) for model in stage_configs("train") if getattr(model, "weights", "") in scores]
+    return PydanticCustomError(
+        "backend_combination",
+        'backends.eval.type = "{eval}" cannot score what backends.train.type = "{train}" trains ({weights} weights; "{eval}" scores {scores} weights): '
+        "every job of this run would end unscored",
+        {
+            "eval": evaluate.type,
+            "train": train.type,
+            "weights": weights,
+            "scores": " or ".join(sorted(scores)),
+            "fix": f"with this train backend set backends.eval.type = {' or '.join(repr(name) for name in evals)}; "
+            f"or keep this eval backend with backends.train.type = {' or '.join(repr(name) for name in trains)} (docs/backends.md, the backend matrix)",
+        },
+    )
 
 
 STORED_URL_FIELDS: dict[tuple[str, ...], bool] = {

@@ -39,10 +39,10 @@ def edited_config(name: str, edit: dict[str, dict[str, Any]]) -> RunConfig:
     return validate_model(RunConfig, data, f"{name}.toml")
 
 
-def vllm_pool_example() -> tuple[RunConfig, dict[str, TaskSpec]]:
-    """The Runpod example scored on separate vLLM eval hosts instead of each job's pod."""
+def sim_eval_example() -> tuple[RunConfig, dict[str, TaskSpec]]:
+    """The Runpod example scored by the SIMULATOR eval instead of on each job's pod (the fault drills' combination)."""
     _, specs = example("runpod")
-    return edited_config("runpod", {"backends.eval": {"type": "vllm"}}), specs
+    return edited_config("runpod", {"backends.eval": {"type": "sim"}}), specs
 
 
 def cost_of(costs: list, task_id: str):  # type: ignore[no-untyped-def]
@@ -121,7 +121,7 @@ def test_parse_gpu_prices() -> None:
 
 
 def test_runpod_estimate_without_prices_gives_only_the_job_cap_worst_case() -> None:
-    config, specs = vllm_pool_example()
+    config, specs = sim_eval_example()
     estimate = estimate_costs(config, specs, {})
     train = next(line for line in estimate.lines if line.stage == "train")
     assert train.usd is None and "no offline Runpod price table" in (train.unavailable or "")
@@ -131,7 +131,7 @@ def test_runpod_estimate_without_prices_gives_only_the_job_cap_worst_case() -> N
 
 
 def test_runpod_estimate_with_prices() -> None:
-    config, specs = vllm_pool_example()
+    config, specs = sim_eval_example()
     estimate = estimate_costs(config, specs, {"NVIDIA A40": 0.44})
     train = next(line for line in estimate.lines if line.stage == "train")
     # start-up + every task's GPU cap (600 s) + upload, at 2 x $0.44/h
@@ -166,7 +166,7 @@ def test_eval_cost_is_pod_seconds_at_a_price_or_not_estimated() -> None:
 
 
 def test_cost_per_job_is_start_up_training_cap_upload_and_eval() -> None:
-    config, specs = vllm_pool_example()
+    config, specs = sim_eval_example()
     costs = job_costs(config, specs, {"NVIDIA A40": 0.44})
     assert sorted(task for cost in costs for task in cost.task_ids) == sorted(specs)
     cost = cost_of(costs, "addition")
@@ -175,7 +175,7 @@ def test_cost_per_job_is_start_up_training_cap_upload_and_eval() -> None:
     assert [term.name for term in cost.terms] == ["start-up", "training", "upload", "eval"]
     assert (terms["start-up"].seconds, terms["training"].seconds, terms["upload"].seconds) == (POD_STARTUP_S, 600, POD_UPLOAD_S)
     assert all(term.assumes for term in cost.terms)
-    # the separate vLLM pool has no price: the eval is not estimated, and the figure says so
+    # an eval that does not score on the pod is not in the job's cost, and the figure says so
     assert not terms["eval"].billed and terms["eval"].usd is None and not cost.eval_included
     assert cost.pod_seconds == POD_STARTUP_S + 600 + POD_UPLOAD_S
     assert cost.usd == pytest.approx(cost.pod_seconds * 0.88 / 3600)
@@ -353,7 +353,7 @@ def test_text_and_json_output_of_a_runpod_plan() -> None:
 
 
 def test_text_output_says_why_the_pod_estimate_is_unavailable() -> None:
-    config, specs = vllm_pool_example()
+    config, specs = sim_eval_example()
     text = render_text(build_plan(config, specs, EXAMPLES / "runpod.toml", {}))
     assert "train  runpod  unavailable" in text and "--usd-per-gpu-hour" in text
     assert "total  unavailable; worst case $404.00" in text

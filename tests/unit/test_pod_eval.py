@@ -76,7 +76,7 @@ def test_pod_eval_needs_runpod_training() -> None:
     runpod = json.dumps({"type": "runpod", "image": "img:1"})
     config = RunConfig.model_validate(run_config(runpod, '{"type": "pod_vllm"}'))
     assert isinstance(config.backends.eval, PodVllmEvalBackend) and config.backends.eval.chat
-    with pytest.raises(ValidationError, match='needs backends.train.type = "runpod"'):
+    with pytest.raises(ValidationError, match='"pod_vllm" cannot score what backends.train.type = "sim" trains'):
         RunConfig.model_validate(run_config('{"type": "sim"}', '{"type": "pod_vllm"}'))
     with pytest.raises(ValidationError):
         PodVllmEvalBackend(type="pod_vllm", gpu_memory_utilization=1.5)

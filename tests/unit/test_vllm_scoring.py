@@ -253,10 +253,10 @@ def test_vllm_prompts_are_token_prompts_of_the_formatted_items(loaded) -> None:
 
 
 def run_config(eval_table: dict[str, Any]) -> dict[str, Any]:
-    """A small run config (simulated agent, train and outer) with the given eval backend table."""
+    """A small run config (simulated agent and outer, local training: vLLM scores its checkpoints) with the given eval backend table."""
     return {
         "run": {"name": "vllm-eval", "tasks": ["addition"]},
-        "backends": {"agent": {"type": "sim"}, "train": {"type": "sim"}, "eval": eval_table, "outer": {"type": "sim"}},
+        "backends": {"agent": {"type": "sim"}, "train": {"type": "local"}, "eval": eval_table, "outer": {"type": "sim"}},
     }
 
 

@@ -16,6 +16,7 @@ class LocalTrainBackend(TrainBackendConfig):
     type: Literal["local"] = Field(description="Backend kind")
     backend_class: ClassVar[str] = "metarl.backends.local.train:LocalTrain"
     planner: ClassVar[str] = "metarl.backends.local.plan:train_plan"
+    weights: ClassVar[str] = "local"
     max_concurrent_jobs: int = Field(default=1, ge=1, le=64, description="Trainer processes at once (the usable cores are split between them)")
     torch_threads_per_job: int | None = Field(
         default=None, ge=1, le=1024, description="Torch threads of each trainer; default: usable cores // max_concurrent_jobs, at least 1"
@@ -44,6 +45,7 @@ class LocalEvalBackend(EvalBackendConfig):
     type: Literal["local"] = Field(description="Backend kind")
     backend_class: ClassVar[str] = "metarl.backends.local.train:LocalEval"
     planner: ClassVar[str] = "metarl.backends.local.plan:eval_plan"
+    scores: ClassVar[frozenset[str]] = frozenset({"local"})
     model_scale: float = Field(default=1.0, gt=0.0, le=10.0, description="Must match the train backend's model_scale")
     model_cache_dir: str | None = Field(default=None, max_length=4096, description="Base-model cache")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of pass@k sampling")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from schemas.backend_config import BackendConfig, EvalBackendConfig, StageName, TrainBackendConfig
+from schemas.backend_config import EvalBackendConfig, TrainBackendConfig
 from schemas.config_guards import refuse_secrets
 
 RUNPOD_API_KEY_ENV = "RUNPOD_API_KEY"
@@ -43,6 +42,7 @@ class RunpodTrainBackend(TrainBackendConfig):
     planner: ClassVar[str] = "metarl.backends.runpod.plan:train_plan"
     api_key_env: ClassVar[str | None] = RUNPOD_API_KEY_ENV
     trains_on_gpu: ClassVar[bool] = True
+    weights: ClassVar[str] = "runpod"
     image: str = Field(
         min_length=1,
         max_length=512,
@@ -160,6 +160,7 @@ class PodVllmEvalBackend(EvalBackendConfig):
     type: Literal["pod_vllm"] = Field(description="Backend kind")
     backend_class: ClassVar[str] = "metarl.backends.runpod.eval:PodVllmEval"
     planner: ClassVar[str] = "metarl.backends.runpod.plan:eval_plan"
+    scores: ClassVar[frozenset[str]] = frozenset({"runpod"})
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(default="bfloat16", description="Weight and activation dtype in vLLM")
     gpu_memory_utilization: float = Field(
         default=0.85, gt=0.0, le=0.99, description="Fraction of one pod GPU vLLM may claim (training has ended: the GPUs are free)"
@@ -182,15 +183,6 @@ class PodVllmEvalBackend(EvalBackendConfig):
     tokens_per_s: float = Field(
         default=2000.0, gt=0.0, le=1e7, description="Prompt plus generated tokens one engine handles per second, for the dry run's estimate only"
     )
-
-    def combination_problem(self, backends: Mapping[StageName, BackendConfig]) -> str | None:
-        """It scores on the inner job's Runpod pod, so the train backend must be Runpod's."""
-        if not isinstance(backends["train"], RunpodTrainBackend):
-            return (
-                'backends.eval.type = "pod_vllm" scores on the inner job\'s Runpod pod: it needs backends.train.type = "runpod"; '
-                'with another train backend use type = "local" or "vllm"'
-            )
-        return None
 
 
 CONFIGS = (RunpodTrainBackend, PodVllmEvalBackend)

@@ -84,7 +84,7 @@ def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None) -> J
         elsewhere = f"; scoring on the job's pod would add {fine_usd(would)}" if would is not None else ""
         eval_usd, eval_assumes = (
             None,
-            f"not estimated: backends.eval.type = {config.backends.eval.type!r} scores on your own GPU eval hosts, which have no price here{elsewhere}",
+            f"not in the job's cost: backends.eval.type = {config.backends.eval.type!r} does not score on the job's pod{elsewhere}",
         )
     engine = config.backends.eval if isinstance(config.backends.eval, PodVllmEvalBackend) else PodVllmEvalBackend(type="pod_vllm")
     eval_assumes = (

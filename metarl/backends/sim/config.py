@@ -52,6 +52,7 @@ class SimTrainBackend(TrainBackendConfig):
     type: Literal["sim"] = Field(description="Backend kind")
     backend_class: ClassVar[str] = "metarl.backends.sim.simulator:SimTrain"
     planner: ClassVar[str] = "metarl.backends.sim.plan:train_plan"
+    weights: ClassVar[str] = "simulated"
     duration: SimDuration = Field(default_factory=lambda: SimDuration(median_s=0.5), description="Inner job duration")
     failure_rate: float = Field(default=0.05, ge=0.0, le=1.0, description="Chance a launched job fails")
     capacity_error_rate: float = Field(default=0.0, ge=0.0, le=1.0, description="Chance a launch hits a capacity error")
@@ -66,6 +67,7 @@ class SimEvalBackend(EvalBackendConfig):
     type: Literal["sim"] = Field(description="Backend kind")
     backend_class: ClassVar[str] = "metarl.backends.sim.simulator:SimEval"
     planner: ClassVar[str] = "metarl.backends.sim.plan:eval_plan"
+    scores: ClassVar[frozenset[str]] = frozenset({"simulated", "local", "runpod"})
     duration: SimDuration = Field(default_factory=lambda: SimDuration(median_s=0.1), description="Eval duration")
     noise: float = Field(default=0.03, ge=0.0, le=1.0, description="Std-dev of score noise")
 

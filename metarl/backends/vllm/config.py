@@ -22,6 +22,7 @@ class VllmEvalBackend(EvalBackendConfig):
     type: Literal["vllm"] = Field(description="Backend kind")
     backend_class: ClassVar[str] = "metarl.backends.vllm.eval:VllmEval"
     planner: ClassVar[str] = "metarl.backends.vllm.plan:eval_plan"
+    scores: ClassVar[frozenset[str]] = frozenset({"local"})
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="bfloat16", description="Weight and activation dtype in vLLM (float32 matches the CPU scorer most closely)"
     )
