@@ -1,5 +1,7 @@
 """The task families' graders, defined once: partial credit, exact match, the format check and the length penalty.
 
+One file on purpose (over 600 lines): the sandbox and the pod import this very file alone as ``metarl_graders``, so it cannot import a sibling.
+
 Standard library only (``re``, ``math``, ``sys``, ``functools``), plus ``re2`` (the google-re2 wheel) where it can be
 imported, and no import of metarl: the same file runs in three places.
 

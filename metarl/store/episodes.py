@@ -266,9 +266,9 @@ def finish_and_move(
         "from_stage": claim.stage.value,
         "from_attempt": claim.probe_attempt,
     }
-    for name, _, record_params in records:
-        if record_params.get("episode_id", claim.episode_id) != claim.episode_id:
-            raise ValueError(f"record {name} is for episode_id {record_params['episode_id']}, not the moved episode {claim.episode_id}")
+    for record in records:
+        if record.params.get("episode_id", claim.episode_id) != claim.episode_id:
+            raise ValueError(f"record {record.name} is for episode_id {record.params['episode_id']}, not the moved episode {claim.episode_id}")
     ctes, record_params = record_ctes(records)
     params.update(record_params)
     finished = run_sql(session, finish_and_move_sql(ctes), params).one()[0]
@@ -297,7 +297,7 @@ def move_episode(
 def cost_records(run_id: str, episode_id: int | None, costs: list[CostItem], simulated: bool) -> list[StageRecord]:
     """Each charge as a record to write in the same statement as a move or heartbeat (idempotent on its key, unconditional)."""
     return [
-        (
+        StageRecord(
             f"charge_{index}",
             RECORD_COST_SQL,
             cost_params(
@@ -361,7 +361,7 @@ def reward_params(
 
 def reward_record(params: dict[str, Any]) -> StageRecord:
     """The episode's reward (`reward_params`) as a record of its last move: written only if the move happens."""
-    return "reward", REWARD_WITH_MOVE_SQL, params
+    return StageRecord("reward", REWARD_WITH_MOVE_SQL, params)
 
 
 def unscored_reward_record(*, episode_id: int, run_id: str, config: RunConfig, task: TaskSpec, attempts: tuple[int | None, int]) -> StageRecord:

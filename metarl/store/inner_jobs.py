@@ -118,7 +118,7 @@ def create_within_limits(
 
 def launch_record(episode_id: int, launched: LaunchResult) -> StageRecord:
     """The external id and state of a launched job, as a record (once: a second launch record changes nothing)."""
-    return (
+    return StageRecord(
         "launched",
         LAUNCHED_SQL,
         {"external_id": launched.external_id, "state": json_param(launched.state), "running": InnerJobStatus.running.value, "episode_id": episode_id},
@@ -128,7 +128,7 @@ def launch_record(episode_id: int, launched: LaunchResult) -> StageRecord:
 def poll_record(episode_id: int, polled: PollResult, ended: InnerJobStatus | None) -> StageRecord:
     """A poll's backend state, and when the job ended its outcome, as a record (written whether or not the claim still holds)."""
     if ended is None:
-        return "polled", POLLED_SQL, {"state": json_param(polled.state), "episode_id": episode_id}
+        return StageRecord("polled", POLLED_SQL, {"state": json_param(polled.state), "episode_id": episode_id})
     params = {
         "state": json_param(polled.state),
         "status": ended.value,
@@ -138,7 +138,7 @@ def poll_record(episode_id: int, polled: PollResult, ended: InnerJobStatus | Non
         "error": polled.error,
         "episode_id": episode_id,
     }
-    return "polled", ENDED_SQL, params
+    return StageRecord("polled", ENDED_SQL, params)
 
 
 def lost_record(episode_id: int, error: str) -> StageRecord:
@@ -153,7 +153,7 @@ def lost_record(episode_id: int, error: str) -> StageRecord:
         "error": error,
         "episode_id": episode_id,
     }
-    return "lost_job", LOST_SQL, params
+    return StageRecord("lost_job", LOST_SQL, params)
 
 
 CAPACITY_WAIT_SQL = "UPDATE inner_jobs SET error = %(error)s WHERE episode_id = %(episode_id)s"

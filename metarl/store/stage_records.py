@@ -8,21 +8,37 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from metarl.store.columns import assignments, columns_of, insert_lists
 from metarl.store.db import SqlTarget, json_param, run_sql
 from metarl.store.records import Evaluation, ProbeAttempt
 
-StageRecord = tuple[str, str, dict[str, Any]]
-"""A record written in the same statement as a stage's move or heartbeat, as one of its CTEs: (its name there, its SQL, its parameters).
-
-A record whose SQL carries `WHEN_HELD` is written only with the move (`metarl.store.episodes.FINISH_AND_MOVE_SQL`);
-one without it (a poll's facts, a charge) is written whether or not the move happens."""
 WHEN_HELD = "EXISTS (SELECT 1 FROM held)"
 """The condition a record written with its stage's move carries: the move's locks were taken (`metarl.store.episodes.FINISH_AND_MOVE_SQL`)."""
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """A record written in the same statement as a stage's move or heartbeat, as one of its CTEs.
+
+    A record whose SQL carries `WHEN_HELD` is written only with the move (`metarl.store.episodes.FINISH_AND_MOVE_SQL`);
+    one without it (a poll's facts, a charge) is written whether or not the move happens."""
+
+    name: str
+    """Its CTE's name in the statement, and the prefix of its parameters there (`<name>__<param>`): distinct among a statement's records."""
+    sql: str
+    """Its SQL, with `%(param)s` placeholders."""
+    params: Mapping[str, Any]
+    """Its parameters, by the names its SQL uses."""
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.name):
+            raise ValueError(f"a record's name is a lower-case SQL identifier, not {self.name!r}")
 
 
 @functools.lru_cache(maxsize=256)
@@ -36,11 +52,11 @@ def record_ctes(records: Sequence[StageRecord]) -> tuple[list[str], dict[str, An
     So no two records, and no record and the statement around them, share a parameter. The same
     records give the same text (the statement is prepared once per connection).
     """
-    names = [name for name, _, _ in records]
+    names = [record.name for record in records]
     if len(set(names)) != len(names):
         raise ValueError(f"records need distinct names: {names}")
-    params = {f"{name}__{key}": value for name, _, record_params in records for key, value in record_params.items()}
-    return [_named_cte(name, sql) for name, sql, _ in records], params
+    params = {f"{record.name}__{key}": value for record in records for key, value in record.params.items()}
+    return [_named_cte(record.name, record.sql) for record in records], params
 
 
 def with_records(statement: str, params: dict[str, Any], records: Sequence[StageRecord]) -> tuple[str, dict[str, Any]]:
@@ -109,7 +125,7 @@ def submission_record(
         "behaviour_logprobs": json_param(behaviour_logprobs) if behaviour_logprobs is not None else None,
         "prompt_length": prompt_length,
     }
-    return "submitted", SUBMISSION_SQL, params
+    return StageRecord("submitted", SUBMISSION_SQL, params)
 
 
 def verdict_record(
@@ -135,7 +151,7 @@ def verdict_record(
         "episode_id": episode_id,
         "attempt": attempt,
     }
-    return "verdict", VERDICT_SQL, params
+    return StageRecord("verdict", VERDICT_SQL, params)
 
 
 def evaluation_record(
@@ -162,4 +178,4 @@ def evaluation_record(
         "n_items": n_items,
         "eval_seconds": eval_seconds,
     }
-    return "evaluation", EVALUATION_SQL, params
+    return StageRecord("evaluation", EVALUATION_SQL, params)

@@ -1,5 +1,5 @@
 """Services mode is one thing for every command: `--config`'s [services] or the environment, and no silent fallback to the
-embedded database once a folder's runs live in services mode (metarl_cli/main.py)."""
+embedded database once a folder's runs live in services mode (metarl_cli/services.py)."""
 
 from __future__ import annotations
 

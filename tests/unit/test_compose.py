@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from metarl_cli.main import build_parser
+from metarl_cli.arguments import build_parser
 from workers.app import QUEUES
 
 REPO = Path(__file__).resolve().parents[2]

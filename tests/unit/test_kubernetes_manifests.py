@@ -23,7 +23,7 @@ from metarl.messaging.celery_app import make_app
 from metarl.messaging.queues import QUEUES
 from metarl.runconfig import load_run
 from metarl.store.records import Stage
-from metarl_cli.main import build_parser
+from metarl_cli.arguments import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "deploy" / "kubernetes"
