@@ -38,13 +38,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from metarl.errors import PlatformFault
 
     with ExitStack() as stack:
-        services = stack.enter_context(Services(config.services.database_url, config.services.broker_url, spawn_workers=not args.no_workers))
+        services = stack.enter_context(Services(config.services.database_url, config.services.broker_url, spawn_workers=False))
         from metarl.store import runs_transaction
         from orchestrator.loop import create_run
 
         if not args.new:
             with runs_transaction(services.database_url) as runs:
                 earlier = runs.newest_run_named(config.run.name)
+                refusal = None if earlier is None else resume_refusal(runs, earlier)
+            if refusal is not None:
+                print(f"error: {refusal}", file=sys.stderr)
+                return EXIT_FAILED_RUN
             if earlier is not None:
                 return continue_run_named(services, earlier, args)
         try:
@@ -52,8 +56,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         except PlatformFault as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_CONFIG_ERROR
+        if not args.no_workers:
+            services.start_workers()
         print(f"run {run_id} ({config.run.name}) created; `metarl run {args.config}` or `metarl resume {run_id}` continues it", flush=True)
         return drive(services, run_id, quiet=args.quiet)
+
+
+def resume_refusal(runs: Any, run: Any) -> str | None:
+    """Why the run cannot go on from its current policy version (its outer backend's saved state expired); None: it can. Asked before any worker starts."""
+    from metarl.store import utcnow
+    from schemas.states import ENDED_RUN_STATUSES, RunStatus
+
+    if run.status in ENDED_RUN_STATUSES and run.status not in (RunStatus.stopped, RunStatus.paused, RunStatus.failed):
+        return None  # a finished run is not continued
+    saved_at = runs.saved_at(run.run_id, run.policy_version)
+    if saved_at is None:
+        return None
+    config = runs.stored_config(run.run_id)
+    problem = config.backends.outer.resume_problem(run.policy_version, saved_at, utcnow(), config.run.max_outer_steps)
+    return None if problem is None else f"run {run.run_id} cannot be resumed: {problem}"
 
 
 def continue_run_named(services: Services, earlier: Any, args: argparse.Namespace) -> int:
@@ -63,6 +84,8 @@ def continue_run_named(services: Services, earlier: Any, args: argparse.Namespac
 
     second = f"`metarl run {args.config} --new` starts a second run"
     if earlier.status in RESUMABLE_RUN_STATUSES:
+        if not args.no_workers:
+            services.start_workers()
         print(f"continuing run {earlier.run_id} ({earlier.status.value}); {second} instead", flush=True)
         return drive(services, earlier.run_id, quiet=args.quiet)
     if earlier.status == RunStatus.failed:
@@ -94,7 +117,7 @@ def dry_run(args: argparse.Namespace, config: Any, specs: dict[str, Any]) -> int
 def cmd_resume(args: argparse.Namespace) -> int:
     """`metarl resume RUN_ID`: drive a run again after a crash or a stop (a failed one with `--retry-failed`)."""
     with ExitStack() as stack:
-        services = stack.enter_context(Services(*configured_services(args), spawn_workers=not args.no_workers))
+        services = stack.enter_context(Services(*configured_services(args), spawn_workers=False))
         from metarl.store import NotRetryable, runs_transaction
         from schemas.states import RunStatus
 
@@ -103,6 +126,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
             run = runs.summary(run_id)
             if run is None:
                 return no_such_run(run_id)
+            refusal = resume_refusal(runs, run)
+            if refusal is not None:
+                print(f"error: {refusal}", file=sys.stderr)
+                return EXIT_FAILED_RUN
             if run.status == RunStatus.failed and not args.retry_failed:
                 print(
                     f"error: run {run_id} failed: {run.status_message}\n"
@@ -120,6 +147,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
                 print(
                     f"retrying outer step {reopened.step} from policy version {reopened.policy_version} (it failed with: {reopened.previous_error})", flush=True
                 )
+        if not args.no_workers:
+            services.start_workers()
         return drive(services, run_id, quiet=args.quiet)
 
 

@@ -57,13 +57,17 @@ class Services:
         if self.migrate:
             upgrade_database(self.database_url)
         if self.spawn_workers:
-            if self.broker_url is None:
-                raise SystemExit("error: METARL_BROKER_URL is not set while METARL_DATABASE_URL is; set both, or neither for the embedded default")
-            from metarl.pools import WorkerPools
-
-            self.pools = WorkerPools(self.database_url, self.broker_url, self.home / "logs")
-            self.pools.start()
+            self.start_workers()
         return self
+
+    def start_workers(self) -> None:
+        """Spawn the worker pools here (a command that checks something first starts them after)."""
+        if self.broker_url is None:
+            raise SystemExit("error: METARL_BROKER_URL is not set while METARL_DATABASE_URL is; set both, or neither for the embedded default")
+        from metarl.pools import WorkerPools
+
+        self.pools = WorkerPools(self.database_url, self.broker_url, self.home / "logs")
+        self.pools.start()
 
     def __exit__(self, *exc: object) -> None:
         if self.pools is not None:

@@ -8,6 +8,7 @@ asks for its plan), and which run combinations it refuses (`RunConfig` asks at l
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import ClassVar, Literal, TypeVar
 
@@ -66,6 +67,10 @@ class OuterBackendConfig(BackendConfig):
     """Settings of an outer-update backend."""
 
     stage: ClassVar[StageName] = "outer"
+
+    def resume_problem(self, version: int, saved_at: dt.datetime, now: dt.datetime, max_outer_steps: int) -> str | None:
+        """Why a run cannot go on from policy version ``version``, saved at ``saved_at`` (None: it can); `metarl resume` asks before anything starts."""
+        return None
 
 
 def expect_config(backend: BackendConfig, model: type[ConfigT]) -> ConfigT:

@@ -6,6 +6,7 @@ it resolves the run id the user typed and reads or changes the run in that same 
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -102,6 +103,22 @@ class RunsTransaction:
         if run is None:
             return None
         return RunSummary(run.id, run.status, run.status_message, run.policy_version)
+
+    def stored_config(self, run_id: str) -> RunConfig:
+        """The run's config as stored, credentials left out (``schemas.run_config.stored_run_config``); the run must exist."""
+        from schemas.run_config import stored_run_config
+
+        run = self._session.get(Run, run_id)
+        if run is None:
+            raise RunNotFound(f"no run with id {run_id}")
+        return stored_run_config(run.config)
+
+    def saved_at(self, run_id: str, version: int) -> dt.datetime | None:
+        """When the run's policy version ``version`` was saved (None: no such version)."""
+        found = self._session.execute(
+            select(PolicyVersion.created_at).where(PolicyVersion.run_id == run_id, PolicyVersion.version == version)
+        ).scalar_one_or_none()
+        return found
 
     def reopen_failed_run(self, run_id: str) -> ReopenedStep:
         """Put the failed run's failed outer step back to pending and the run back to running (`metarl.store.failed_runs`)."""

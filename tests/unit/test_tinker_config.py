@@ -244,3 +244,16 @@ def test_request_timeout_and_lock_conflict_are_transient(cls: type, status: int)
     with pytest.raises(TransientBackendError, match=f"HTTP {status}"):
         with tinker_client.classified("forward_backward"):
             raise error
+
+
+def test_a_saved_state_past_its_ttl_cannot_be_resumed_and_a_kept_final_one_can() -> None:
+    import datetime as dt
+
+    config, _ = load_run(EXAMPLE)
+    outer = config.backends.outer
+    saved = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+    week = dt.timedelta(seconds=outer.checkpoint_ttl_s)  # type: ignore[attr-defined]
+    assert outer.resume_problem(3, saved, saved + week - dt.timedelta(seconds=1), max_outer_steps=20) is None
+    problem = outer.resume_problem(3, saved, saved + week, max_outer_steps=20)
+    assert problem is not None and "policy version 3's saved state on Tinker expired at 2026-12-08 12:00 UTC" in problem
+    assert outer.resume_problem(20, saved, saved + 10 * week, max_outer_steps=20) is None  # the last version is kept (final_checkpoint_ttl_s None)

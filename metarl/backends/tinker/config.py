@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
@@ -173,6 +174,22 @@ class TinkerOuterBackend(TinkerTable, OuterBackendConfig):
     usd_per_million_train_tokens: float = Field(ge=0.0, le=1000.0, description="Tinker price of trained tokens, from its price list")
     base_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s]+$", description="Tinker API URL; must equal backends.agent.base_url")
     timeout_s: float = Field(default=1800.0, ge=1.0, le=86_400.0, description="Longest wait for one Tinker request")
+
+    def saved_state_ttl(self, version: int, max_outer_steps: int) -> int | None:
+        """Seconds a version's saved state and sampler weights live on Tinker (None: kept); the run's last version has its own."""
+        return self.final_checkpoint_ttl_s if version >= max_outer_steps else self.checkpoint_ttl_s
+
+    def resume_problem(self, version: int, saved_at: dt.datetime, now: dt.datetime, max_outer_steps: int) -> str | None:
+        """The state of ``version`` has expired on Tinker: the run cannot continue from it."""
+        ttl = self.saved_state_ttl(version, max_outer_steps)
+        if ttl is None or now < saved_at + dt.timedelta(seconds=ttl):
+            return None
+        expired = saved_at + dt.timedelta(seconds=ttl)
+        return (
+            f"policy version {version}'s saved state on Tinker expired at {expired:%Y-%m-%d %H:%M} UTC "
+            f"(saved {saved_at:%Y-%m-%d %H:%M} UTC, backends.outer.checkpoint_ttl_s = {ttl} s): this run cannot continue from it. "
+            "Start a new run (its first version is the base model), and give a run you may pause longer a larger checkpoint_ttl_s"
+        )
 
 
 CONFIGS = (TinkerAgentBackend, TinkerOuterBackend)

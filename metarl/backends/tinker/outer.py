@@ -138,7 +138,7 @@ def loss_config(ratio_cap: float) -> dict[str, float]:
 
 def checkpoint_ttl(config: TinkerOuterBackend, version: int, max_outer_steps: int) -> int | None:
     """Expiry in seconds of a version's saved state and sampler weights: the run's last version has its own."""
-    return config.final_checkpoint_ttl_s if version >= max_outer_steps else config.checkpoint_ttl_s
+    return config.saved_state_ttl(version, max_outer_steps)
 
 
 def train_costs(config: TinkerOuterBackend, run_id: str, step: int, tokens: int, passes: int) -> list[CostItem]:
