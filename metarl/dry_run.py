@@ -418,6 +418,9 @@ def render_text(plan: DryRunPlan) -> str:
             eval_note = f"hidden eval not included{with_eval}"
         figure = fine_usd(cost.usd) if cost.usd is not None else "unavailable"
         out.append(f"  per job   {cost.pod_seconds:>6g} s  {figure} ({eval_note}); beside {cost.reference}")
+        worst = fine_usd(cost.worst_usd) if cost.worst_usd is not None else "unavailable"
+        out.append(f"  worst     {cost.worst_pod_seconds:>6g} s  {worst}")
+        out.append(f"            {printable(cost.worst_assumes)}")
     out += ["", "Cost estimate"]
     for line in estimate.lines:
         figure = usd(line.usd) if line.usd is not None else "unavailable"
@@ -428,7 +431,10 @@ def render_text(plan: DryRunPlan) -> str:
         if line.unavailable:
             out.append(f"         unavailable: {line.unavailable}")
     total = usd(estimate.total_usd)
-    worst_total = f"; worst case {usd(estimate.upper_usd)}" if estimate.upper_usd is not None else "; worst case unbounded"
+    unpriced = any(line.unavailable for line in estimate.lines)
+    worst_total = (
+        f"; worst case {usd(estimate.upper_usd)}" if estimate.upper_usd is not None else "; worst case unknown" if unpriced else "; worst case unbounded"
+    )
     out.append(f"  total  {total}{worst_total}")
     cap = estimate.cap
     out.append(f"  budget max_run_usd ${cap.max_run_usd:.2f}, max_job_usd ${cap.max_job_usd:.2f}, on_cap {cap.on_cap}: {cap.message}")

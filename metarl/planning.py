@@ -69,7 +69,7 @@ class CostLine(Frozen):
 class JobCostTerm(Frozen):
     """One part of an inner job's pod time."""
 
-    name: Literal["start-up", "training", "upload", "eval"] = Field(description="What the pod does meanwhile")
+    name: Literal["image pull", "start-up", "training", "upload", "eval wait", "eval"] = Field(description="What the pod does meanwhile")
     seconds: float = Field(ge=0, description="Seconds of pod time")
     billed: bool = Field(description="Whether it is pod time of the job (False: the eval runs elsewhere)")
     usd: float | None = Field(default=None, ge=0, description="Its cost at the price it runs at (None: not estimated)")
@@ -83,7 +83,7 @@ class JobCost(Frozen):
     gpu_count: int = Field(ge=1, le=8, description="GPUs per pod")
     gpu_type: str = Field(min_length=1, max_length=64, description="The preferred GPU type it is priced at")
     usd_per_hour: float | None = Field(default=None, ge=0, description="Pod price per hour (None: no price given)")
-    terms: list[JobCostTerm] = Field(min_length=3, max_length=4, description="start-up, training, upload, eval")
+    terms: list[JobCostTerm] = Field(min_length=3, max_length=6, description="image pull, start-up, training, upload, eval wait, eval")
     pod_seconds: float = Field(ge=0, description="Billed pod seconds of one job")
     usd: float | None = Field(
         default=None, ge=0, description="One job's estimate, eval included when it is priced, at most budget.max_job_usd (None: no price)"
@@ -91,6 +91,10 @@ class JobCost(Frozen):
     eval_included: bool = Field(description="Whether usd includes the hidden eval")
     usd_with_eval_on_pod: float | None = Field(default=None, ge=0, description="One job's estimate if the hidden eval scored on its pod (None: no price)")
     reference: str = Field(min_length=1, max_length=200, description="The reference figure it is set beside")
+    fresh_pod_share: float = Field(ge=0, le=1, description="Share of the run's jobs that start on a newly created pod (and pull the image)")
+    worst_pod_seconds: float = Field(ge=0, description="Pod seconds of one job when every restart happens after a start-up that timed out")
+    worst_usd: float | None = Field(default=None, ge=0, description="Their cost, stopped at budget.max_job_usd (None: no price)")
+    worst_assumes: str = Field(min_length=1, max_length=1000, description="How the worst case is made up")
 
 
 class PodPlan(Frozen):

@@ -126,9 +126,13 @@ def test_runpod_example(sandbox: tuple[dict[str, str], Path], recorder: Connecti
         "names      metarl-<run id[:8]>-<episode id>, then -r<k> after restart k (e.g. metarl-1a2b3c4d-17)",
         "tasks addition, reversal, caesar, max_of_list, sorting, date_format: validates against prime-rl's derived schema and cross-field rules",
         "total      404",
-        "train  runpod  $94.81 (worst case $404.00)",
-        "per job     1087 s  $0.2657 (hidden eval included)",
-        "eval   pod_vllm $12.",
+        "train  runpod  $147.09 (worst case $404.15)",
+        "image pull    528 s  $0.1291",
+        "eval wait     60 s  $0.0147",
+        "per job     1675 s  $0.4094 (hidden eval included); beside the reference run: $0.13-0.30 per job on 2x A40 pods",
+        "worst       7320 s  $1.0000",
+        "(2 x idle_timeout_s 300 s, billed to no job)",
+        "eval   pod_vllm $18.52",
         "budget max_run_usd $300.00",
     ):
         assert expected in out, expected
@@ -157,8 +161,11 @@ def test_runpod_example_as_json_with_the_configs_price_estimate(sandbox: tuple[d
     train = next(line for line in plan["estimate"]["lines"] if line["stage"] == "train")
     assert plan["pods"]["usd_per_gpu_hour"]["NVIDIA A40"] == 0.44 and plan["pods"]["usd_per_gpu_hour"]["NVIDIA L40S"] is None
     assert train["usd"] is not None and train["usd"] > 0 and not train.get("unavailable")
-    # the worst case: every job at budget.max_job_usd, which counts its eval's pod seconds too
-    assert plan["estimate"]["upper_usd"] == pytest.approx(404.0)
+    # the worst case: every job at budget.max_job_usd, which counts its eval's pod seconds too, plus the idle warm pool at the end
+    assert plan["estimate"]["upper_usd"] == pytest.approx(404.0 + 2 * 300 * 0.88 / 3600)
+    assert {job["worst_usd"] for job in plan["job_costs"]} == {1.0} and all(
+        job["fresh_pod_share"] == pytest.approx(16 / 404 + (1 - 16 / 404) * (1 - 2 / 16)) for job in plan["job_costs"]
+    )
     assert "AWS_SECRET_ACCESS_KEY" in plan["pods"]["storage_env"]
 
 

@@ -11,10 +11,21 @@ from typing import Any
 
 import pytest
 
-from metarl.backends.runpod.plan import POD_STARTUP_S, POD_UPLOAD_S, compiled_jobs, eval_pod_seconds, job_costs, representative_job
+from metarl.backends.runpod.plan import (
+    EVAL_DISPATCH_S,
+    IMAGE_PULL_S,
+    POD_STARTUP_S,
+    POD_UPLOAD_S,
+    compiled_jobs,
+    eval_pod_seconds,
+    fresh_pod_share,
+    job_costs,
+    representative_job,
+    warm_pool_idle_s,
+)
 from metarl.backends.tinker.plan import tinker_attempt_tokens, tinker_attempt_usd, tinker_update_tokens
 from metarl.dry_run import DryRunPlan, build_plan, cap_check, episode_counts, estimate_costs, held_out_eval_points, parse_gpu_prices, render_json, render_text
-from metarl.planning import eval_cost_usd, inner_job_usd, pod_usd_per_hour
+from metarl.planning import eval_cost_usd, inner_job_usd, pod_usd_per_hour, usd
 from metarl.runconfig import load_run
 from schemas.base import ConfigError, validate_model
 from schemas.run_config import BudgetConfig, RunConfig
@@ -43,6 +54,16 @@ def sim_eval_example() -> tuple[RunConfig, dict[str, TaskSpec]]:
     """The Runpod example scored by the SIMULATOR eval instead of on each job's pod (the fault drills' combination)."""
     _, specs = example("runpod")
     return edited_config("runpod", {"backends.eval": {"type": "sim"}}), specs
+
+
+def pull_s(config: RunConfig, jobs: int = 404) -> float:
+    """The image-pull seconds each job carries: a fresh pod's pull times the share of jobs on a fresh pod."""
+    return IMAGE_PULL_S * fresh_pod_share(config.backends.train, config.window.in_flight, jobs)  # type: ignore[arg-type]
+
+
+def idle_usd(config: RunConfig, pod_usd_per_hour: float) -> float:
+    """The warm pool's idle pods at the end of the run, at the pod price."""
+    return warm_pool_idle_s(config.backends.train) * pod_usd_per_hour / 3600  # type: ignore[arg-type]
 
 
 def cost_of(costs: list, task_id: str):  # type: ignore[no-untyped-def]
@@ -125,19 +146,32 @@ def test_runpod_estimate_without_prices_gives_only_the_job_cap_worst_case() -> N
     estimate = estimate_costs(config, specs, {})
     train = next(line for line in estimate.lines if line.stage == "train")
     assert train.usd is None and "no offline Runpod price table" in (train.unavailable or "")
-    assert train.upper_usd == pytest.approx(404 * 1.0)
-    assert estimate.total_usd is None and estimate.upper_usd == pytest.approx(404.0)
+    assert train.upper_usd is None and "the warm pool's idle pods" in train.basis  # idle pods are in no job's cap and have no price
+    assert estimate.total_usd is None and estimate.upper_usd is None
     assert estimate.cap.binds == "unknown"
+    no_pool = edited_config("runpod", {"backends.eval": {"type": "sim"}, "backends.train": {"warm_pool_size": 0}})
+    assert next(line for line in estimate_costs(no_pool, specs, {}).lines if line.stage == "train").upper_usd == pytest.approx(404 * 1.0)
+
+
+def test_fresh_pod_share_follows_the_warm_pool() -> None:
+    config, _ = example("runpod")
+    backend = config.backends.train
+    assert fresh_pod_share(backend.model_copy(update={"warm_pool_size": 0}), 32, 404) == 1.0  # type: ignore[union-attr]
+    assert fresh_pod_share(backend.model_copy(update={"warm_pool_size": 16}), 32, 404) == pytest.approx(16 / 404)  # type: ignore[union-attr]
+    two = fresh_pod_share(backend.model_copy(update={"warm_pool_size": 2}), 32, 404)  # type: ignore[union-attr]
+    assert two == pytest.approx(16 / 404 + (1 - 16 / 404) * (1 - 2 / 16))
 
 
 def test_runpod_estimate_with_prices() -> None:
     config, specs = sim_eval_example()
     estimate = estimate_costs(config, specs, {"NVIDIA A40": 0.44})
     train = next(line for line in estimate.lines if line.stage == "train")
-    # start-up + every task's GPU cap (600 s) + upload, at 2 x $0.44/h
-    assert train.usd == pytest.approx(404 * (POD_STARTUP_S + 600 + POD_UPLOAD_S) * 0.88 / 3600)
-    assert estimate.total_usd == pytest.approx(train.usd)  # agent and outer local, eval on vLLM: not billed
-    assert estimate.cap.binds == "may"  # $94.81 < $300, but 404 jobs at the $1 job cap could reach $404
+    # image pull share + start-up + every task's GPU cap (600 s) + upload, at 2 x $0.44/h, and the idle warm pool at the end
+    per_job = (pull_s(config) + POD_STARTUP_S + 600 + POD_UPLOAD_S) * 0.88 / 3600
+    assert train.usd == pytest.approx(404 * per_job + idle_usd(config, 0.88))
+    assert train.upper_usd == pytest.approx(404 * 1.0 + idle_usd(config, 0.88))
+    assert estimate.total_usd == pytest.approx(train.usd)  # agent and outer local, eval simulated: not billed
+    assert estimate.cap.binds == "may"  # under $300, but 404 jobs at the $1 job cap could reach $404
 
 
 def test_runpod_estimate_uses_each_tasks_budget() -> None:
@@ -146,8 +180,8 @@ def test_runpod_estimate_uses_each_tasks_budget() -> None:
         update={"budget": specs["addition"].budget.model_copy(update={"max_gpu_train_seconds": 1200.0, "max_train_seconds": 5.0})}
     )
     estimate = estimate_costs(config, {**specs, "addition": slow}, {"NVIDIA A40": 0.5})
-    per_trainable, overhead = 320 / 5, POD_STARTUP_S + POD_UPLOAD_S
-    expected = (per_trainable * (1200 + overhead) + (per_trainable * 4 + 84) * (600 + overhead)) / 3600 * 1.0
+    per_trainable, overhead = 320 / 5, pull_s(config) + POD_STARTUP_S + POD_UPLOAD_S
+    expected = (per_trainable * (1200 + overhead) + (per_trainable * 4 + 84) * (600 + overhead)) / 3600 * 1.0 + idle_usd(config, 1.0)
     assert next(line for line in estimate.lines if line.stage == "train").usd == pytest.approx(expected)  # the CPU cap plays no part
 
 
@@ -165,39 +199,55 @@ def test_eval_cost_is_pod_seconds_at_a_price_or_not_estimated() -> None:
     assert eval_cost_usd(seconds, None) is None
 
 
-def test_cost_per_job_is_start_up_training_cap_upload_and_eval() -> None:
+def test_cost_per_job_is_image_pull_start_up_training_cap_upload_and_eval() -> None:
     config, specs = sim_eval_example()
-    costs = job_costs(config, specs, {"NVIDIA A40": 0.44})
+    costs = job_costs(config, specs, {"NVIDIA A40": 0.44}, 404)
     assert sorted(task for cost in costs for task in cost.task_ids) == sorted(specs)
     cost = cost_of(costs, "addition")
     assert (cost.gpu_count, cost.gpu_type, cost.usd_per_hour) == (2, "NVIDIA A40", pytest.approx(0.88))
     terms = {term.name: term for term in cost.terms}
-    assert [term.name for term in cost.terms] == ["start-up", "training", "upload", "eval"]
+    assert [term.name for term in cost.terms] == ["image pull", "start-up", "training", "upload", "eval"]
+    assert terms["image pull"].seconds == pytest.approx(pull_s(config), abs=0.1) and cost.fresh_pod_share == pytest.approx(pull_s(config) / IMAGE_PULL_S)
     assert (terms["start-up"].seconds, terms["training"].seconds, terms["upload"].seconds) == (POD_STARTUP_S, 600, POD_UPLOAD_S)
     assert all(term.assumes for term in cost.terms)
     # an eval that does not score on the pod is not in the job's cost, and the figure says so
     assert not terms["eval"].billed and terms["eval"].usd is None and not cost.eval_included
-    assert cost.pod_seconds == POD_STARTUP_S + 600 + POD_UPLOAD_S
-    assert cost.usd == pytest.approx(cost.pod_seconds * 0.88 / 3600)
-    eval_usd = eval_pod_seconds(config, specs["addition"]) * 0.88 / 3600
-    assert cost.usd_with_eval_on_pod == pytest.approx(cost.usd + eval_usd)
-    assert 0.13 <= cost.usd <= 0.30 and "$0.13-0.30" in cost.reference  # within the reference run's range on A40 pairs
-    unpriced = job_costs(config, specs, {})
+    train_seconds = pull_s(config) + POD_STARTUP_S + 600 + POD_UPLOAD_S
+    assert cost.pod_seconds == pytest.approx(train_seconds, abs=0.1)
+    assert cost.usd == pytest.approx(train_seconds * 0.88 / 3600)
+    on_pod = (eval_pod_seconds(config, specs["addition"]) + config.backends.train.poll_interval_s + EVAL_DISPATCH_S) * 0.88 / 3600  # type: ignore[attr-defined]
+    assert cost.usd_with_eval_on_pod == pytest.approx(cost.usd + on_pod)
+    assert "$0.13-0.30" in cost.reference
+    # the worst case: a restart after a start-up that timed out, then a whole attempt; stopped at the job cap
+    train = config.backends.train
+    worst = IMAGE_PULL_S + train.startup_timeout_s + IMAGE_PULL_S + train.startup_timeout_s + 600 + POD_UPLOAD_S  # type: ignore[attr-defined]
+    assert train.max_restarts == 1 and cost.worst_pod_seconds == pytest.approx(worst)  # type: ignore[attr-defined]
+    assert cost.worst_usd == pytest.approx(min(worst * 0.88 / 3600, config.budget.max_job_usd))
+    unpriced = job_costs(config, specs, {}, 404)
     assert {cost.usd for cost in unpriced} == {None} and {term.usd for cost in unpriced for term in cost.terms} == {None}
+    assert {cost.worst_usd for cost in unpriced} == {None}
+
+
+def test_without_a_warm_pool_every_job_pulls_the_image() -> None:
+    config = edited_config("runpod", {"backends.train": {"warm_pool_size": 0}})
+    _, specs = example("runpod")
+    cost = cost_of(job_costs(config, specs, {"NVIDIA A40": 0.44}, 404), "addition")
+    assert cost.fresh_pod_share == 1.0 and cost.terms[0].name == "image pull" and cost.terms[0].seconds == IMAGE_PULL_S
 
 
 def test_an_eval_on_the_jobs_pod_is_billed_at_the_pod_price() -> None:
     config, specs = example("runpod")
     assert config.backends.eval.type == "pod_vllm"
-    cost = cost_of(job_costs(config, specs, {"NVIDIA A40": 0.44}), "addition")
+    cost = cost_of(job_costs(config, specs, {"NVIDIA A40": 0.44}, 404), "addition")
+    wait = config.backends.train.poll_interval_s + EVAL_DISPATCH_S  # type: ignore[attr-defined]
     eval_seconds = eval_pod_seconds(config, specs["addition"])
-    assert cost.eval_included and cost.pod_seconds == POD_STARTUP_S + 600 + POD_UPLOAD_S + eval_seconds
-    assert cost.usd == pytest.approx(cost.pod_seconds * 0.88 / 3600) == pytest.approx(cost.usd_with_eval_on_pod)
-    assert 0.13 <= cost.usd <= 0.30  # the whole job, eval included, within the reference run's range on A40 pairs
+    assert [term.name for term in cost.terms] == ["image pull", "start-up", "training", "upload", "eval wait", "eval"]
+    assert cost.eval_included and cost.pod_seconds == pytest.approx(pull_s(config) + POD_STARTUP_S + 600 + POD_UPLOAD_S + wait + eval_seconds, abs=0.1)
+    assert cost.usd == pytest.approx(cost.pod_seconds * 0.88 / 3600, abs=1e-4) == pytest.approx(cost.usd_with_eval_on_pod, abs=1e-4)
     estimate = estimate_costs(config, specs, {"NVIDIA A40": 0.44})
     lines = {line.stage: line for line in estimate.lines}
     jobs = {task.task_id: task.episodes for task in build_plan(config, specs, EXAMPLES / "runpod.toml", {}).tasks}
-    expected = sum(episodes * eval_pod_seconds(config, specs[task_id]) * 0.88 / 3600 for task_id, episodes in jobs.items())
+    expected = sum(episodes * (eval_pod_seconds(config, specs[task_id]) + wait) * 0.88 / 3600 for task_id, episodes in jobs.items())
     assert sum(jobs.values()) == 404 and lines["eval"].kind == "nominal" and lines["eval"].usd == pytest.approx(expected)
     assert estimate.total_usd == pytest.approx(lines["train"].usd + lines["eval"].usd)
     assert "hidden eval included" in render_text(build_plan(config, specs, EXAMPLES / "runpod.toml", {"NVIDIA A40": 0.44}))
@@ -209,7 +259,9 @@ def test_the_dry_run_shows_gpu_budgets_and_learning_rates() -> None:
     assert "time cap   600 s per job (the tasks' budget.max_gpu_train_seconds" in text
     assert "learning_rate 3e-06 (LoRA 0.0001), kl_coef 0.001 (-> [trainer.loss] kl_tau" in text
     assert "lr = 3e-06" in text and "kl_tau = 0.001" in text and "interval = 10" in text
-    assert "per job     1087 s  $0.2657 (hidden eval included); beside the reference run: $0.13-0.30" in text
+    cost = cost_of(job_costs(config, specs, {"NVIDIA A40": 0.44}, 404), "addition")
+    assert f"per job   {cost.pod_seconds:>6g} s  ${cost.usd:.4f} (hidden eval included); beside the reference run: $0.13-0.30" in text
+    assert f"worst     {cost.worst_pod_seconds:>6g} s  $1.0000" in text and "startup_timeout_s (1800 s, billed)" in text
     assert "training     600 s  $0.1467" in text
     assert all(task.max_train_seconds == 600 for task in build_plan(config, specs, EXAMPLES / "runpod.toml", {}).tasks)
     local, local_specs = example("quickstart")
@@ -333,6 +385,7 @@ def test_text_and_json_output_of_a_runpod_plan() -> None:
     config, specs = example("runpod")
     plan = build_plan(config, specs, EXAMPLES / "runpod.toml", {"NVIDIA A40": 0.44, "NVIDIA L40S": 0.86})
     text = render_text(plan)
+    lines = {line.stage: line for line in plan.estimate.lines}
     for expected in (
         "DRY RUN",
         "ghcr.io/your-org/metarl-inner:prime-rl-v0.8.0",
@@ -342,8 +395,10 @@ def test_text_and_json_output_of_a_runpod_plan() -> None:
         "[orchestrator.renderer]",
         "num_infer_gpus = 1",
         "total      404",
-        "train  runpod  $94.81",
-        "eval   pod_vllm $12.",
+        f"train  runpod  {usd(lines['train'].usd)} (worst case {usd(lines['train'].upper_usd)})",
+        f"eval   pod_vllm {usd(lines['eval'].usd)}",
+        "image pull",
+        "the warm pool's idle pods at the end of the run (2 x idle_timeout_s 300 s, billed to no job)",
         "a fallback GPU type costs up to $1.7200/h",
         "max_run_usd $300.00",
     ):
@@ -356,7 +411,7 @@ def test_text_output_says_why_the_pod_estimate_is_unavailable() -> None:
     config, specs = sim_eval_example()
     text = render_text(build_plan(config, specs, EXAMPLES / "runpod.toml", {}))
     assert "train  runpod  unavailable" in text and "--usd-per-gpu-hour" in text
-    assert "total  unavailable; worst case $404.00" in text
+    assert "total  unavailable; worst case unknown" in text
 
 
 def test_building_a_plan_imports_no_vendor_sdk_or_service_client() -> None:

@@ -38,8 +38,16 @@ POD_STARTUP_S = 300.0
 
 POD_STARTUP_ASSUMES = (
     "pod start to the first metrics row: container start, model download and load, vLLM engine start, the first step "
-    "(assumed; a fresh pod's first pull of the image comes on top, a warm pool pod skips it)"
+    "(assumed; the image pull of a fresh pod is its own term)"
 )
+
+
+IMAGE_PULL_S = 600.0
+"""A fresh pod's first pull of the image: prime-rl's CUDA image with torch and vLLM is tens of GB (assumed)."""
+
+
+EVAL_DISPATCH_S = 30.0
+"""From the train stage's poll that sees training done to the eval request reaching the pod: queue and eval stage start (assumed)."""
 
 
 POD_UPLOAD_S = 60.0
@@ -66,13 +74,30 @@ def eval_on_job_pod(config: RunConfig) -> bool:
     return isinstance(config.backends.train, RunpodTrainBackend) and isinstance(config.backends.eval, PodVllmEvalBackend)
 
 
-def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None) -> JobCost:
-    """One inner job of a task on a Runpod pod: start-up + training cap + upload (+ the eval when it runs on the pod)."""
-    backend = config.backends.train
-    assert isinstance(backend, RunpodTrainBackend)
+def fresh_pod_share(backend: RunpodTrainBackend, in_flight: int, jobs: int) -> float:
+    """Share of a run's jobs that start on a newly created pod (and pull the image).
+
+    The first ``min(max_pods, window.in_flight)`` jobs create pods; a later job finds an idle pod only where the warm pool
+    kept one (at most ``warm_pool_size`` of those pods wait; the rest are terminated when their job ends). Without a warm pool
+    every job creates its pod.
+    """
+    at_once = max(1, min(backend.max_pods, in_flight))
+    if jobs <= 0:
+        return 1.0
+    first = min(1.0, at_once / jobs)
+    reused = min(backend.warm_pool_size, at_once) / at_once
+    return first + (1.0 - first) * (1.0 - reused)
+
+
+def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None, jobs: int) -> JobCost:
+    """One inner job of a task on a Runpod pod: its share of an image pull, start-up, training cap, upload, and the eval's
+    wait and scoring when it runs on the pod; and the worst case, when every restart follows a start-up that timed out."""
+    backend = expect_config(config.backends.train, RunpodTrainBackend)
     on_pod = eval_on_job_pod(config)
     cap = task.budget.train_seconds_for(backend.type)
     eval_seconds = eval_pod_seconds(config, task)
+    share = fresh_pod_share(backend, config.window.in_flight, jobs)
+    pull = IMAGE_PULL_S * share
 
     def at_pod_price(seconds: float) -> float | None:
         return None if usd_per_hour is None else seconds * usd_per_hour / 3600.0
@@ -91,7 +116,18 @@ def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None) -> J
         f"{eval_assumes} ({engine.engine_start_s:g} s vLLM engine start + {task.hidden_eval.n_items} items x pass@{task.hidden_eval.pass_k} "
         f"at {engine.tokens_per_s:g} tokens/s, assumed; the first job of each task and model also scores the base)"
     )
+    wait = backend.poll_interval_s + EVAL_DISPATCH_S
+    pull_assumes = (
+        f"a fresh pod's first pull of the image ({IMAGE_PULL_S:g} s, assumed) times the share of jobs on a fresh pod ({share:.2f}: "
+        + (
+            "no warm pool"
+            if backend.warm_pool_size == 0
+            else f"{min(backend.max_pods, config.window.in_flight)} pods at once, {backend.warm_pool_size} kept warm between jobs, {jobs} jobs"
+        )
+        + ")"
+    )
     terms = [
+        JobCostTerm(name="image pull", seconds=round(pull, 1), billed=True, usd=at_pod_price(pull), assumes=pull_assumes),
         JobCostTerm(name="start-up", seconds=POD_STARTUP_S, billed=True, usd=at_pod_price(POD_STARTUP_S), assumes=POD_STARTUP_ASSUMES),
         JobCostTerm(
             name="training",
@@ -101,12 +137,28 @@ def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None) -> J
             assumes="the task's budget.max_gpu_train_seconds, counted from the first metrics row; rl is stopped there (a job that finishes max_steps sooner costs less)",
         ),
         JobCostTerm(name="upload", seconds=POD_UPLOAD_S, billed=True, usd=at_pod_price(POD_UPLOAD_S), assumes=POD_UPLOAD_ASSUMES),
-        JobCostTerm(name="eval", seconds=eval_seconds, billed=on_pod, usd=eval_usd, assumes=eval_assumes),
     ]
+    if on_pod:
+        terms.append(
+            JobCostTerm(
+                name="eval wait",
+                seconds=wait,
+                billed=True,
+                usd=at_pod_price(wait),
+                assumes=f"the pod waits for the eval request: up to one poll ({backend.poll_interval_s:g} s, backends.train.poll_interval_s) + {EVAL_DISPATCH_S:g} s for the eval stage (assumed)",
+            )
+        )
+    terms.append(JobCostTerm(name="eval", seconds=eval_seconds, billed=on_pod, usd=eval_usd, assumes=eval_assumes))
     pod_seconds = sum(term.seconds for term in terms if term.billed)
-    train_usd = at_pod_price(POD_STARTUP_S + cap + POD_UPLOAD_S)
-    total = None if train_usd is None else min(train_usd, config.budget.max_job_usd) + (eval_usd if on_pod and eval_usd is not None else 0.0)
-    on_pod_eval = eval_cost_usd(eval_seconds, usd_per_hour)
+    train_seconds = pull + POD_STARTUP_S + cap + POD_UPLOAD_S
+    train_usd = at_pod_price(train_seconds)
+    on_pod_eval = eval_cost_usd(eval_seconds + wait, usd_per_hour)
+    eval_part = on_pod_eval if on_pod and on_pod_eval is not None else 0.0
+    total = None if train_usd is None else min(train_usd + eval_part, config.budget.max_job_usd)
+    attempt_lost = IMAGE_PULL_S + backend.startup_timeout_s
+    last = IMAGE_PULL_S + backend.startup_timeout_s + cap + POD_UPLOAD_S + ((wait + engine.eval_timeout_s) if on_pod else 0.0)
+    worst_seconds = backend.max_restarts * attempt_lost + last
+    worst_usd = at_pod_price(worst_seconds)
     low, high = REFERENCE_USD_PER_JOB
     return JobCost(
         task_ids=[task.id],
@@ -114,23 +166,32 @@ def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None) -> J
         gpu_type=backend.gpu_types[0],
         usd_per_hour=usd_per_hour,
         terms=terms,
-        pod_seconds=pod_seconds,
+        pod_seconds=round(pod_seconds, 1),
         usd=total,
         eval_included=on_pod and eval_usd is not None,
-        usd_with_eval_on_pod=None if train_usd is None or on_pod_eval is None else min(train_usd, config.budget.max_job_usd) + on_pod_eval,
+        usd_with_eval_on_pod=None if train_usd is None or on_pod_eval is None else min(train_usd + on_pod_eval, config.budget.max_job_usd),
         reference=f"the reference run: ${low:.2f}-{high:.2f} per job on 2x A40 pods",
+        fresh_pod_share=share,
+        worst_pod_seconds=worst_seconds,
+        worst_usd=None if worst_usd is None else min(worst_usd, config.budget.max_job_usd),
+        worst_assumes=(
+            f"{backend.max_restarts} restart(s) (backends.train.max_restarts), each after a fresh pod's image pull and a start-up that waited out "
+            f"startup_timeout_s ({backend.startup_timeout_s:g} s, billed), then a last attempt that pulls, waits out the start-up timeout, trains the whole cap"
+            + (f", waits and scores up to eval_timeout_s ({engine.eval_timeout_s:g} s)" if on_pod else "")
+            + f"; the job is stopped at budget.max_job_usd (${config.budget.max_job_usd:.2f})"
+        ),
     )
 
 
-def job_costs(config: RunConfig, specs: dict[str, TaskSpec], prices: dict[str, float]) -> list[JobCost]:
-    """The per-job cost of each task (Runpod only), tasks with identical figures together."""
+def job_costs(config: RunConfig, specs: dict[str, TaskSpec], prices: dict[str, float], jobs: int) -> list[JobCost]:
+    """The per-job cost of each task (Runpod only) in a run of ``jobs`` inner jobs, tasks with identical figures together."""
     backend = config.backends.train
     if not isinstance(backend, RunpodTrainBackend):
         return []
     price = pod_usd_per_hour(backend.gpu_types[0], backend.gpu_count, prices)
     grouped: dict[str, JobCost] = {}
     for spec in specs.values():
-        cost = job_cost(spec, config, price)
+        cost = job_cost(spec, config, price, jobs)
         key = cost.model_copy(update={"task_ids": ["-"]}).model_dump_json()
         if key in grouped:
             grouped[key] = grouped[key].model_copy(update={"task_ids": [*grouped[key].task_ids, spec.id]})
@@ -139,27 +200,49 @@ def job_costs(config: RunConfig, specs: dict[str, TaskSpec], prices: dict[str, f
     return list(grouped.values())
 
 
+def warm_pool_idle_s(backend: RunpodTrainBackend) -> float:
+    """Pod seconds the warm pool idles at the end of a run: up to warm_pool_size pods wait idle_timeout_s for a next job."""
+    return backend.warm_pool_size * backend.idle_timeout_s
+
+
 def train_cost(backend: RunpodTrainBackend, inputs: PlanInputs) -> CostLine:
-    """Cost of the inner jobs: one per episode (an episode whose job fails the probe launches none)."""
-    counts, tasks, prices, budget = inputs.counts, inputs.tasks, inputs.prices, inputs.config.budget
-    upper = counts.total * budget.max_job_usd
-    cap_note = f"at most budget.max_job_usd ${budget.max_job_usd:.2f} per job, ${upper:.2f} for {counts.total} jobs"
+    """Cost of the inner jobs (one per episode; an episode whose job fails the probe launches none) and of the warm pool's idle pods."""
+    config, counts, tasks, prices, budget = inputs.config, inputs.counts, inputs.tasks, inputs.prices, inputs.config.budget
     preferred = backend.gpu_types[0]
     pod_price = pod_usd_per_hour(preferred, backend.gpu_count, prices)
+    idle_s = warm_pool_idle_s(backend)
+    idle_note = (
+        f"the warm pool's idle pods at the end of the run ({backend.warm_pool_size} x idle_timeout_s {backend.idle_timeout_s:g} s, billed to no job)"
+        if idle_s
+        else "no warm pool"
+    )
+    upper_jobs = counts.total * budget.max_job_usd
     if pod_price is None:
+        unpriced_idle = f", plus {idle_note}, which has no price without one" if idle_s else ""
+        cap_note = f"at most budget.max_job_usd ${budget.max_job_usd:.2f} per job, ${upper_jobs:.2f} for {counts.total} jobs{unpriced_idle}"
         return CostLine(
-            stage="train", backend="runpod", upper_usd=upper, kind="nominal", basis=cap_note, unavailable=f"{NO_PRICE_TABLE} (no price for {preferred!r})"
+            stage="train",
+            backend="runpod",
+            upper_usd=None if idle_s else upper_jobs,
+            kind="nominal",
+            basis=cap_note,
+            unavailable=f"{NO_PRICE_TABLE} (no price for {preferred!r})",
         )
-    usd = sum(task.episodes * inner_job_usd(POD_STARTUP_S + task.max_train_seconds + POD_UPLOAD_S, pod_price, budget.max_job_usd) for task in tasks)
+    idle_usd = idle_s * pod_price / 3600.0
+    share = fresh_pod_share(backend, config.window.in_flight, counts.total)
+    pull = IMAGE_PULL_S * share
+    jobs_usd = sum(task.episodes * inner_job_usd(pull + POD_STARTUP_S + task.max_train_seconds + POD_UPLOAD_S, pod_price, budget.max_job_usd) for task in tasks)
     seconds = sorted({task.max_train_seconds for task in tasks})
     fallback = [price for gpu in backend.gpu_types[1:] if (price := pod_usd_per_hour(gpu, backend.gpu_count, prices)) is not None]
     fallback_note = f"; a fallback GPU type costs up to ${max(fallback):.4f}/h" if fallback and max(fallback) > pod_price else ""
+    upper = upper_jobs + idle_usd
     basis = (
-        f"one job per episode: {POD_STARTUP_S:g} s start-up + the task's budget.max_gpu_train_seconds ({'/'.join(f'{s:g}' for s in seconds)} s) "
-        f"+ {POD_UPLOAD_S:g} s upload on {backend.gpu_count}x {preferred} at ${pod_price:.4f}/h{fallback_note}; "
-        f"restarts and a fresh pod's image pull are not included; {cap_note}"
+        f"one job per episode: {pull:.0f} s of image pull (a fresh pod's {IMAGE_PULL_S:g} s x {share:.2f} of jobs) + {POD_STARTUP_S:g} s start-up "
+        f"+ the task's budget.max_gpu_train_seconds ({'/'.join(f'{s:g}' for s in seconds)} s) + {POD_UPLOAD_S:g} s upload on {backend.gpu_count}x {preferred} "
+        f"at ${pod_price:.4f}/h{fallback_note}; + ${idle_usd:.2f} for {idle_note}. Worst case ${upper:.2f}: every job stopped at budget.max_job_usd "
+        f"(${budget.max_job_usd:.2f}: restarts and start-ups that time out, see the cost per job) plus the idle pool"
     )
-    return CostLine(stage="train", backend="runpod", usd=usd, upper_usd=max(upper, usd), kind="nominal", basis=basis)
+    return CostLine(stage="train", backend="runpod", usd=jobs_usd + idle_usd, upper_usd=max(upper, jobs_usd + idle_usd), kind="nominal", basis=basis)
 
 
 def train_plan(backend: RunpodTrainBackend, inputs: PlanInputs) -> StagePlan:
@@ -169,7 +252,7 @@ def train_plan(backend: RunpodTrainBackend, inputs: PlanInputs) -> StagePlan:
         cost=train_cost(backend, inputs),
         pods=pod_plan(config, inputs.counts, inputs.prices),
         compiled=compiled_jobs(config, inputs.specs),
-        job_costs=job_costs(config, inputs.specs, inputs.prices),
+        job_costs=job_costs(config, inputs.specs, inputs.prices, inputs.counts.total),
         job_defaults=train_defaults("runpod"),
         notes=[
             "the compiled rl.toml uses the probe's placeholder environment id; a real job's is the digest of its environment package",
@@ -252,7 +335,8 @@ def eval_plan(backend: PodVllmEvalBackend, inputs: PlanInputs) -> StagePlan:
     config, tasks = inputs.config, inputs.tasks
     train = expect_config(config.backends.train, RunpodTrainBackend)
     pod_price = pod_usd_per_hour(train.gpu_types[0], train.gpu_count, inputs.prices)
-    per_job = {task.task_id: eval_pod_seconds(config, inputs.specs[task.task_id]) for task in tasks}
+    wait = train.poll_interval_s + EVAL_DISPATCH_S
+    per_job = {task.task_id: eval_pod_seconds(config, inputs.specs[task.task_id]) + wait for task in tasks}
     seconds = "/".join(f"{value:g}" for value in sorted(set(per_job.values())))
     # budget.max_job_usd counts the eval's pod seconds too: the train line's worst case already bounds them
     within_cap = "its worst case is inside the train line's (budget.max_job_usd counts the eval's pod seconds)"
@@ -260,5 +344,5 @@ def eval_plan(backend: PodVllmEvalBackend, inputs: PlanInputs) -> StagePlan:
         basis = f"{seconds} s per job on the job's pod; {within_cap}"
         return StagePlan(cost=CostLine(stage="eval", backend=backend.type, upper_usd=0.0, kind="nominal", basis=basis, unavailable=NO_PRICE_TABLE))
     total = sum(task.episodes * (eval_cost_usd(per_job[task.task_id], pod_price) or 0.0) for task in tasks)
-    basis = f"one scoring per job on its pod after training, {seconds} s at ${pod_price:.4f}/h (estimate); {within_cap}"
+    basis = f"one scoring per job on its pod after training, {seconds} s (the wait for the request included) at ${pod_price:.4f}/h (estimate); {within_cap}"
     return StagePlan(cost=CostLine(stage="eval", backend=backend.type, usd=total, upper_usd=0.0, kind="nominal", basis=basis))
