@@ -67,7 +67,7 @@ def base_score_key(config: RunConfig, task: TaskSpec, model_name: str) -> BaseSc
 def probe_checks(config: RunConfig) -> list[BackendCheck]:
     """Compile checks of the configured train backend, so a job that would not run is caught by the probe."""
     compile_checks = getattr(backend_class(config.backends.train), "compile_checks", None)
-    return list(compile_checks()) if compile_checks is not None else []
+    return list(compile_checks(config)) if compile_checks is not None else []
 
 
 def release_train_resources(config: RunConfig, run_id: str, database_url: str) -> int:

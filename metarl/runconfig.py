@@ -84,6 +84,9 @@ def load_run(path: Path) -> tuple[RunConfig, dict[str, TaskSpec]]:
         specs[task_id] = spec
     if all(spec.held_out for spec in specs.values()):
         raise ConfigError(str(path), [FieldProblem(field="run.tasks", message="every task is held out", fix="include at least one task that is not held out")])
+    unrunnable = [problem for spec in specs.values() for problem in config.backends.train.task_problems(spec)]
+    if unrunnable:
+        raise ConfigError(str(path), unrunnable)
     return config, specs
 
 

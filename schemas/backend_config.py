@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from typing import ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar
 
 from pydantic import Field
 
-from schemas.base import StrictModel
+from schemas.base import FieldProblem, StrictModel
+
+if TYPE_CHECKING:
+    from schemas.task_spec import TaskSpec  # the task spec asks the registry which train types use GPUs: no import back at run time
 
 StageName = Literal["agent", "train", "eval", "outer"]
 STAGE_NAMES: tuple[StageName, ...] = ("agent", "train", "eval", "outer")
@@ -53,6 +56,10 @@ class TrainBackendConfig(BackendConfig):
     """Whether its jobs get a task's GPU training-time cap (``budget.max_gpu_train_seconds``) instead of the CPU one."""
     weights: ClassVar[str]
     """What its trained weights are, as the eval backends name it in ``scores`` (e.g. `local`: a CPU stand-in's checkpoint folder)."""
+
+    def task_problems(self, task: TaskSpec) -> list[FieldProblem]:
+        """Why some job of ``task`` could never run on this backend whatever the agent writes (a model that fits no GPU); empty: none."""
+        return []
 
 
 class EvalBackendConfig(BackendConfig):

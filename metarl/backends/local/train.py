@@ -195,7 +195,7 @@ class LocalTrain:
         return cls(expect_config(config.backends.train, LocalTrainBackend), ArtifactStore(config.artifacts.root), min_isolation=config.sandbox.min_isolation)
 
     @staticmethod
-    def compile_checks() -> list[BackendCheck]:
+    def compile_checks(config: RunConfig) -> list[BackendCheck]:
         """The probe's check that the job runs on this backend's local models."""
         return [local_compile_problems]
 

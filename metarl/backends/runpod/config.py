@@ -5,9 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from metarl.backends.runpod.memory import GPU_MEMORY_GB, memory_need, smallest_gpu
 from schemas.backend_config import EvalBackendConfig, TrainBackendConfig
+from schemas.base import FieldProblem
 from schemas.config_guards import refuse_secrets
+from schemas.task_spec import TaskSpec
 
 RUNPOD_API_KEY_ENV = "RUNPOD_API_KEY"
 """The only place the Runpod API key is read from (never the config, records, logs or pod environment)."""
@@ -95,6 +99,11 @@ class RunpodTrainBackend(TrainBackendConfig):
         max_length=32,
         description="Variables of the train worker's environment copied into each pod's so its runner can reach artifact storage (those unset are skipped; rl never sees credential-like ones)",
     )
+    gpu_memory_gb: dict[Annotated[str, Field(pattern=_GPU_TYPE)], Annotated[float, Field(gt=0.0, le=4096.0)]] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Memory in GB of GPU types the built-in table (metarl/backends/runpod/memory.py) does not know; checks that a job's model fits",
+    )
     estimated_usd_per_gpu_hour: dict[Annotated[str, Field(pattern=_GPU_TYPE)], Annotated[float, Field(ge=0.0, le=1000.0)]] = Field(
         default_factory=dict,
         max_length=16,
@@ -134,6 +143,36 @@ class RunpodTrainBackend(TrainBackendConfig):
     @classmethod
     def _no_secrets(cls, data: object) -> object:
         return refuse_secrets(data, RUNPOD_API_KEY_ENV, "the Runpod API key", frozenset({"runpod_api_key"}))
+
+    @model_validator(mode="after")
+    def _gpu_memory_known(self) -> RunpodTrainBackend:
+        unknown = [gpu for gpu in self.gpu_types if gpu not in self.gpu_memory_gb and gpu not in GPU_MEMORY_GB]
+        if unknown:
+            raise PydanticCustomError(
+                "gpu_memory_unknown",
+                "the memory of GPU type {gpu} is not known here, so no job can be checked to fit it",
+                {"gpu": repr(unknown[0]), "fix": f'add its memory to backends.train.gpu_memory_gb, e.g. gpu_memory_gb = {{ "{unknown[0]}" = 48 }}'},
+            )
+        return self
+
+    def task_problems(self, task: TaskSpec) -> list[FieldProblem]:
+        """A task's allowed model that fits the smallest listed GPU type in neither full fine-tuning nor LoRA (metarl/backends/runpod/memory.py)."""
+        smallest = smallest_gpu(list(self.gpu_types), dict(self.gpu_memory_gb))
+        if smallest is None:
+            return []
+        gpu, size = smallest
+        problems = []
+        for model in task.budget.allowed_models:
+            lora = memory_need(model, True, self.gpu_count, gpu, size)
+            if lora is not None and not lora.fits:
+                problems.append(
+                    FieldProblem(
+                        field=f"task {task.id}: budget.allowed_models",
+                        message=f"{model} cannot train on backends.train.gpu_types even with LoRA: {lora.arithmetic()}",
+                        fix=f"drop {model} from the task's allowed_models, or list only GPU types with more memory in backends.train.gpu_types (or raise gpu_count)",
+                    )
+                )
+        return problems
 
     @model_validator(mode="after")
     def _pool_fits(self) -> RunpodTrainBackend:

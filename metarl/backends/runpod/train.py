@@ -40,6 +40,7 @@ instead of `runpod` (same key, so the split is exact to the interval and never d
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -50,6 +51,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from metarl.backends.runpod.config import PodVllmEvalBackend, RunpodTrainBackend
+from metarl.backends.runpod.memory import job_memory_problems
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult
 from metarl.backends.runpod.pod.manifest import EXIT_FILE, METRICS_DIR, STATUS_FILE
 from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment
@@ -117,11 +119,13 @@ class RunpodTrain:
         return cls(expect_config(config.backends.train, RunpodTrainBackend), config.artifacts.root, config.budget, services.runpod_runs(), pod_eval=pod_eval)
 
     @staticmethod
-    def compile_checks() -> list[BackendCheck]:
-        """The probe's checks of a job against the pinned prime-rl (metarl/backends/runpod/primerl/checks.py)."""
+    def compile_checks(config: RunConfig) -> list[BackendCheck]:
+        """The probe's checks of a job: against the pinned prime-rl (metarl/backends/runpod/primerl/checks.py), and that its
+        model fits the pods' trainer GPUs in the mode it asks for (metarl/backends/runpod/memory.py)."""
         from metarl.backends.runpod.primerl.checks import primerl_compile_problems
 
-        return [primerl_compile_problems]
+        backend = expect_config(config.backends.train, RunpodTrainBackend)
+        return [primerl_compile_problems, functools.partial(job_memory_problems, list(backend.gpu_types), dict(backend.gpu_memory_gb), backend.gpu_count)]
 
     def __init__(
         self,
