@@ -508,7 +508,7 @@ def test_a_lora_job_uploads_the_trained_model_and_it_scores_differently_from_the
     from metarl.backends.runpod.pod.scoring import score_request
 
     job_url, bundle = make_bundle(tmp_path, max_steps=4, rl=lora_rl(True), lora_rank=8)
-    assert bundle.rl_config["trainer"]["model"]["lora"] == {"rank": 8, "alpha": 16.0}
+    assert bundle.rl_config["trainer"]["model"]["lora"] == {"rank": 8, "alpha": 32.0}
     config = runner_config(tmp_path, job_url, pod_python=[sys.executable])
     config["extra_env"]["FAKE_RL_BASE_MODEL"] = str(tiny_model_dir)
     code, output = run_runner(config)
