@@ -23,27 +23,14 @@ from pathlib import Path
 
 import pytest
 
+from metarl.backends.runpod.pod.confinement import ProcessInfo, child_environment, is_secret_name, sweep_targets
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, items_digest
 from metarl.backends.runpod.pod.manifest import EXIT_FILE, MANIFEST_FILE, STATUS_FILE
 from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
-from metarl.backends.runpod.pod.runner import (
-    ExitReport,
-    Heartbeat,
-    ProcessInfo,
-    RunnerConfig,
-    child_environment,
-    decide_stop,
-    exit_reason,
-    fill_command,
-    is_lora_job,
-    is_secret_name,
-    latest_weights_step,
-    no_signal_logged,
-    numeric_metrics,
-    parse_metric_rows,
-    row_step,
-    sweep_targets,
-)
+from metarl.backends.runpod.pod.protocol import ExitReport, Heartbeat
+from metarl.backends.runpod.pod.rl_outputs import is_lora_job, latest_weights_step, no_signal_logged, numeric_metrics, parse_metric_rows, row_step
+from metarl.backends.runpod.pod.runner import decide_stop, exit_reason, fill_command
+from metarl.backends.runpod.pod.runner_config import RunnerConfig
 from tests.fakes.primerl_bundle import DELETE, ENVIRONMENT, job_spec, store_bundle
 from tests.fakes.primerl_bundle import make_bundle as compile_test_bundle
 
@@ -389,7 +376,7 @@ def test_manifest_is_what_the_runner_reads(tmp_path: Path) -> None:
 
 
 def test_config_from_environment_and_flags() -> None:
-    from metarl.backends.runpod.pod.runner import parse_args
+    from metarl.backends.runpod.pod.runner_config import parse_args
 
     environ = {
         "METARL_RUNNER_JOB_URL": "s3://bucket/jobs/j1",
@@ -547,7 +534,7 @@ def test_a_lora_job_without_its_adapter_fails_instead_of_passing_the_base_off(tm
 
 
 def session_members(session: int) -> list[int]:
-    from metarl.backends.runpod.pod.runner import read_processes
+    from metarl.backends.runpod.pod.confinement import read_processes
 
     return [proc.pid for proc in read_processes() if proc.session == session and not proc.zombie]
 

@@ -16,7 +16,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from metarl.backends.runpod.pod.pin import PRIME_RL_IMAGE_CUDA
-from metarl.backends.runpod.pod.runner import decode_env_value
+from metarl.backends.runpod.pod.protocol import decode_env_value
 from metarl.backends.runpod.provider import (
     IMAGE_CUDA_VERSIONS,
     RUNPOD_CUDA_VERSIONS,

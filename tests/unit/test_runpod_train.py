@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from pydantic import ValidationError
 
-from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment, decode_env_value
+from metarl.backends.runpod.pod.protocol import ExitReport, Heartbeat, PodAssignment, decode_env_value
 from metarl.backends.runpod.pods import (
     REAP_LOCK_KEY,
     billable_chunks,

@@ -17,7 +17,7 @@ from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from metarl.backends.runpod.pod.runner import ENV_PREFIX as RUNNER_ENV_PREFIX
+from metarl.backends.runpod.pod.protocol import ENV_PREFIX as RUNNER_ENV_PREFIX
 from metarl.backends.runpod.pod.supervisor import assignment_path
 from metarl.interfaces import CostItem
 

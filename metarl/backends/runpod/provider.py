@@ -34,7 +34,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from metarl.backends.runpod.pod.pin import PRIME_RL_IMAGE_CUDA
-from metarl.backends.runpod.pod.runner import ENCODED_PREFIX
+from metarl.backends.runpod.pod.protocol import ENCODED_PREFIX
 from metarl.domain.retry import Backoff, backoff_delay
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
 from schemas.run_config import RUNPOD_API_KEY_ENV

@@ -12,7 +12,7 @@ Pods and jobs meet in artifact storage, under `<artifacts root>/runpod/`:
                                       metrics.jsonl step), metrics/, logs/, weights/step_N/, exit.json
     pods/<pod name>/assignment.json   PodAssignment: which job the pod runs now (job_name null: idle)
 
-The result files are those of `metarl.backends.runpod.pod.runner` (its `Heartbeat` and `ExitReport`). A pod is
+The result files are those of `metarl.backends.runpod.pod.runner` (`Heartbeat` and `ExitReport` of `metarl.backends.runpod.pod.protocol`). A pod is
 created for a job and named after it (`metarl-<run>-<episode>`, `-r<k>` for restart k), with the
 runner's METARL_RUNNER_JOB_URL / METARL_RUNNER_RESULT_URL in its environment, so a fresh pod runs
 its first job at boot. When a job ends on a healthy pod, the pod is kept idle for the next job of
@@ -54,7 +54,7 @@ from typing import Any
 
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult
 from metarl.backends.runpod.pod.manifest import EXIT_FILE, METRICS_DIR, STATUS_FILE
-from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment
+from metarl.backends.runpod.pod.protocol import ExitReport, Heartbeat, PodAssignment
 from metarl.backends.runpod.pod.supervisor import POD_NAME_ENV, POD_ROOT_ENV
 from metarl.backends.runpod.pods import (
     NAME_PREFIX,

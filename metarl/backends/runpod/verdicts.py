@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from metarl.backends.runpod.pod.eval_server import EvalResult, Target
-from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment
+from metarl.backends.runpod.pod.protocol import ExitReport, Heartbeat, PodAssignment
 from metarl.backends.runpod.pods import Frozen
 from metarl.backends.runpod.provider import PodState
 
