@@ -26,6 +26,7 @@ LATEST_METRICS_MAX = 32
 Reason = Literal[
     "completed",
     "no_signal",
+    "rollouts_errored",
     "rl_failed",
     "no_weights",
     "adapter_missing",

@@ -5,6 +5,14 @@ Facts of prime-rl v0.8.0 (paths relative to its ``src/prime_rl/``): the trainer'
 ``<output_dir>/weights/step_N`` is complete only once its ``STABLE`` file exists (``trainer/ckpt.py``
 ``WeightCheckpointManager.mark_stable``); a LoRA adapter lies in its ``lora_adapters/``; the orchestrator
 logs to ``<output_dir>/logs/orchestrator.log``.
+
+Empty train batches (``orchestrator/orchestrator.py`` ``finalize_train_batch``): a batch none of whose
+rollouts is shipped is logged ("Step N: empty train batch (0 of M generated rollouts shipped — all
+errored or filtered out)") and after ``MAX_CONSECUTIVE_EMPTY_BATCHES`` (10) in a row the orchestrator
+raises, so ``rl`` exits 1. Errored rollouts never reach a batch (``orchestrator/train_sink.py``
+``process_group``); post-batch filters drop rollouts only where they enforce. With no filter enforcing
+(what the compiler writes), 10 empty batches therefore mean that every rollout errored; each errored
+rollout is a warning of ``orchestrator/dispatcher.py`` naming its error.
 """
 
 from __future__ import annotations
@@ -16,16 +24,39 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from metarl.backends.runpod.pod.protocol import LATEST_METRICS_MAX, LOG_TAIL_CHARS
 
 TRAINING_FINISHED = "Training finished!"
 STABLE_MARKER = "STABLE"
 """Written last into a complete weights folder (prime-rl v0.8.0 src/prime_rl/trainer/ckpt.py mark_stable)."""
-NO_SIGNAL_MARKER = "consecutive empty train batches"
-"""Words of the orchestrator's abort after 10 batches without a learning signal (prime-rl v0.8.0
-src/prime_rl/orchestrator/orchestrator.py finalize_train_batch), logged to logs/orchestrator.log."""
+EMPTY_BATCHES_ABORT = "consecutive empty train batches"
+"""Words of the orchestrator's abort after 10 empty train batches in a row (prime-rl v0.8.0
+src/prime_rl/orchestrator/orchestrator.py finalize_train_batch: ``RuntimeError("10 consecutive empty train
+batches — check filter config ...")``), logged to logs/orchestrator.log."""
+ROLLOUT_FAILURE = re.compile(r"Rollout (?:task )?failed in group \S+ \((?P<env>[^)\n]*)\)(?: — |: )(?P<cause>[^\n]*)")
+"""The orchestrator's warning for an errored rollout (prime-rl v0.8.0 src/prime_rl/orchestrator/dispatcher.py):
+"Rollout failed in group <id> (<env>) — <error type>: <message>", or, when the environment call itself
+raised, "Rollout task failed in group <id> (<env>): <exception repr>"."""
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+"""Terminal colour codes: rl starts the orchestrator with LOGURU_FORCE_COLORS=1 (src/prime_rl/entrypoints/rl.py)."""
+FILTERS_ENFORCING_BY_DEFAULT = {"gibberish": False, "repetition": False, "zero_advantage": True}
+"""``enforce`` default of each post-batch filter type (packages/prime-rl-configs/src/prime_rl/configs/orchestrator.py
+GibberishFilterConfig, RepetitionFilterConfig, ZeroAdvantageFilterConfig); without a ``post_batch_filters``
+list all three apply with these defaults."""
+CAUSE_CHARS = 400
 ORCHESTRATOR_LOG = "logs/orchestrator.log"
 ADAPTER_DIR = "lora_adapters"
+
+
+class RolloutFailures(BaseModel):
+    """The errored rollouts the orchestrator's log names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    count: int = Field(default=0, ge=0, description="Errored-rollout warnings in the log text read")
+    last: str | None = Field(default=None, max_length=CAUSE_CHARS, description="The last one's cause: error type and message")
 
 
 def parse_metric_rows(text: str) -> tuple[list[dict[str, Any]], int]:
@@ -83,9 +114,25 @@ def is_lora_job(rl_config: Mapping[str, Any]) -> bool:
     return isinstance(model, dict) and isinstance(model.get("lora"), dict)
 
 
-def no_signal_logged(log_text: str) -> bool:
-    """True when the orchestrator's log holds its abort for batches without a learning signal."""
-    return NO_SIGNAL_MARKER in log_text
+def empty_batches_logged(log_text: str) -> bool:
+    """True when the orchestrator's log holds its abort after 10 empty train batches in a row."""
+    return EMPTY_BATCHES_ABORT in log_text
+
+
+def post_batch_filters_enforce(rl_config: Mapping[str, Any]) -> bool:
+    """True when a post-batch filter of rl.toml drops rollouts from train batches (prime-rl's default list does:
+    its zero_advantage filter enforces), so that an empty batch may have been filtered rather than errored."""
+    orchestrator = rl_config.get("orchestrator")
+    filters = orchestrator.get("post_batch_filters") if isinstance(orchestrator, dict) else None
+    if filters is None:
+        return any(FILTERS_ENFORCING_BY_DEFAULT.values())
+    return any(isinstance(item, dict) and bool(item.get("enforce", FILTERS_ENFORCING_BY_DEFAULT.get(str(item.get("type")), True))) for item in filters)
+
+
+def rollout_failures(log_text: str) -> RolloutFailures:
+    """The errored-rollout warnings of an orchestrator log (colour codes ignored): how many, and the last one's cause."""
+    causes = [match.group("cause").strip() for match in ROLLOUT_FAILURE.finditer(ANSI_ESCAPE.sub("", log_text))]
+    return RolloutFailures(count=len(causes), last=causes[-1][:CAUSE_CHARS] if causes else None)
 
 
 def tail_text(path: Path, limit: int = LOG_TAIL_CHARS) -> str:

@@ -31,10 +31,15 @@ Facts of prime-rl v0.8.0 this relies on (paths relative to its ``src/prime_rl/``
   Python) and uploads the merged model: every evaluator then scores the trained model with no LoRA
   support of its own; a LoRA job without an adapter fails (``adapter_missing``) instead of passing
   the base off as trained;
-- with no learning signal the orchestrator raises after 10 empty batches in a row and rl exits 1
+- after 10 empty train batches in a row the orchestrator raises and rl exits 1
   (``orchestrator/orchestrator.py``: "... consecutive empty train batches ..." in
-  ``logs/orchestrator.log``). That is an outcome, not a failure: ``no_signal`` succeeds with the
-  newest complete weights, or with none (``trained_is_base``: the trained model is the base).
+  ``logs/orchestrator.log``). Errored rollouts never reach a batch, and post-batch filters empty one
+  only where they enforce (:mod:`metarl.backends.runpod.pod.rl_outputs`). With no filter enforcing,
+  as compiled bundles have it, every rollout errored: the job fails (``rollouts_errored``) with the
+  cause the orchestrator logged (``orchestrator/dispatcher.py``). With an enforcing zero-advantage
+  filter it may be batches without a learning signal: an outcome, not a failure: ``no_signal``
+  succeeds with the newest complete weights, or with none (``trained_is_base``: the trained model is
+  the base).
 
 Storage is any fsspec URL (``file://`` or a plain path in tests, ``s3://...`` on pods). The
 ``rl`` process (which runs the agent's reward code) gets only the environment variables listed
@@ -80,9 +85,11 @@ from metarl.backends.runpod.pod.rl_outputs import (
     ORCHESTRATOR_LOG,
     TRAINING_FINISHED,
     MetricsFollower,
+    empty_batches_logged,
     is_lora_job,
     latest_weights_step,
-    no_signal_logged,
+    post_batch_filters_enforce,
+    rollout_failures,
     tail_text,
 )
 from metarl.backends.runpod.pod.runner_config import RunnerConfig, parse_args
@@ -117,10 +124,14 @@ def decide_stop(
     return "stalled" if now - last_progress > config.stall_timeout_s else None
 
 
-def exit_reason(exit_code: int, has_weights: bool, no_signal: bool = False) -> Reason:
-    """Reason for an rl process that exited by itself (``no_signal``: its orchestrator aborted for lack of a learning signal)."""
+def exit_reason(exit_code: int, has_weights: bool, empty_batches: bool = False, filters_enforce: bool = True) -> Reason:
+    """Reason for an rl process that exited by itself. ``empty_batches``: its orchestrator aborted after 10 empty train
+    batches; with no post-batch filter enforcing (``filters_enforce`` False) that means every rollout errored, else
+    the batches may have had no learning signal."""
     if exit_code != 0:
-        return "no_signal" if no_signal else "rl_failed"
+        if empty_batches:
+            return "no_signal" if filters_enforce else "rollouts_errored"
+        return "rl_failed"
     return "completed" if has_weights else "no_weights"
 
 
@@ -259,7 +270,8 @@ class PodRunner:
                 self.last_progress = now
                 self.first_progress = self.first_progress or now
             if code is not None:
-                return exit_reason(code, self.weights_step() is not None, code != 0 and no_signal_logged(self.orchestrator_log())), code
+                empty_batches = code != 0 and empty_batches_logged(self.orchestrator_log())
+                return exit_reason(code, self.weights_step() is not None, empty_batches, post_batch_filters_enforce(self.rl_config)), code
             cap = self.manifest.max_train_seconds if self.manifest else None
             reason: Reason | None = (
                 "terminated" if self.stop_requested else decide_stop(now, self.rl_started, self.last_progress, self.config, self.first_progress, cap)
@@ -426,6 +438,18 @@ class PodRunner:
             return ""
         return tail_text(self.run_dir / self.manifest.output_dir / ORCHESTRATOR_LOG, 20 * LOG_TAIL_CHARS)
 
+    def errored_message(self) -> str:
+        """Why every rollout errored, in the orchestrator's own words."""
+        failures = rollout_failures(self.orchestrator_log())
+        cause = (
+            f"{failures.count} errored rollouts in {ORCHESTRATOR_LOG}, the last: {failures.last}"
+            if failures.last
+            else f"no errored-rollout warning in the end of {ORCHESTRATOR_LOG}"
+        )
+        return (
+            f"every rollout errored: prime-rl's orchestrator stopped after 10 consecutive empty train batches and no post-batch filter drops rollouts; {cause}"
+        )
+
     def reason_message(self, reason: Reason, exit_code: int | None) -> str:
         """One line for the report."""
         step = self.follower.step if self.follower else None
@@ -436,6 +460,7 @@ class PodRunner:
                 "no learning signal: the orchestrator stopped after batches whose rewards were identical within every group; "
                 + (f"weights of step {weights} kept" if weights is not None else "no weights were saved: the trained model is the base")
             ),
+            "rollouts_errored": self.errored_message(),
             "rl_failed": f"rl exited with code {exit_code}",
             "no_weights": "rl exited 0 but wrote no complete weights folder",
             "stalled": f"no new metrics row for {self.config.stall_timeout_s:g} s (last step {step}); rl stopped",

@@ -179,7 +179,8 @@ POST_BATCH_FILTERS: list[dict[str, Any]] = [{"type": "gibberish"}, {"type": "rep
 all got equal rewards, and 10 empty batches in a row make the orchestrator raise
 (orchestrator/orchestrator.py MAX_CONSECUTIVE_EMPTY_BATCHES), so ``rl`` exits 1. Monitored, such
 batches reach the trainer with zero advantages (no policy-gradient step, only the kl_tau term) and
-the job ends with weights."""
+the job ends with weights; an empty batch then means every rollout errored, which the pod runner
+reports as ``rollouts_errored`` (metarl/backends/runpod/pod/rl_outputs.py)."""
 
 
 def env_names(digest: str) -> tuple[str, str]:
