@@ -32,9 +32,10 @@ import sys
 import time
 from pathlib import Path
 
+from metarl.backends.runpod.pod.confinement import child_environment
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, EvalServer, EvalSettings
 from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
-from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment, child_environment, decode_env_value
+from metarl.backends.runpod.pod.protocol import ExitReport, Heartbeat, PodAssignment, decode_env_value
 from metarl.backends.runpod.pod.storage import Storage
 from metarl.backends.runpod.pod.supervisor import POD_NAME_ENV, POD_ROOT_ENV
 

@@ -11,6 +11,13 @@ stopped, preempted or terminated, at the costPerHr fixed at creation (GPU price 
 `uptimeSeconds` reports those billed seconds and freezes when billing stops; terminated pods
 disappear from the API but stay in `billing()`.
 
+Host CUDA: each GPU type is offered on hosts of given CUDA versions (`GpuOffer.host_cuda`). A deploy
+that sends `allowedCudaVersions` is placed on the first host whose version is listed, and refused as
+out of capacity when none is; one that does not is placed on the first host. With `image_cuda` set, a
+pod on an older host never starts its container (as the NVIDIA runtime refuses an image whose
+NVIDIA_REQUIRE_CUDA the driver cannot meet): it stays RUNNING without a runtime and shows no uptime,
+while billing runs from its creation as for any pod.
+
 Faults (all injectable while it runs, thread-safe): capacity errors per GPU type, 5xx answers
 (an HTML 502, a JSON 500 without data, a 503 with a GraphQL error), lost replies (the operation is
 applied, the connection is dropped), slow replies, preemption and hangs (the pod's process is
@@ -35,6 +42,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+RUNPOD_CUDA_VERSIONS = ("11.8", "12.0", "12.1", "12.2", "12.3", "12.4", "12.5", "12.6", "12.7", "12.8", "12.9", "13.0")
+"""Values Runpod accepts in allowedCudaVersions (kept apart from metarl's own list: the fake checks it)."""
+
 CAPACITY_MESSAGE = "There are no longer any instances available with the requested specifications. Please refresh and try again."
 
 
@@ -48,6 +58,8 @@ class GpuOffer:
     secure_price: float
     community_price: float
     max_gpu_count: int = 8
+    host_cuda: tuple[str, ...] = ("12.8",)
+    """CUDA versions of the hosts that offer this GPU type, in the order deploys take them."""
 
 
 DEFAULT_GPUS = (
@@ -73,6 +85,8 @@ class Faults:
     """Job number (1 = the first job any pod's process started) -> seconds after that start when its pod is preempted."""
     hang_job: dict[int, float] = field(default_factory=dict)
     """Job number -> seconds after its start when its pod's process freezes (SIGSTOP)."""
+    dead_containers: int = 0
+    """How many of the next pods never start their container (RUNNING, no runtime, no uptime, billed)."""
 
 
 @dataclass
@@ -89,6 +103,8 @@ class FakePod:
     env: dict[str, str]
     cost_per_hr: float
     created_at: float
+    host_cuda: str = "12.8"
+    container_dead: bool = False
     status: str = "CREATED"
     running_since: float | None = None
     jobs_seen: int = 0
@@ -116,6 +132,7 @@ class FakeRunpod:
         pod_cwd: Path | None = None,
         image_env: dict[str, str] | None = None,
         gpus: tuple[GpuOffer, ...] = DEFAULT_GPUS,
+        image_cuda: str | None = None,
         boot_s: float = 0.3,
         max_requests: int = 5000,
         faults: Faults | None = None,
@@ -126,6 +143,7 @@ class FakeRunpod:
         self.pod_cwd = pod_cwd
         self.image_env = dict(image_env or {})
         self.gpus = {gpu.id: gpu for gpu in gpus}
+        self.image_cuda = image_cuda
         self.boot_s = boot_s
         self.max_requests = max_requests
         self.faults = faults or Faults()
@@ -357,6 +375,17 @@ class FakeRunpod:
         count = int(fields.get("gpuCount") or 1)
         if count > gpu.max_gpu_count:
             raise FakeError(CAPACITY_MESSAGE)
+        allowed = fields.get("allowedCudaVersions")
+        unknown = [version for version in allowed or () if version not in RUNPOD_CUDA_VERSIONS]
+        if unknown:
+            raise FakeError(f"Invalid CUDA versions in allowedCudaVersions: {unknown}")
+        hosts = [version for version in gpu.host_cuda if allowed is None or version in allowed]
+        if not hosts:
+            self.capacity_refusals[gpu.id] += 1
+            raise FakeError(CAPACITY_MESSAGE)
+        dead = self.faults.dead_containers > 0 or (self.image_cuda is not None and cuda_key(hosts[0]) < cuda_key(self.image_cuda))
+        if self.faults.dead_containers > 0:
+            self.faults.dead_containers -= 1
         cloud = str(fields.get("cloudType") or "ALL")
         price = gpu.secure_price if cloud == "SECURE" else gpu.community_price
         pod = FakePod(
@@ -370,6 +399,8 @@ class FakeRunpod:
             env=dict(fields.get("env") or {}),
             cost_per_hr=round(price * count, 4),
             created_at=time.monotonic(),
+            host_cuda=hosts[0],
+            container_dead=dead,
         )
         self.pods[pod.id] = pod
         self.deploys_by_name[pod.name] += 1
@@ -410,11 +441,11 @@ class FakeRunpod:
             "podType": "RESERVED",
             "port": None,
             "ports": "",
-            "uptimeSeconds": pod.billed_seconds(now),
+            "uptimeSeconds": 0 if pod.container_dead else pod.billed_seconds(now),
             "vcpuCount": 16,
             "volumeInGb": 0,
             "volumeMountPath": "/workspace",
-            "runtime": {"ports": []} if pod.status == "RUNNING" else None,
+            "runtime": {"ports": []} if pod.status == "RUNNING" and not pod.container_dead else None,
             "machine": {"gpuDisplayName": pod.gpu.display_name},
         }
 
@@ -481,7 +512,10 @@ class FakeRunpod:
                     if pod.terminated:
                         continue
                     if pod.status == "CREATED" and now - pod.created_at >= self.boot_s:
-                        self._boot(pod)
+                        if pod.container_dead:
+                            pod.status = "RUNNING"
+                        else:
+                            self._boot(pod)
                     if pod.status == "RUNNING" and (self.faults.preempt_job or self.faults.hang_job):
                         for _ in range(jobs_announced(pod) - pod.jobs_seen):
                             pod.jobs_seen += 1
@@ -532,14 +566,24 @@ def operation_of(query: str) -> str:
     return "unknown"
 
 
+def cuda_key(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")
+    return int(major), int(minor)
+
+
 def string_arg(query: str, name: str) -> str | None:
     match = re.search(rf'\b{name}\s*:\s*"([^"]*)"', query)
     return match.group(1) if match else None
 
 
 def parse_input(query: str) -> dict[str, Any]:
-    """The `input: { ... }` fields of a deploy mutation (strings, numbers, booleans, enums, the env list)."""
+    """The `input: { ... }` fields of a deploy mutation (strings, numbers, booleans, enums, the env list and
+    the list of strings `allowedCudaVersions`)."""
     fields: dict[str, Any] = {}
+    cuda_match = re.search(r"allowedCudaVersions:\s*\[(.*?)\]", query, re.S)
+    if cuda_match:
+        fields["allowedCudaVersions"] = re.findall(r'"([^"]*)"', cuda_match.group(1))
+        query = query[: cuda_match.start()] + query[cuda_match.end() :]
     env_match = re.search(r"env:\s*\[(.*?)\]", query, re.S)
     if env_match:
         fields["env"] = dict(re.findall(r'\{\s*key:\s*"([^"]*)",\s*value:\s*"([^"]*)"\s*\}', env_match.group(1)))

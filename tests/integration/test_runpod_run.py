@@ -193,7 +193,7 @@ def heartbeat_steps(artifacts: Path) -> list[int]:
 
 def launch_orphan(artifacts: Path, run_id: str) -> str:
     """A pod named like one of the run's jobs, assigned to a job that does not exist."""
-    from metarl.backends.runpod.pod.runner import PodAssignment
+    from metarl.backends.runpod.pod.protocol import PodAssignment
     from metarl.backends.runpod.pod.supervisor import POD_NAME_ENV, POD_ROOT_ENV
     from metarl.backends.runpod.provider import LaunchRequest, RetryPolicy, RunpodProvider
 

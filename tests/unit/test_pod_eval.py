@@ -32,7 +32,7 @@ from metarl.backends.runpod.eval import (
     hidden_items,
 )
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, EvalRequest, EvalResult, TargetOutput, items_digest
-from metarl.backends.runpod.pod.runner import ExitReport
+from metarl.backends.runpod.pod.protocol import ExitReport
 from metarl.backends.runpod.pods import pod_charges
 from metarl.backends.runpod.provider import PodState
 from metarl.backends.runpod.train import RunpodTrain

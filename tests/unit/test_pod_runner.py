@@ -23,27 +23,23 @@ from pathlib import Path
 
 import pytest
 
+from metarl.backends.runpod.pod.confinement import ProcessInfo, child_environment, is_secret_name, sweep_targets
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, items_digest
 from metarl.backends.runpod.pod.manifest import EXIT_FILE, MANIFEST_FILE, STATUS_FILE
 from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
-from metarl.backends.runpod.pod.runner import (
-    ExitReport,
-    Heartbeat,
-    ProcessInfo,
-    RunnerConfig,
-    child_environment,
-    decide_stop,
-    exit_reason,
-    fill_command,
+from metarl.backends.runpod.pod.protocol import ExitReport, Heartbeat
+from metarl.backends.runpod.pod.rl_outputs import (
+    empty_batches_logged,
     is_lora_job,
-    is_secret_name,
     latest_weights_step,
-    no_signal_logged,
     numeric_metrics,
     parse_metric_rows,
+    post_batch_filters_enforce,
+    rollout_failures,
     row_step,
-    sweep_targets,
 )
+from metarl.backends.runpod.pod.runner import decide_stop, exit_reason, fill_command
+from metarl.backends.runpod.pod.runner_config import RunnerConfig
 from tests.fakes.primerl_bundle import DELETE, ENVIRONMENT, job_spec, store_bundle
 from tests.fakes.primerl_bundle import make_bundle as compile_test_bundle
 
@@ -389,7 +385,7 @@ def test_manifest_is_what_the_runner_reads(tmp_path: Path) -> None:
 
 
 def test_config_from_environment_and_flags() -> None:
-    from metarl.backends.runpod.pod.runner import parse_args
+    from metarl.backends.runpod.pod.runner_config import parse_args
 
     environ = {
         "METARL_RUNNER_JOB_URL": "s3://bucket/jobs/j1",
@@ -489,6 +485,40 @@ def test_a_non_enforcing_zero_advantage_filter_lets_a_no_signal_job_finish(tmp_p
     assert report.reason == "completed" and report.weights_step == 12 and report.steps == 12
 
 
+def test_every_rollout_erroring_fails_the_job_with_the_cause_the_orchestrator_logged(tmp_path: Path) -> None:
+    """Item 3: errored rollouts never reach a batch; with the compiled filters (none enforcing) the orchestrator's
+    abort after 10 empty batches means every rollout errored: a failure, not a job without learning signal."""
+    job_url, bundle = make_bundle(tmp_path, max_steps=50, rl={"ckpt": {"interval": 2, "keep_last": DELETE}})
+    assert not post_batch_filters_enforce(bundle.rl_config)
+    config = runner_config(tmp_path, job_url)
+    config["extra_env"]["FAKE_RL_ERRORED_FROM"] = "3"
+    config["extra_env"]["FAKE_RL_ROLLOUT_ERROR"] = "BadRequestError: This model's maximum context length is 512 tokens"
+    code, output = run_runner(config)
+    assert code == 1, output
+    report = report_of(config)
+    assert report.reason == "rollouts_errored" and not report.succeeded and report.exit_code == 1
+    batch_size = bundle.rl_config["orchestrator"]["batch_size"]
+    assert report.message.startswith("every rollout errored") and f"{10 * batch_size} errored rollouts in logs/orchestrator.log" in report.message
+    assert report.message.endswith("the last: BadRequestError: This model's maximum context length is 512 tokens"), report.message
+
+
+def test_errored_rollouts_and_filters_are_read_as_prime_rl_writes_them() -> None:
+    log = (
+        "\x1b[33m\x1b[1mWARNING\x1b[0m | \x1b[33mRollout failed in group 5f1c (metarl-job) — ValueError: bad prompt\x1b[0m\n"
+        "WARNING | Empty trajectory in group 5f1d (metarl-job)\n"
+        "WARNING | Rollout failed in group 5f1d (metarl-job) — EmptyTrajectory: Rollout returned with no trajectory steps\n"
+        "WARNING | Rollout task failed in group 5f1e (metarl-job): RuntimeError('env server died')\n"
+        "WARNING | Step 3: empty train batch (0 of 8 generated rollouts shipped — all errored or filtered out) (consecutive empty batches: 1/10)\n"
+    )
+    assert rollout_failures(log).model_dump() == {"count": 3, "last": "RuntimeError('env server died')"}
+    assert rollout_failures(log.split("WARNING | Rollout task")[0]).last == "EmptyTrajectory: Rollout returned with no trajectory steps"
+    assert rollout_failures("Step 3: empty train batch").model_dump() == {"count": 0, "last": None}
+    # configs/orchestrator.py: the default post_batch_filters enforce zero_advantage; the compiled ones enforce nothing
+    assert post_batch_filters_enforce({}) and post_batch_filters_enforce({"orchestrator": {"post_batch_filters": [{"type": "zero_advantage"}]}})
+    assert not post_batch_filters_enforce({"orchestrator": {"post_batch_filters": [{"type": "gibberish"}, {"type": "zero_advantage", "enforce": False}]}})
+    assert post_batch_filters_enforce({"orchestrator": {"post_batch_filters": [{"type": "repetition", "enforce": True}]}})
+
+
 def test_rl_failing_for_another_reason_is_still_rl_failed(tmp_path: Path) -> None:
     job_url, _ = make_bundle(tmp_path, rl={"ckpt": {"interval": 1}})
     config = runner_config(tmp_path, job_url, mode="fail")
@@ -508,7 +538,7 @@ def test_a_lora_job_uploads_the_trained_model_and_it_scores_differently_from_the
     from metarl.backends.runpod.pod.scoring import score_request
 
     job_url, bundle = make_bundle(tmp_path, max_steps=4, rl=lora_rl(True), lora_rank=8)
-    assert bundle.rl_config["trainer"]["model"]["lora"] == {"rank": 8, "alpha": 16.0}
+    assert bundle.rl_config["trainer"]["model"]["lora"] == {"rank": 8, "alpha": 32.0}
     config = runner_config(tmp_path, job_url, pod_python=[sys.executable])
     config["extra_env"]["FAKE_RL_BASE_MODEL"] = str(tiny_model_dir)
     code, output = run_runner(config)
@@ -547,7 +577,7 @@ def test_a_lora_job_without_its_adapter_fails_instead_of_passing_the_base_off(tm
 
 
 def session_members(session: int) -> list[int]:
-    from metarl.backends.runpod.pod.runner import read_processes
+    from metarl.backends.runpod.pod.confinement import read_processes
 
     return [proc.pid for proc in read_processes() if proc.session == session and not proc.zombie]
 
@@ -642,6 +672,7 @@ def test_process_sweep_targets() -> None:
     ]
     assert sweep_targets(table, "session", session=30, uid=1000, own_pid=20) == [30, 31]
     assert sweep_targets(table, "uid", session=30, uid=1000, own_pid=20) == [30, 31, 40]
-    assert exit_reason(1, has_weights=False, no_signal=True) == "no_signal" and exit_reason(1, True) == "rl_failed"
-    assert no_signal_logged("RuntimeError: 10 consecutive empty train batches — check filter config")
+    assert exit_reason(1, has_weights=False, empty_batches=True) == "no_signal" and exit_reason(1, True) == "rl_failed"
+    assert exit_reason(1, has_weights=True, empty_batches=True, filters_enforce=False) == "rollouts_errored"
+    assert empty_batches_logged("RuntimeError: 10 consecutive empty train batches — check filter config")
     assert is_lora_job({"trainer": {"model": {"lora": {"rank": 8}}}}) and not is_lora_job({"trainer": {"model": {}}})

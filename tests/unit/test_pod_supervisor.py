@@ -21,7 +21,9 @@ import pytest
 
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult, items_digest
 from metarl.backends.runpod.pod.manifest import EXIT_FILE
-from metarl.backends.runpod.pod.runner import ExitReport, PodAssignment, RunnerConfig, decide_stop, decode_environ
+from metarl.backends.runpod.pod.protocol import ExitReport, PodAssignment, decode_environ
+from metarl.backends.runpod.pod.runner import decide_stop
+from metarl.backends.runpod.pod.runner_config import RunnerConfig
 from metarl.backends.runpod.pod.supervisor import POD_NAME_ENV, POD_ROOT_ENV, assignment_path, job_config, job_to_run, parse_args, still_this_job
 from metarl.backends.runpod.provider import encode_env_value
 from tests.fakes.primerl_bundle import job_spec, make_bundle, store_bundle

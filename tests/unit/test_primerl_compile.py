@@ -18,6 +18,7 @@ from metarl.backends.local.train import compile_local_job
 from metarl.backends.runpod.pod.pin import PRIME_RL_COMMIT, PRIME_RL_TAG, VERIFIERS_COMMIT
 from metarl.backends.runpod.primerl.checks import primerl_compile_problems
 from metarl.backends.runpod.primerl.compiler import (
+    LORA_ALPHA,
     MODEL_RENDERERS,
     POST_BATCH_FILTERS,
     PROBE_ENV_ID,
@@ -190,7 +191,7 @@ def test_a_job_stopped_at_its_cap_has_weights_within_one_interval(max_steps: int
 def test_a_lora_job_saves_its_adapter_separately() -> None:
     config = compiled_toml(job(model={"name": "Qwen/Qwen3-0.6B", "lora_rank": 8}))
     assert config["trainer"]["ckpt"] == {"weights_only": True, "weights": {"save_adapter_separately": True}}
-    assert config["trainer"]["model"]["lora"] == {"rank": 8, "alpha": 16.0}
+    assert config["trainer"]["model"]["lora"] == {"rank": 8, "alpha": 32.0}
     assert rl_config_problems(config) == []
     full = compiled_toml(job())
     assert "weights" not in full["trainer"]["ckpt"]
@@ -242,6 +243,16 @@ def test_kl_coef_is_described_per_backend_and_the_local_backend_keeps_its_kl_to_
 
 # ---------------------------------------------------------------------------------------------
 # item 5: GPU defaults and caps
+
+
+@pytest.mark.parametrize("rank", [4, 8, 16, 64])
+def test_lora_alpha_is_the_tags_default_as_in_the_configs_the_lora_rate_comes_from(rank: int) -> None:
+    # configs/debug/algo/opd_lora.toml and sft_distill_lora.toml: lr 1e-4, rank 8, no alpha (LoRAConfig.alpha = 32)
+    upstream_alpha = rl_schema()["$defs"]["prime_rl__configs__trainer__LoRAConfig"]["properties"]["alpha"]["default"]
+    assert LORA_ALPHA == upstream_alpha == 32.0
+    config = compiled_toml(job(model={"name": "Qwen/Qwen3-0.6B", "lora_rank": rank}))
+    assert config["trainer"]["model"]["lora"] == {"rank": rank, "alpha": upstream_alpha}
+    assert config["trainer"]["optim"]["lr"] == PRIME_RL_TRAIN_DEFAULTS.lora_learning_rate
 
 
 def test_gpu_jobs_default_to_the_tags_learning_rates() -> None:

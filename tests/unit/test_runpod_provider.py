@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -14,8 +15,11 @@ import requests
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from metarl.backends.runpod.pod.runner import decode_env_value
+from metarl.backends.runpod.pod.pin import PRIME_RL_IMAGE_CUDA
+from metarl.backends.runpod.pod.protocol import decode_env_value
 from metarl.backends.runpod.provider import (
+    IMAGE_CUDA_VERSIONS,
+    RUNPOD_CUDA_VERSIONS,
     ErrorKind,
     LaunchRequest,
     PodState,
@@ -23,6 +27,7 @@ from metarl.backends.runpod.provider import (
     RunpodProvider,
     classify_exception,
     classify_message,
+    cuda_versions_from,
     encode_env,
     encode_env_value,
     launch_order,
@@ -32,7 +37,8 @@ from metarl.backends.runpod.provider import (
 from metarl.domain.retry import backoff_delay
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
 from tests.conftest import REPO
-from tests.fakes.runpod_server import CAPACITY_MESSAGE, FakeRunpod
+from tests.fakes import runpod_server
+from tests.fakes.runpod_server import CAPACITY_MESSAGE, FakeRunpod, GpuOffer
 
 A40, A6000, L40S = "NVIDIA A40", "NVIDIA RTX A6000", "NVIDIA L40S"
 
@@ -144,6 +150,16 @@ def test_pod_answers_become_pod_info():
     assert pod_info_from({**raw, "runtime": None, "uptimeSeconds": None}).state == PodState.provisioning
 
 
+def test_the_image_needs_its_cuda_or_a_newer_one_from_runpods_list():
+    # prime-rl v0.8.0 Dockerfile.cuda: FROM nvidia/cuda:12.8.1-base-ubuntu24.04
+    assert PRIME_RL_IMAGE_CUDA == "12.8" and IMAGE_CUDA_VERSIONS == ("12.8", "12.9", "13.0")
+    assert RUNPOD_CUDA_VERSIONS == runpod_server.RUNPOD_CUDA_VERSIONS
+    assert cuda_versions_from("12.10", ("12.9", "12.10", "13.0")) == ("12.10", "13.0"), "compared as numbers, not text"
+    assert LaunchRequest(name="metarl-a", image="img:1", gpu_types=(A40,)).cuda_versions == IMAGE_CUDA_VERSIONS
+    with pytest.raises(ValueError, match="CUDA versions Runpod offers"):
+        LaunchRequest(name="metarl-a", image="img:1", gpu_types=(A40,), cuda_versions=('12.8"]',))
+
+
 # --- the real SDK against the fake server --------------------------------------------------
 
 
@@ -233,3 +249,28 @@ def test_stop_freezes_the_billed_uptime(fake):
     assert stopped.state == PodState.stopped
     billed = {row["pod_id"]: row["seconds"] for row in fake.billing()}
     assert stopped.uptime_s == billed[pod.pod_id]
+
+
+def test_pods_are_placed_only_on_hosts_with_the_images_cuda_or_newer(fake):
+    fake.image_cuda = PRIME_RL_IMAGE_CUDA
+    fake.gpus = {
+        A40: GpuOffer(A40, "A40", 48, 0.44, 0.39, host_cuda=("12.4", "12.9")),
+        A6000: GpuOffer(A6000, "RTX A6000", 48, 0.49, 0.44, host_cuda=("12.2", "12.6")),
+    }
+    pods = provider()
+    pod = pods.launch(request("metarl-aaaaaaaa-6", (A40,)))
+    placed = fake.pods[pod.pod_id]
+    assert placed.host_cuda == "12.9" and not placed.container_dead, "the pod went to a host whose driver cannot start the image"
+    with pytest.raises(CapacityError):
+        pods.launch(request("metarl-aaaaaaaa-7", (A6000,)))
+    assert fake.deploys_by_name == {"metarl-aaaaaaaa-6": 1} and fake.capacity_refusals[A6000] == 1
+
+
+def test_a_container_that_never_starts_shows_no_runtime_and_no_uptime_but_is_billed(fake):
+    fake.faults.dead_containers = 1
+    pods = provider()
+    pod = pods.launch(request("metarl-aaaaaaaa-8"))
+    time.sleep(1.2)
+    seen = pods.query(pod.pod_id)
+    assert seen is not None and seen.state == PodState.provisioning and seen.uptime_s == 0
+    assert {row["pod_id"]: row["seconds"] for row in fake.billing()}[pod.pod_id] >= 1

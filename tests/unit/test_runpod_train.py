@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from metarl.backends.runpod.config import RunpodTrainBackend
-from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment, decode_env_value
+from metarl.backends.runpod.pod.protocol import ExitReport, Heartbeat, PodAssignment, decode_env_value
 from metarl.backends.runpod.pods import (
     REAP_LOCK_KEY,
     billable_chunks,
@@ -27,6 +27,7 @@ from metarl.backends.runpod.pods import (
     run_key_of,
     run_prefix,
     settle_price,
+    startup_uptime,
 )
 from metarl.backends.runpod.provider import PodState
 from metarl.backends.runpod.train import RunpodTrain
@@ -80,14 +81,25 @@ def test_settled_seconds_prices_and_job_cost():
 
 def test_watchdog_allows_startup_then_watches_progress():
     assert watchdog(now=50, step=None, last_step=-2, last_progress_at=0, assigned_at=0, startup_timeout_s=60, hang_timeout_s=10).hung is None
-    assert "within 60s" in watchdog(now=61, step=None, last_step=-2, last_progress_at=0, assigned_at=0, startup_timeout_s=60, hang_timeout_s=10).hung
+    late = watchdog(now=61, step=None, last_step=-2, last_progress_at=0, assigned_at=0, startup_timeout_s=60, hang_timeout_s=10)
+    assert late.startup_timeout and late.hung.startswith("start-up timeout") and "startup_timeout_s = 60s" in late.hung
     started = watchdog(now=30, step=-1, last_step=-2, last_progress_at=0, assigned_at=0, startup_timeout_s=60, hang_timeout_s=10)
     assert (started.last_step, started.hung) == (-1, None)
-    assert watchdog(now=61, step=-1, last_step=-1, last_progress_at=30, assigned_at=0, startup_timeout_s=60, hang_timeout_s=10).hung is not None
+    assert watchdog(now=61, step=-1, last_step=-1, last_progress_at=30, assigned_at=0, startup_timeout_s=60, hang_timeout_s=10).startup_timeout
     moved = watchdog(now=40, step=3, last_step=2, last_progress_at=35, assigned_at=0, startup_timeout_s=60, hang_timeout_s=10)
     assert (moved.last_step, moved.last_progress_at, moved.hung) == (3, 40, None)
     assert watchdog(now=44, step=3, last_step=3, last_progress_at=40, assigned_at=0, startup_timeout_s=60, hang_timeout_s=10).hung is None
-    assert "hung" in watchdog(now=51, step=3, last_step=3, last_progress_at=40, assigned_at=0, startup_timeout_s=60, hang_timeout_s=10).hung
+    hung = watchdog(now=51, step=3, last_step=3, last_progress_at=40, assigned_at=0, startup_timeout_s=60, hang_timeout_s=10)
+    assert "hung" in hung.hung and not hung.startup_timeout
+
+
+def test_a_timed_out_start_up_is_billed_for_the_seconds_it_held_the_pod():
+    assert startup_uptime(uptime_s=0, uptime_at_assign=0, assigned_at=100.0, now=1900.7) == 1800, "no uptime shown: the wall seconds"
+    assert startup_uptime(uptime_s=1830, uptime_at_assign=0, assigned_at=100.0, now=1900.0) == 1830, "the vendor's uptime when larger"
+    assert startup_uptime(uptime_s=500, uptime_at_assign=500, assigned_at=100.0, now=1900.0) == 2300, "a warm pod: its uptime at the claim, plus"
+    assert verdict(hung="start-up timeout", startup_timeout=True).startup_timeout
+    assert not verdict(hung="start-up timeout", startup_timeout=True, pod_state=PodState.stopped).startup_timeout, "a lost pod is not a start-up timeout"
+    assert not verdict(hung="stuck").startup_timeout
 
 
 def test_runner_heartbeats_give_the_step():
@@ -307,6 +319,36 @@ def test_backend_launch_poll_warm_reuse_preemption_hang_and_release(cloud, tmp_p
         billed[pod_id] = billed.get(pod_id, 0.0) + item.quantity
     assert billed == {row["pod_id"]: float(row["seconds"]) for row in cloud.billing() if row["seconds"]}
     assert cloud.deploys_by_name.most_common(1)[0][1] == 1
+
+
+def test_a_start_up_past_its_timeout_is_billed_for_the_time_it_held_the_pod_and_says_so(cloud, tmp_path):
+    ledger: list[tuple[int | None, CostItem]] = []
+    config = RunpodTrainBackend(
+        type="runpod",
+        image="ghcr.io/metarl/inner:0.8.0",
+        max_pods=2,
+        warm_pool_size=0,
+        poll_interval_s=0.1,
+        startup_timeout_s=1.0,
+        max_restarts=0,
+        billing_interval_s=1,
+        api_timeout_s=1.0,
+        api_backoff_s=0.01,
+        capacity_cooldown_s=0.0,
+    )
+    backend = RunpodTrain(config, str(tmp_path / "artifacts"), BudgetConfig(), ledger=lambda run, episode, items: ledger.extend((episode, i) for i in items))
+    cloud.faults.dead_containers = 1  # a host that cannot start the image: the pod shows no uptime while it is billed
+    job = JobSpec(model=JobModel(name="Qwen/Qwen3-0.6B"))
+    ended = run_to_end(backend, context(1, tmp_path), job, "metarl-0a1b2c3d-1", ledger)
+    assert ended.status == "failed" and "start-up timeout" in ended.error and "startup_timeout_s = 1s" in ended.error
+    (pod,) = cloud.pods.values()
+    assert pod.container_dead and pod.terminated
+    charged = {item.key: item for _, item in ledger}
+    billed_here = sum(item.quantity for item in charged.values())
+    (billed_there,) = [row["seconds"] for row in cloud.billing()]
+    assert billed_there - 2 <= billed_here <= billed_there and billed_here >= 1, (billed_here, billed_there)
+    assert all(key.startswith(f"runpod:{pod.id}:") and "start-up timed out" in item.description for key, item in charged.items())
+    assert f"billed for {int(billed_here)}s" in ended.error
 
 
 # --- the run database, injected ---------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from metarl.backends.runpod.pod.runner import ENV_PREFIX as RUNNER_ENV_PREFIX
+from metarl.backends.runpod.pod.protocol import ENV_PREFIX as RUNNER_ENV_PREFIX
 from metarl.backends.runpod.pod.supervisor import assignment_path
 from metarl.interfaces import CostItem
 
@@ -124,10 +124,18 @@ def chunks_after(uptime_s: int, chunk_s: int, billed_chunks: int, final: bool) -
 
 
 def pod_charges(
-    pod_id: str, gpu_label: str, cost_per_hr: float, chunks: list[tuple[int, int]], chunk_s: int, eval_from_s: int | None = None, job_name: str | None = None
+    pod_id: str,
+    gpu_label: str,
+    cost_per_hr: float,
+    chunks: list[tuple[int, int]],
+    chunk_s: int,
+    eval_from_s: int | None = None,
+    job_name: str | None = None,
+    note: str | None = None,
 ) -> list[CostItem]:
     """Ledger items for pod intervals; the key names the pod and the interval, never the poller. Intervals that start at or
-    after ``eval_from_s`` (the pod's uptime when the job's eval request was published) are the hidden eval's (``runpod_eval``)."""
+    after ``eval_from_s`` (the pod's uptime when the job's eval request was published) are the hidden eval's (``runpod_eval``);
+    ``note`` ends each description (why the pod was settled, say)."""
     items = []
     for index, seconds in chunks:
         evaluating = eval_from_s is not None and index * chunk_s >= eval_from_s
@@ -135,7 +143,8 @@ def pod_charges(
             CostItem(
                 source="runpod_eval" if evaluating else "runpod",
                 description=f"runpod pod {pod_id} ({gpu_label}) seconds {index * chunk_s}-{index * chunk_s + seconds}"
-                + (f", hidden eval of {job_name}" if evaluating and job_name else ""),
+                + (f", hidden eval of {job_name}" if evaluating and job_name else "")
+                + (f", {note}" if note else ""),
                 quantity=float(seconds),
                 unit="pod_second",
                 unit_price_usd=cost_per_hr / 3600.0,
@@ -148,6 +157,13 @@ def pod_charges(
 def final_uptime(frozen_uptime: int | None, last_uptime: int) -> int:
     """Seconds to bill a settled pod: its uptime after the stop, never less than what we saw before."""
     return max(frozen_uptime or 0, last_uptime)
+
+
+def startup_uptime(uptime_s: int, uptime_at_assign: int, assigned_at: float, now: float) -> int:
+    """Seconds to bill a pod whose job timed out in its start-up: its uptime, and never less than the pod's
+    uptime when the job took it plus the wall seconds since (a container that never started shows no
+    uptime while the pod is billed)."""
+    return max(uptime_s, uptime_at_assign + max(0, int(now - assigned_at)))
 
 
 def settle_price(job_price: float | None, queried_price: float | None, listed_price: float | None) -> float:

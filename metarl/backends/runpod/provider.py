@@ -13,7 +13,9 @@ Facts of the SDK (runpod 1.12) this module relies on:
   with our own, shorter deadline, but a create runs in the calling thread so that an abandoned
   create can never deploy a pod behind our back;
 - the GraphQL is built with f-strings and no escaping, so env values are encoded (`encode_env`)
-  and names and image names are checked before they reach the SDK.
+  and names and image names are checked before they reach the SDK;
+- `create_pod(allowed_cuda_versions=[...])` sends `allowedCudaVersions: ["12.8", ...]` in the deploy
+  mutation (GPU pods only): the pod is placed only on a host whose CUDA version is listed.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from metarl.backends.runpod.config import RUNPOD_API_KEY_ENV
-from metarl.backends.runpod.pod.runner import ENCODED_PREFIX
+from metarl.backends.runpod.pod.pin import PRIME_RL_IMAGE_CUDA
+from metarl.backends.runpod.pod.protocol import ENCODED_PREFIX
 from metarl.domain.retry import Backoff, backoff_delay
 from metarl.errors import CapacityError, PermanentBackendError, TransientBackendError
 
@@ -45,6 +48,25 @@ SAFE_TEXT = re.compile(r"^[A-Za-z0-9 ._:/@+=,\-]*$")
 SAFE_ENV_VALUE = re.compile(r"[A-Za-z0-9._:/@+=,\-]*")
 ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 POD_ID = re.compile(r"^[A-Za-z0-9]{1,64}$")
+
+RUNPOD_CUDA_VERSIONS = ("11.8", "12.0", "12.1", "12.2", "12.3", "12.4", "12.5", "12.6", "12.7", "12.8", "12.9", "13.0")
+"""Host CUDA versions Runpod accepts in `allowedCudaVersions`, oldest first (the enum of
+`PodCreateInput.allowedCudaVersions` in Runpod's REST API reference, "Create a Pod")."""
+
+
+def cuda_version_key(version: str) -> tuple[int, int]:
+    """A "major.minor" CUDA version as a sortable pair."""
+    major, minor = version.split(".")
+    return int(major), int(minor)
+
+
+def cuda_versions_from(minimum: str, offered: tuple[str, ...] = RUNPOD_CUDA_VERSIONS) -> tuple[str, ...]:
+    """The offered host CUDA versions at or above `minimum` (a container built on CUDA X runs on a driver of X or newer)."""
+    return tuple(version for version in offered if cuda_version_key(version) >= cuda_version_key(minimum))
+
+
+IMAGE_CUDA_VERSIONS = cuda_versions_from(PRIME_RL_IMAGE_CUDA)
+"""Hosts a pod of the pinned image may run on (`PRIME_RL_IMAGE_CUDA` and newer)."""
 
 
 class PodState(str, enum.Enum):
@@ -97,6 +119,20 @@ class LaunchRequest(Frozen):
     container_disk_gb: int = Field(default=50, ge=1, le=4000, description="Container disk")
     volume_gb: int = Field(default=0, ge=0, le=10_000, description="Pod volume")
     env: dict[str, str] = Field(default_factory=dict, repr=False, description="Environment of the pod (never a secret it does not need; kept out of repr)")
+    cuda_versions: tuple[str, ...] = Field(
+        default=IMAGE_CUDA_VERSIONS,
+        min_length=1,
+        max_length=len(RUNPOD_CUDA_VERSIONS),
+        description="Host CUDA versions the pod may be placed on (Runpod's allowedCudaVersions), each one of RUNPOD_CUDA_VERSIONS",
+    )
+
+    @field_validator("cuda_versions")
+    @classmethod
+    def _known_cuda_versions(cls, versions: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [version for version in versions if version not in RUNPOD_CUDA_VERSIONS]
+        if unknown:
+            raise ValueError(f"{unknown} are not CUDA versions Runpod offers ({', '.join(RUNPOD_CUDA_VERSIONS)})")
+        return versions
 
 
 class RetryPolicy(Frozen):
@@ -375,6 +411,7 @@ class RunpodProvider:
                 support_public_ip=False,
                 start_ssh=False,
                 env=env,
+                allowed_cuda_versions=list(request.cuda_versions),
             )
 
         last: BaseException | None = None

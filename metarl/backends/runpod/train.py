@@ -12,7 +12,7 @@ Pods and jobs meet in artifact storage, under `<artifacts root>/runpod/`:
                                       metrics.jsonl step), metrics/, logs/, weights/step_N/, exit.json
     pods/<pod name>/assignment.json   PodAssignment: which job the pod runs now (job_name null: idle)
 
-The result files are those of `metarl.backends.runpod.pod.runner` (its `Heartbeat` and `ExitReport`). A pod is
+The result files are those of `metarl.backends.runpod.pod.runner` (`Heartbeat` and `ExitReport` of `metarl.backends.runpod.pod.protocol`). A pod is
 created for a job and named after it (`metarl-<run>-<episode>`, `-r<k>` for restart k), with the
 runner's METARL_RUNNER_JOB_URL / METARL_RUNNER_RESULT_URL in its environment, so a fresh pod runs
 its first job at boot. When a job ends on a healthy pod, the pod is kept idle for the next job of
@@ -35,7 +35,10 @@ ledger row per pod and interval with the key `runpod:<pod id>:<interval>`, so re
 and reapers never bill twice. Complete intervals are billed while the pod runs; the last, partial
 one when the pod is settled (stopped, its final uptime read, billed, then terminated). Intervals
 that start once a job's eval request is published are the job's hidden eval: source `runpod_eval`
-instead of `runpod` (same key, so the split is exact to the interval and never double-billed).
+instead of `runpod` (same key, so the split is exact to the interval and never double-billed). A job
+whose start-up runs past `startup_timeout_s` is settled at no less than the seconds it held the pod
+(a container that never started shows no uptime while the pod is billed), its intervals described as
+"start-up timed out", and its error says so.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from metarl.backends.runpod.config import PodVllmEvalBackend, RunpodTrainBackend
 from metarl.backends.runpod.memory import job_memory_problems
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, RESULT_FILE, EvalRequest, EvalResult
 from metarl.backends.runpod.pod.manifest import EXIT_FILE, METRICS_DIR, STATUS_FILE
-from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment
+from metarl.backends.runpod.pod.protocol import ExitReport, Heartbeat, PodAssignment
 from metarl.backends.runpod.pod.supervisor import POD_NAME_ENV, POD_ROOT_ENV
 from metarl.backends.runpod.pods import (
     NAME_PREFIX,
@@ -75,6 +78,7 @@ from metarl.backends.runpod.pods import (
     run_key_of,
     run_prefix,
     settle_price,
+    startup_uptime,
     storage_environment,
 )
 from metarl.backends.runpod.provider import LaunchRequest, PodInfo, PodState, RetryPolicy, RunpodProvider
@@ -205,6 +209,7 @@ class RunpodTrain:
             job_cost=job_cost_usd(current.prior_usd, uptime, current.uptime_at_assign, current.cost_per_hr),
             max_job_usd=self.budget.max_job_usd,
             stop_for_run_cap=self.budget.on_cap == "stop" and self._run_over_budget(ctx.run_id),
+            startup_timeout=progress.startup_timeout,
         )
         if verdict.action == "succeeded" and self.pod_eval is not None and exit_report is not None:
             return self._poll_eval(ctx, job, current, pod, exit_report, attempt_dir, costs, uptime, now)
@@ -225,9 +230,14 @@ class RunpodTrain:
                 costs=costs,
             )
         log.warning("runpod job %s on pod %s: %s -> %s", current.job_name, current.pod_id, verdict.reason, verdict.action)
-        spent = self._settle(ctx.run_id, ctx.episode_id, current.pod_id, current.pod_name, pod, current)
+        note = None
+        if verdict.startup_timeout:  # billed for the time it waited even when the vendor shows no uptime
+            current.last_uptime = startup_uptime(current.last_uptime, current.uptime_at_assign, current.assigned_at, now)
+            note = "start-up timed out"
+        spent = self._settle(ctx.run_id, ctx.episode_id, current.pod_id, current.pod_name, pod, current, note=note)
         if verdict.action == "abort":
-            return PollResult(status="failed", state=current.model_dump(mode="json"), error=verdict.reason, costs=costs)
+            error = verdict.reason if note is None else f"{verdict.reason}; pod {current.pod_id} billed for {current.last_uptime}s"
+            return PollResult(status="failed", state=current.model_dump(mode="json"), error=error, costs=costs)
         restarts = [*current.restarts, verdict.reason or "restart"]
         try:
             moved = self._place(ctx.run_id, current.job_name, attempt=current.attempt + 1, prior_usd=current.prior_usd + spent, restarts=restarts)
@@ -576,9 +586,11 @@ class RunpodTrain:
     def _gpu_label(self, gpu_count: int, gpu_type: str | None) -> str:
         return f"{gpu_count or self.config.gpu_count}x {gpu_type or 'GPU'}"
 
-    def _settle(self, run_id: str, episode_id: int | None, pod_id: str, pod_name: str | None, pod: PodInfo | None, current: JobState | None) -> float:
-        """Stop the pod, read its final uptime, charge every interval, then terminate it. Returns the
-        cost of the job's share of the pod. Safe to repeat at any point (idempotent keys, idempotent calls)."""
+    def _settle(
+        self, run_id: str, episode_id: int | None, pod_id: str, pod_name: str | None, pod: PodInfo | None, current: JobState | None, note: str | None = None
+    ) -> float:
+        """Stop the pod, read its final uptime, charge every interval (``note`` ends their descriptions), then terminate it.
+        Returns the cost of the job's share of the pod. Safe to repeat at any point (idempotent keys, idempotent calls)."""
         if pod_name is not None:
             path = self.store.assignment_path(pod_name)
             assignment = self.store.read_model(path, PodAssignment)
@@ -602,6 +614,7 @@ class RunpodTrain:
             chunk_s,
             current.eval_uptime_start if current else None,
             current.job_name if current else None,
+            note,
         )
         self._record(run_id, episode_id, items)
         self.provider.terminate(pod_id)

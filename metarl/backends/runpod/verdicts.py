@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from metarl.backends.runpod.pod.eval_server import EvalResult, Target
-from metarl.backends.runpod.pod.runner import ExitReport, Heartbeat, PodAssignment
+from metarl.backends.runpod.pod.protocol import ExitReport, Heartbeat, PodAssignment
 from metarl.backends.runpod.pods import Frozen
 from metarl.backends.runpod.provider import PodState
 
@@ -20,6 +20,7 @@ class Progress(Frozen):
     last_step: int = Field(description="Highest step seen (-2: no heartbeat yet, -1: started, no step yet)")
     last_progress_at: float = Field(description="When it last moved")
     hung: str | None = Field(default=None, description="Why the watchdog gives up on the pod, or None")
+    startup_timeout: bool = Field(default=False, description="It gives up because the job made no progress within startup_timeout_s of its start on the pod")
 
 
 def heartbeat_step(beat: Heartbeat | None) -> int | None:
@@ -41,7 +42,10 @@ def watchdog(
         waited = now - assigned_at
         if waited > startup_timeout_s:
             return Progress(
-                last_step=last_step, last_progress_at=last_progress_at, hung=f"no progress within {startup_timeout_s:.0f}s of start ({waited:.0f}s)"
+                last_step=last_step,
+                last_progress_at=last_progress_at,
+                hung=f"start-up timeout: no progress within startup_timeout_s = {startup_timeout_s:.0f}s of the job's start on the pod ({waited:.0f}s)",
+                startup_timeout=True,
             )
         return Progress(last_step=last_step, last_progress_at=last_progress_at)
     stalled = now - last_progress_at
@@ -58,6 +62,7 @@ class Verdict(Frozen):
 
     action: Action = Field(description="running: poll again; succeeded/failed: the job ended by itself; restart: new pod; abort: kill and fail")
     reason: str | None = Field(default=None, description="Why")
+    startup_timeout: bool = Field(default=False, description="The watchdog ends the attempt because its start-up ran past startup_timeout_s")
 
 
 def judge(
@@ -70,8 +75,10 @@ def judge(
     job_cost: float,
     max_job_usd: float,
     stop_for_run_cap: bool,
+    startup_timeout: bool = False,
 ) -> Verdict:
-    """The decision of one poll. A report from the runner wins; then a lost pod; then the caps; then the watchdog."""
+    """The decision of one poll. A report from the runner wins; then a lost pod; then the caps; then the watchdog
+    (``startup_timeout``: ``hung`` is a start-up that ran past its timeout)."""
     if exit_report is not None:
         if exit_report.succeeded:
             return Verdict(action="succeeded")
@@ -84,7 +91,7 @@ def judge(
     if job_cost >= max_job_usd:
         return Verdict(action="abort", reason=f"stopped: the job cost ${job_cost:.2f} reached budget.max_job_usd ${max_job_usd:.2f}")
     if hung is not None:
-        return Verdict(action="restart" if restarts < max_restarts else "abort", reason=f"watchdog: {hung}")
+        return Verdict(action="restart" if restarts < max_restarts else "abort", reason=f"watchdog: {hung}", startup_timeout=startup_timeout)
     return Verdict(action="running")
 
 

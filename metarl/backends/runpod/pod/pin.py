@@ -24,5 +24,11 @@ VERIFIERS_COMMIT = "d30a3f48e5f14b06b3081b2102ec32cc3149b849"
 PRIME_RL_IMAGE = "ghcr.io/primeintellect-ai/prime-rl:v0.8.0"
 """Image that prime-rl's release workflow builds for the tag (``build_image.yaml``: registry/name:tag)."""
 
+PRIME_RL_IMAGE_CUDA = "12.8"
+"""CUDA version the image needs on the host: the tag's ``Dockerfile.cuda`` builds its runtime stage on
+``nvidia/cuda:12.8.1-base-ubuntu24.04`` (CUDA 12.8 toolkit, torch from the ``pytorch-cu128`` index),
+and that base image's ``NVIDIA_REQUIRE_CUDA`` (cuda>=12.8) keeps the container from starting on a host
+whose driver offers less. Pods are created only on hosts with this version or a newer one."""
+
 PRIME_RL_VENV_PYTHON = "/app/.venv/bin/python"
 """Interpreter of prime-rl's virtual environment in that image (``UV_PROJECT_ENVIRONMENT=/app/.venv``)."""

@@ -12,6 +12,11 @@ write ``exit.json``: an :class:`ExitReport`), then, when the job's hidden eval r
 **eval** (``metarl.backends.runpod.pod.eval_server``: wait for the request the train backend publishes after
 ``exit.json``, generate, upload the completions, delete the hidden prompts).
 
+Its settings are :class:`~metarl.backends.runpod.pod.runner_config.RunnerConfig`; what it writes for the train
+backend, :mod:`metarl.backends.runpod.pod.protocol`; what it reads of prime-rl's outputs,
+:mod:`metarl.backends.runpod.pod.rl_outputs`; what rl may see and how it is swept away,
+:mod:`metarl.backends.runpod.pod.confinement`.
+
 Facts of prime-rl v0.8.0 this relies on (paths relative to its ``src/prime_rl/``):
 
 - a weights folder ``<output_dir>/weights/step_N`` is complete only once its ``STABLE`` file
@@ -26,10 +31,15 @@ Facts of prime-rl v0.8.0 this relies on (paths relative to its ``src/prime_rl/``
   Python) and uploads the merged model: every evaluator then scores the trained model with no LoRA
   support of its own; a LoRA job without an adapter fails (``adapter_missing``) instead of passing
   the base off as trained;
-- with no learning signal the orchestrator raises after 10 empty batches in a row and rl exits 1
+- after 10 empty train batches in a row the orchestrator raises and rl exits 1
   (``orchestrator/orchestrator.py``: "... consecutive empty train batches ..." in
-  ``logs/orchestrator.log``). That is an outcome, not a failure: ``no_signal`` succeeds with the
-  newest complete weights, or with none (``trained_is_base``: the trained model is the base).
+  ``logs/orchestrator.log``). Errored rollouts never reach a batch, and post-batch filters empty one
+  only where they enforce (:mod:`metarl.backends.runpod.pod.rl_outputs`). With no filter enforcing,
+  as compiled bundles have it, every rollout errored: the job fails (``rollouts_errored``) with the
+  cause the orchestrator logged (``orchestrator/dispatcher.py``). With an enforcing zero-advantage
+  filter it may be batches without a learning signal: an outcome, not a failure: ``no_signal``
+  succeeds with the newest complete weights, or with none (``trained_is_base``: the trained model is
+  the base).
 
 Storage is any fsspec URL (``file://`` or a plain path in tests, ``s3://...`` on pods). The
 ``rl`` process (which runs the agent's reward code) gets only the environment variables listed
@@ -44,24 +54,20 @@ Usage: ``python -m metarl.backends.runpod.pod.runner --job-url URL --result-url 
 
 from __future__ import annotations
 
-import argparse
-import base64
-import fnmatch
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from metarl.backends.runpod.pod.eval_server import RESULT_FILE, EvalServer, EvalSettings
+from metarl.backends.runpod.pod.confinement import child_environment, read_processes, sweep_targets
+from metarl.backends.runpod.pod.eval_server import RESULT_FILE, EvalServer
 from metarl.backends.runpod.pod.manifest import (
     EXIT_FILE,
     LOGS_DIR,
@@ -73,310 +79,29 @@ from metarl.backends.runpod.pod.manifest import (
     WEIGHTS_DIR,
     BundleManifest,
 )
-from metarl.backends.runpod.pod.pin import PRIME_RL_TAG, PRIME_RL_VENV_PYTHON
+from metarl.backends.runpod.pod.protocol import LOG_TAIL_CHARS, SUCCESS_REASONS, ExitReport, Heartbeat, Reason, State, decode_environ
+from metarl.backends.runpod.pod.rl_outputs import (
+    ADAPTER_DIR,
+    ORCHESTRATOR_LOG,
+    TRAINING_FINISHED,
+    MetricsFollower,
+    empty_batches_logged,
+    is_lora_job,
+    latest_weights_step,
+    post_batch_filters_enforce,
+    rollout_failures,
+    tail_text,
+)
+from metarl.backends.runpod.pod.runner_config import RunnerConfig, parse_args
 from metarl.backends.runpod.pod.storage import Storage
 
-DEFAULT_PASSTHROUGH = (
-    "PATH",
-    "HOME",
-    "USER",
-    "LANG",
-    "LC_ALL",
-    "TZ",
-    "TERM",
-    "TMPDIR",
-    "VIRTUAL_ENV",
-    "LD_LIBRARY_PATH",
-    "CUDA_HOME",
-    "UCX_HOME",
-    "CUDA_VISIBLE_DEVICES",
-    "NVIDIA_VISIBLE_DEVICES",
-    "NVIDIA_DRIVER_CAPABILITIES",
-    "HF_HOME",
-    "HF_HUB_CACHE",
-    "HF_HUB_OFFLINE",
-    "HF_HUB_ETAG_TIMEOUT",
-    "HF_HUB_DOWNLOAD_TIMEOUT",
-    "UV_CACHE_DIR",
-    "UV_PYTHON_PREFERENCE",
-    "PRIME_LOG_LEVEL",
-    "PRIME_VF_LOG_LEVEL",
-    "NCCL_*",
-    "VLLM_*",
-    "TORCH_*",
-    "TRITON_*",
-)
-"""What ``rl`` may see of the pod's environment: system paths, GPU and cache settings."""
-
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|SESSION)", re.IGNORECASE)
-SECRET_PREFIXES = ("AWS_", "RUNPOD_", "TINKER_", "METARL_", "GOOGLE_", "AZURE_", "WANDB_", "OPENAI_", "ANTHROPIC_")
-"""Names never passed to ``rl`` unless listed in ``allow_secret_names``."""
-
-FIXED_CHILD_ENV = {"PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
-TRAINING_FINISHED = "Training finished!"
-LOG_TAIL_CHARS = 4000
-LATEST_METRICS_MAX = 32
-STABLE_MARKER = "STABLE"
-"""Written last into a complete weights folder (prime-rl v0.8.0 src/prime_rl/trainer/ckpt.py mark_stable)."""
-NO_SIGNAL_MARKER = "consecutive empty train batches"
-"""Words of the orchestrator's abort after 10 batches without a learning signal (prime-rl v0.8.0
-src/prime_rl/orchestrator/orchestrator.py finalize_train_batch), logged to logs/orchestrator.log."""
-ORCHESTRATOR_LOG = "logs/orchestrator.log"
-ADAPTER_DIR = "lora_adapters"
 MERGE_SCRIPT = Path(__file__).with_name("lora_merge.py")
 MERGED_DIR = "merged"
-
-Reason = Literal[
-    "completed",
-    "no_signal",
-    "rl_failed",
-    "no_weights",
-    "adapter_missing",
-    "merge_failed",
-    "stalled",
-    "startup_timeout",
-    "timeout",
-    "train_timeout",
-    "terminated",
-    "install_failed",
-    "fetch_failed",
-    "bad_bundle",
-]
-
-
-SUCCESS_REASONS = ("completed", "train_timeout", "no_signal")
-"""Ends whose newest uploaded weights are the job's result (a job cut at the task's training time
-keeps what it trained, as the local backend's time budget does; a job without a learning signal
-keeps what it trained before, or the base)."""
-
-
-State = Literal["fetching", "installing", "running", "uploading", "awaiting_eval", "evaluating", "finished"]
-
-
-class RunnerConfig(BaseModel):
-    """Settings of one runner process (from the command line or ``METARL_RUNNER_*`` variables)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    job_url: str = Field(min_length=1, max_length=2000, description="Folder holding the job bundle (fsspec URL or path)")
-    result_url: str = Field(min_length=1, max_length=2000, description="Folder for status.json, exit.json, metrics, logs, weights")
-    work_dir: str = Field(default="/tmp/metarl-job", min_length=1, max_length=1000, description="Local scratch folder")
-    rl_command: list[str] = Field(default_factory=lambda: ["rl"], min_length=1, max_length=32, description="Command before `@ rl.toml`")
-    install_command: list[str] = Field(
-        default_factory=lambda: ["uv", "pip", "install", "--python", PRIME_RL_VENV_PYTHON, "--no-deps", "--no-build-isolation", "{package}"],
-        min_length=1,
-        max_length=32,
-        description="Installs the environment package into prime-rl's venv (setuptools from the image); {package} is its folder",
-    )
-    expected_tag: str = Field(default=PRIME_RL_TAG, min_length=2, max_length=40, description="prime-rl tag of this image")
-    heartbeat_interval_s: float = Field(default=30.0, gt=0, le=3600, description="Seconds between heartbeats")
-    poll_interval_s: float = Field(default=1.0, gt=0, le=60, description="Seconds between checks of the rl process")
-    startup_timeout_s: float = Field(default=1800.0, gt=0, le=86_400, description="Longest wait for the first metrics row")
-    stall_timeout_s: float = Field(default=900.0, gt=0, le=86_400, description="Longest wait between metrics rows once they flow")
-    max_runtime_s: float = Field(default=4 * 3600.0, gt=0, le=7 * 86_400, description="Wall-clock cap of the rl process")
-    install_timeout_s: float = Field(default=600.0, gt=0, le=7200, description="Cap on the install command")
-    kill_grace_s: float = Field(default=20.0, ge=0, le=600, description="SIGTERM to SIGKILL delay when stopping rl")
-    passthrough_env: list[str] = Field(default_factory=lambda: list(DEFAULT_PASSTHROUGH), max_length=200, description="Names (or globs) rl may see")
-    allow_secret_names: list[str] = Field(default_factory=list, max_length=20, description="Credential-like names rl may still see (e.g. HF_TOKEN)")
-    extra_env: dict[str, str] = Field(default_factory=dict, max_length=50, description="Variables set for rl and the install")
-    metrics_files: list[str] = Field(
-        default_factory=lambda: ["metrics.jsonl", "run_default/metrics.jsonl"],
-        min_length=1,
-        max_length=8,
-        description="metrics.jsonl files under output_dir; the first is the trainer's (steps)",
-    )
-    agent_sweep: Literal["session", "uid"] = Field(
-        default="session",
-        description="What is killed once rl stops: rl's session, or (on a pod, where nothing else runs as this user) every other process of this user",
-    )
-    pod_python: list[str] = Field(
-        default_factory=lambda: [PRIME_RL_VENV_PYTHON],
-        min_length=1,
-        max_length=8,
-        description="The image's Python with torch, safetensors and vLLM (LoRA merge, eval)",
-    )
-    merge_timeout_s: float = Field(default=1800.0, gt=0, le=86_400, description="Cap on merging a LoRA adapter into the weights")
-    eval_on_pod: bool = Field(default=False, description="After exit.json, serve the job's hidden-eval request on this pod (set from the assignment)")
-    eval_engine: Literal["vllm", "torch"] = Field(default="vllm", description="Engine of the on-pod eval (torch: CPU, tests)")
-    eval_wait_s: float = Field(default=3600.0, gt=0, le=86_400, description="Longest wait for the eval request after exit.json")
-    eval_timeout_s: float = Field(default=3600.0, gt=0, le=86_400, description="Cap on scoring one model on the pod")
-    eval_poll_s: float = Field(default=2.0, gt=0, le=60, description="Seconds between looks for the eval request")
-    eval_model_aliases: dict[str, str] = Field(default_factory=dict, max_length=16, description="Base model name -> weights to load instead (tests)")
-    eval_extra_env: dict[str, str] = Field(default_factory=dict, max_length=50, description="Variables set for the eval's scoring processes")
-    eval_base_source: Literal["download", "cache"] = Field(
-        default="download", description="Base model of the eval: downloaded afresh once the agent's code stopped, or read from the pod's cache"
-    )
-    eval_stack_manifest: str | None = Field(
-        default=None, max_length=1000, description="The image's manifest of prime-rl's venv and source, verified before scoring (the image sets it)"
-    )
-
-    def eval_settings(self) -> EvalSettings:
-        """The on-pod eval's settings."""
-        return EvalSettings(
-            python_command=self.pod_python,
-            engine=self.eval_engine,
-            wait_s=self.eval_wait_s,
-            timeout_s=self.eval_timeout_s,
-            poll_s=self.eval_poll_s,
-            model_aliases=self.eval_model_aliases,
-            stack_manifest=self.eval_stack_manifest,
-            base_source=self.eval_base_source,
-        )
-
-
-class Heartbeat(BaseModel):
-    """``status.json``: the runner's latest word on the job, rewritten every heartbeat."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    state: State = Field(description="Lifecycle phase")
-    sequence: int = Field(ge=0, description="Heartbeat counter (grows by one per write)")
-    prime_rl_tag: str = Field(description="prime-rl tag of the image")
-    env_id: str | None = Field(default=None, max_length=100, description="Environment id of the bundle")
-    started_at: float = Field(ge=0, description="Unix time the runner started")
-    updated_at: float = Field(ge=0, description="Unix time of this heartbeat")
-    rl_pid: int | None = Field(default=None, ge=1, description="pid of the rl process while it runs")
-    step: int | None = Field(default=None, ge=0, description="Highest trainer step in metrics.jsonl")
-    max_steps: int | None = Field(default=None, ge=1, description="Steps the job runs")
-    metric_rows: int = Field(default=0, ge=0, description="metrics.jsonl rows seen, all files")
-    last_progress_at: float | None = Field(default=None, ge=0, description="Unix time a new metrics row was last seen")
-    latest: dict[str, float] = Field(default_factory=dict, max_length=LATEST_METRICS_MAX, description="Numbers of the newest rows")
-    message: str = Field(default="", max_length=1000, description="What the runner is doing")
-
-
-class ExitReport(BaseModel):
-    """``exit.json``: how the job ended, written once at the end."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    succeeded: bool = Field(description="True when the job's result is its uploaded weights (or the base, see trained_is_base)")
-    reason: Reason = Field(description="Why the job ended")
-    exit_code: int | None = Field(default=None, description="rl's exit code (negative: killed by that signal); None if it never ran")
-    steps: int | None = Field(default=None, ge=0, description="Highest trainer step seen in metrics.jsonl")
-    max_steps: int | None = Field(default=None, ge=1, description="Steps the job was to run")
-    weights_step: int | None = Field(default=None, ge=0, description="Step of the uploaded weights folder")
-    weights_url: str | None = Field(default=None, max_length=2100, description="Where the Hugging Face weights were uploaded")
-    training_finished_logged: bool = Field(default=False, description=f"rl printed {TRAINING_FINISHED!r}")
-    prime_rl_tag: str = Field(description="prime-rl tag of the image")
-    env_id: str | None = Field(default=None, max_length=100, description="Environment id of the bundle")
-    started_at: float = Field(ge=0, description="Unix time the runner started")
-    finished_at: float = Field(ge=0, description="Unix time the report was written")
-    duration_s: float = Field(ge=0, description="Runner wall-clock seconds")
-    uploaded: list[str] = Field(default_factory=list, max_length=100_000, description="Result files uploaded (relative paths)")
-    message: str = Field(default="", max_length=2000, description="One-line explanation")
-    log_tail: str = Field(default="", max_length=LOG_TAIL_CHARS, description="End of rl's output")
-    trained_is_base: bool = Field(default=False, description="A no-signal job that saved no weights: the trained model is the base")
-    lora_merged: bool = Field(default=False, description="The uploaded weights are the base with the trained LoRA adapter merged in")
-    agent_stopped: bool = Field(default=False, description="No process of rl's (the agent's code) was left when the report was written")
-    eval_on_pod: bool = Field(default=False, description="The runner serves the job's hidden eval after this report")
-
-
-class PodAssignment(BaseModel):
-    """``pods/<name>/assignment.json``: the job a pod runs now; ``job_name`` None means the pod is idle.
-
-    Written by the train backend (``metarl.backends.runpod.train``), followed by the pod's
-    supervisor (``metarl.backends.runpod.pod.supervisor``).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    pod_name: str = Field(min_length=1, max_length=191, description="Pod name")
-    seq: int = Field(ge=0, description="Bumped on every change; the supervisor starts a job when it sees a new seq")
-    job_name: str | None = Field(default=None, max_length=191, description="Job to run (None: idle)")
-    job_url: str | None = Field(default=None, max_length=4096, description="The job bundle (the runner's job_url)")
-    result_url: str | None = Field(default=None, max_length=4096, description="Folder of the job attempt (the runner's result_url)")
-    assigned_at: float | None = Field(default=None, description="Wall time of the assignment")
-    released_at: float | None = Field(default=None, description="Wall time the pod went idle")
-    billed_chunks: int = Field(default=0, ge=0, description="Billing intervals of this pod already charged when it went idle")
-    terminated: bool = Field(default=False, description="The pod was settled and terminated (or is being)")
-    eval_on_pod: bool = Field(default=False, description="The job's hidden eval runs on this pod after training (metarl.backends.runpod.pod.eval_server)")
 
 
 # ---------------------------------------------------------------------------------------------
 # Pure helpers
 # ---------------------------------------------------------------------------------------------
-
-
-def is_secret_name(name: str) -> bool:
-    """True for a variable name that looks like a credential or one of our own settings."""
-    upper = name.upper()
-    return bool(SECRET_NAME.search(upper)) or upper.startswith(SECRET_PREFIXES)
-
-
-def child_environment(
-    parent: Mapping[str, str], passthrough: Iterable[str], allow_secret_names: Iterable[str] = (), extra: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """The environment rl runs with: allowed names of ``parent``, no credentials, plus fixed and extra values."""
-    patterns = list(passthrough)
-    allowed_secrets = set(allow_secret_names)
-    env = {
-        name: value
-        for name, value in parent.items()
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns) and (name in allowed_secrets or not is_secret_name(name))
-    }
-    env.update(FIXED_CHILD_ENV)
-    env.update(extra or {})
-    return env
-
-
-def parse_metric_rows(text: str) -> tuple[list[dict[str, Any]], int]:
-    """Complete JSON-object rows of a metrics.jsonl chunk and how many bytes they used (a torn last line waits)."""
-    rows: list[dict[str, Any]] = []
-    consumed = 0
-    for line in text.splitlines(keepends=True):
-        if not line.endswith("\n"):
-            break
-        consumed += len(line.encode("utf-8"))
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows, consumed
-
-
-def row_step(row: Mapping[str, Any]) -> int | None:
-    """The integer ``step`` of a metrics row, if it has one."""
-    step = row.get("step")
-    if isinstance(step, bool) or not isinstance(step, (int, float)) or step != step or step < 0:
-        return None
-    return int(step)
-
-
-def numeric_metrics(row: Mapping[str, Any], limit: int = LATEST_METRICS_MAX) -> dict[str, float]:
-    """Up to ``limit`` finite numbers of a row (rewards, losses, progress), for heartbeats."""
-    out: dict[str, float] = {}
-    for key, value in row.items():
-        if len(out) >= limit:
-            break
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf"):
-            out[str(key)[:120]] = float(value)
-    return out
-
-
-def latest_weights_step(weights_dir: Path) -> int | None:
-    """Highest N of the *complete* ``step_N`` folders prime-rl writes under ``<output_dir>/weights``
-    (those with the ``STABLE`` file it writes last; a folder still being written has none)."""
-    steps = []
-    if weights_dir.is_dir():
-        for child in weights_dir.iterdir():
-            match = re.fullmatch(r"step_(\d+)", child.name)
-            if match and child.is_dir() and (child / STABLE_MARKER).is_file():
-                steps.append(int(match.group(1)))
-    return max(steps) if steps else None
-
-
-def is_lora_job(rl_config: Mapping[str, Any]) -> bool:
-    """True when rl.toml trains a LoRA adapter (``[trainer.model.lora]``)."""
-    trainer = rl_config.get("trainer")
-    model = trainer.get("model") if isinstance(trainer, dict) else None
-    return isinstance(model, dict) and isinstance(model.get("lora"), dict)
-
-
-def no_signal_logged(log_text: str) -> bool:
-    """True when the orchestrator's log holds its abort for batches without a learning signal."""
-    return NO_SIGNAL_MARKER in log_text
 
 
 def decide_stop(
@@ -399,60 +124,15 @@ def decide_stop(
     return "stalled" if now - last_progress > config.stall_timeout_s else None
 
 
-def exit_reason(exit_code: int, has_weights: bool, no_signal: bool = False) -> Reason:
-    """Reason for an rl process that exited by itself (``no_signal``: its orchestrator aborted for lack of a learning signal)."""
+def exit_reason(exit_code: int, has_weights: bool, empty_batches: bool = False, filters_enforce: bool = True) -> Reason:
+    """Reason for an rl process that exited by itself. ``empty_batches``: its orchestrator aborted after 10 empty train
+    batches; with no post-batch filter enforcing (``filters_enforce`` False) that means every rollout errored, else
+    the batches may have had no learning signal."""
     if exit_code != 0:
-        return "no_signal" if no_signal else "rl_failed"
+        if empty_batches:
+            return "no_signal" if filters_enforce else "rollouts_errored"
+        return "rl_failed"
     return "completed" if has_weights else "no_weights"
-
-
-class ProcessInfo(BaseModel):
-    """One process as /proc shows it."""
-
-    model_config = ConfigDict(frozen=True)
-
-    pid: int = Field(ge=1, description="Process id")
-    ppid: int = Field(ge=0, description="Parent process id")
-    session: int = Field(ge=0, description="Session id")
-    uid: int = Field(ge=0, description="Real user id")
-    zombie: bool = Field(default=False, description="Exited, not yet reaped")
-
-
-def sweep_targets(processes: Iterable[ProcessInfo], mode: str, session: int, uid: int, own_pid: int) -> list[int]:
-    """Processes still running the agent's code: rl's session, or (``uid``) every other live process of
-    this user except this process and its ancestors (and pid 1)."""
-    table = {proc.pid: proc for proc in processes}
-    protected = {1, own_pid}
-    cursor = table.get(own_pid)
-    while cursor is not None and cursor.ppid not in protected and cursor.ppid > 0:
-        protected.add(cursor.ppid)
-        cursor = table.get(cursor.ppid)
-    out = []
-    for proc in table.values():
-        if proc.zombie or proc.pid in protected:
-            continue
-        if proc.session == session or (mode == "uid" and proc.uid == uid):
-            out.append(proc.pid)
-    return sorted(out)
-
-
-def read_processes() -> list[ProcessInfo]:
-    """Every process /proc lists (those that vanish while read are skipped)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:
-            continue
-        # the real uid from status (the owner of /proc/<pid> is root for a process that made itself non-dumpable)
-        uid_line = next((line for line in status.splitlines() if line.startswith("Uid:")), "Uid:\t0")
-        uid = int(uid_line.split()[1])
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out.append(ProcessInfo(pid=int(entry), ppid=int(fields[1]), session=int(fields[3]), uid=uid, zombie=fields[0] == "Z"))
-    return out
 
 
 def fill_command(command: list[str], **values: str) -> list[str]:
@@ -463,57 +143,6 @@ def fill_command(command: list[str], **values: str) -> list[str]:
             part = part.replace("{" + name + "}", value)
         out.append(part)
     return out
-
-
-def tail_text(path: Path, limit: int = LOG_TAIL_CHARS) -> str:
-    """The last ``limit`` characters of a text file ('' when it is missing)."""
-    if not path.is_file():
-        return ""
-    with path.open("rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        size = handle.tell()
-        handle.seek(max(0, size - 4 * limit))
-        text = handle.read().decode("utf-8", errors="replace")
-    return text[-limit:]
-
-
-# ---------------------------------------------------------------------------------------------
-# Metrics following
-# ---------------------------------------------------------------------------------------------
-
-
-class MetricsFollower:
-    """Reads the new complete rows of the run's metrics.jsonl files since the last call."""
-
-    def __init__(self, output_dir: Path, files: list[str]):
-        self.paths = [output_dir / name for name in files]
-        self.offsets = [0 for _ in self.paths]
-        self.rows = 0
-        self.step: int | None = None
-        self.latest: dict[str, float] = {}
-
-    def poll(self) -> int:
-        """Read what was appended; returns how many new rows there were."""
-        new = 0
-        for index, path in enumerate(self.paths):
-            if not path.is_file():
-                continue
-            with path.open("rb") as handle:
-                handle.seek(self.offsets[index])
-                chunk = handle.read()
-            rows, consumed = parse_metric_rows(chunk.decode("utf-8", errors="replace"))
-            self.offsets[index] += consumed
-            new += len(rows)
-            for row in rows:
-                if index == 0:
-                    step = row_step(row)
-                    if step is not None:
-                        self.step = step if self.step is None else max(self.step, step)
-                self.latest.update(numeric_metrics(row))
-        while len(self.latest) > LATEST_METRICS_MAX:
-            self.latest.pop(next(iter(self.latest)))
-        self.rows += new
-        return new
 
 
 class RunnerError(Exception):
@@ -641,7 +270,8 @@ class PodRunner:
                 self.last_progress = now
                 self.first_progress = self.first_progress or now
             if code is not None:
-                return exit_reason(code, self.weights_step() is not None, code != 0 and no_signal_logged(self.orchestrator_log())), code
+                empty_batches = code != 0 and empty_batches_logged(self.orchestrator_log())
+                return exit_reason(code, self.weights_step() is not None, empty_batches, post_batch_filters_enforce(self.rl_config)), code
             cap = self.manifest.max_train_seconds if self.manifest else None
             reason: Reason | None = (
                 "terminated" if self.stop_requested else decide_stop(now, self.rl_started, self.last_progress, self.config, self.first_progress, cap)
@@ -808,6 +438,18 @@ class PodRunner:
             return ""
         return tail_text(self.run_dir / self.manifest.output_dir / ORCHESTRATOR_LOG, 20 * LOG_TAIL_CHARS)
 
+    def errored_message(self) -> str:
+        """Why every rollout errored, in the orchestrator's own words."""
+        failures = rollout_failures(self.orchestrator_log())
+        cause = (
+            f"{failures.count} errored rollouts in {ORCHESTRATOR_LOG}, the last: {failures.last}"
+            if failures.last
+            else f"no errored-rollout warning in the end of {ORCHESTRATOR_LOG}"
+        )
+        return (
+            f"every rollout errored: prime-rl's orchestrator stopped after 10 consecutive empty train batches and no post-batch filter drops rollouts; {cause}"
+        )
+
     def reason_message(self, reason: Reason, exit_code: int | None) -> str:
         """One line for the report."""
         step = self.follower.step if self.follower else None
@@ -818,6 +460,7 @@ class PodRunner:
                 "no learning signal: the orchestrator stopped after batches whose rewards were identical within every group; "
                 + (f"weights of step {weights} kept" if weights is not None else "no weights were saved: the trained model is the base")
             ),
+            "rollouts_errored": self.errored_message(),
             "rl_failed": f"rl exited with code {exit_code}",
             "no_weights": "rl exited 0 but wrote no complete weights folder",
             "stalled": f"no new metrics row for {self.config.stall_timeout_s:g} s (last step {step}); rl stopped",
@@ -903,54 +546,6 @@ class PodRunner:
 # ---------------------------------------------------------------------------------------------
 # Entry point: parse the config before anything heavy
 # ---------------------------------------------------------------------------------------------
-
-ENV_PREFIX = "METARL_RUNNER_"
-ENCODED_PREFIX = "b64:"
-"""Prefix of an environment value the launcher base64-encoded (``metarl.backends.runpod.provider.encode_env_value``)."""
-
-
-def decode_env_value(value: str) -> str:
-    """A pod environment value as the launcher meant it (``b64:`` values decoded, others as they are)."""
-    if value.startswith(ENCODED_PREFIX):
-        return base64.urlsafe_b64decode(value[len(ENCODED_PREFIX) :].encode("ascii")).decode("utf-8")
-    return value
-
-
-def decode_environ(environ: dict[str, str] | os._Environ[str]) -> None:
-    """Decode, in place, every value the launcher base64-encoded (storage credentials included, which
-    fsspec/s3fs read from the environment)."""
-    for name, value in list(environ.items()):
-        if value.startswith(ENCODED_PREFIX):
-            environ[name] = decode_env_value(value)
-
-
-def config_from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
-    """Config values from ``METARL_RUNNER_<FIELD>`` variables (lists and dicts as JSON)."""
-    values: dict[str, Any] = {}
-    for name, field in RunnerConfig.model_fields.items():
-        raw = environ.get(ENV_PREFIX + name.upper())
-        if raw is None:
-            continue
-        raw = decode_env_value(raw)
-        annotation = str(field.annotation)
-        values[name] = json.loads(raw) if ("list" in annotation or "dict" in annotation) else raw
-    return values
-
-
-def parse_args(argv: list[str] | None, environ: Mapping[str, str]) -> RunnerConfig:
-    """The runner config from ``--config-json``, then environment variables, then flags (later wins)."""
-    parser = argparse.ArgumentParser(prog="python -m metarl.backends.runpod.pod.runner", description="Run one metarl inner job with prime-rl.")
-    parser.add_argument("--config-json", help="the whole RunnerConfig as JSON")
-    parser.add_argument("--job-url")
-    parser.add_argument("--result-url")
-    parser.add_argument("--work-dir")
-    args = parser.parse_args(argv)
-    values: dict[str, Any] = json.loads(args.config_json) if args.config_json else {}
-    values.update(config_from_environ(environ))
-    for name in ("job_url", "result_url", "work_dir"):
-        if getattr(args, name) is not None:
-            values[name] = getattr(args, name)
-    return RunnerConfig.model_validate(values)
 
 
 def main(argv: list[str] | None = None) -> int:

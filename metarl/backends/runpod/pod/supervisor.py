@@ -1,7 +1,7 @@
 """The pod's main process: follow the pod's assignment file and run each job assigned to it.
 
 The Runpod train backend (``metarl.backends.runpod.train``) names one file per pod,
-``<root>/pods/<pod name>/assignment.json`` (a :class:`~metarl.backends.runpod.pod.runner.PodAssignment`). It is
+``<root>/pods/<pod name>/assignment.json`` (a :class:`~metarl.backends.runpod.pod.protocol.PodAssignment`). It is
 written before the pod is created and rewritten whenever a warm pod takes its next job. This
 supervisor reads it every ``assignment_poll_s``; for each new ``seq`` with a job it runs that job
 with :class:`~metarl.backends.runpod.pod.runner.PodRunner` in a fresh work folder (the previous job's files are
@@ -39,15 +39,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from metarl.backends.runpod.pod.manifest import EXIT_FILE
-from metarl.backends.runpod.pod.runner import (
-    ExitReport,
-    PodAssignment,
-    PodRunner,
-    RunnerConfig,
-    config_from_environ,
-    decode_env_value,
-    decode_environ,
-)
+from metarl.backends.runpod.pod.protocol import ExitReport, PodAssignment, decode_env_value, decode_environ
+from metarl.backends.runpod.pod.runner import PodRunner
+from metarl.backends.runpod.pod.runner_config import RunnerConfig, config_from_environ
 from metarl.backends.runpod.pod.storage import Storage
 
 POD_ROOT_ENV, POD_NAME_ENV = "METARL_RUNPOD_ROOT", "METARL_POD_NAME"

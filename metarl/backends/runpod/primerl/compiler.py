@@ -9,7 +9,7 @@ job.toml                      rl.toml
 ============================  ==============================================================
 model.name                    [model] name (shared: trainer, orchestrator, inference) and the
                               model's renderer in [orchestrator.renderer] (thinking off)
-model.lora_rank > 0           [trainer.model.lora] rank, alpha = 2 * rank, and
+model.lora_rank > 0           [trainer.model.lora] rank, alpha = :data:`LORA_ALPHA` (32), and
                               [trainer.ckpt.weights] save_adapter_separately = true
 training.max_steps            max_steps (shared)
 training.learning_rate        [trainer.optim] lr (AdamW; default 3e-6 full, 1e-4 LoRA)
@@ -179,7 +179,8 @@ POST_BATCH_FILTERS: list[dict[str, Any]] = [{"type": "gibberish"}, {"type": "rep
 all got equal rewards, and 10 empty batches in a row make the orchestrator raise
 (orchestrator/orchestrator.py MAX_CONSECUTIVE_EMPTY_BATCHES), so ``rl`` exits 1. Monitored, such
 batches reach the trainer with zero advantages (no policy-gradient step, only the kl_tau term) and
-the job ends with weights."""
+the job ends with weights; an empty batch then means every rollout errored, which the pod runner
+reports as ``rollouts_errored`` (metarl/backends/runpod/pod/rl_outputs.py)."""
 
 
 def env_names(digest: str) -> tuple[str, str]:
@@ -188,9 +189,11 @@ def env_names(digest: str) -> tuple[str, str]:
     return f"metarl-env-{short}", f"metarl_env_{short}"
 
 
-def lora_alpha(rank: int) -> float:
-    """LoRA alpha for a rank (scale alpha / rank = 2)."""
-    return float(2 * rank)
+LORA_ALPHA = 32.0
+"""[trainer.model.lora] alpha at every rank: prime-rl v0.8.0's own default (``LoRAConfig.alpha``,
+packages/prime-rl-configs/src/prime_rl/configs/trainer.py), which the configs the 1e-4 LoRA learning
+rate comes from leave in place at rank 8 (configs/debug/algo/opd_lora.toml, sft_distill_lora.toml:
+scale alpha / rank = 4). Written explicitly so the manifest and the LoRA merge see it."""
 
 
 def compile_rl_config(job: JobSpec, env_id: str, options: CompileOptions | None = None) -> dict[str, Any]:
@@ -208,7 +211,7 @@ def compile_rl_config(job: JobSpec, env_id: str, options: CompileOptions | None 
         "ckpt": trainer_ckpt,
     }
     if job.model.lora_rank > 0:
-        trainer["model"] = {"lora": {"rank": job.model.lora_rank, "alpha": lora_alpha(job.model.lora_rank)}}
+        trainer["model"] = {"lora": {"rank": job.model.lora_rank, "alpha": LORA_ALPHA}}
         trainer_ckpt["weights"] = {"save_adapter_separately": True}
     return {
         "output_dir": options.output_dir,
