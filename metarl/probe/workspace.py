@@ -26,7 +26,10 @@ The environment-module contract (shown to the agent in TASK.md, see
 
 The dataset (job.toml ``[dataset] path``): UTF-8 JSON Lines of ``{"prompt": str, "answer": str}``
 objects (blank lines ignored) that validate as :class:`metarl.learning.families.Example`; as
-many items as ``[dataset] size``, within the task's bounds; no item of the hidden-eval partition.
+many items as ``[dataset] size``, within the task's bounds; no item of the hidden-eval partition;
+the longest prompt plus ``rollout.max_tokens`` within the sequence an inner job is compiled with
+(:mod:`metarl.domain.sequence`: the prompt counted as its UTF-8 bytes plus the chat template, an
+upper bound on its tokens, not a tokenization).
 Contamination is reported as a count only: which items are hidden-eval items is never disclosed.
 """
 
@@ -42,6 +45,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from metarl import reward_rule
+from metarl.domain.sequence import CHAT_FRAMING_TOKENS, MIN_SEQ_LEN, PROMPT_TOKEN_BUDGET, SEQ_LEN_MULTIPLE, compiled_seq_len, prompt_tokens_at_most
 from metarl.learning.data_families import family_for
 from metarl.learning.families import Example, TaskFamily
 from metarl.learning.registry import contaminated_prompts
@@ -308,13 +312,17 @@ def dataset_problems(
     problems: list[FieldProblem] = []
     bad_lines: list[str] = []
     prompts: list[str] = []
+    longest: tuple[int, str] | None = None
     count = 0
     for number, line in enumerate(text.split("\n"), start=1):
         line = line.rstrip("\r")
         if not line.strip():
             continue
         count += 1
+        seen = len(prompts)
         problem = _line_problem(line, prompts)
+        if len(prompts) > seen and (longest is None or prompt_tokens_at_most(prompts[-1]) > prompt_tokens_at_most(longest[1])):
+            longest = (number, prompts[-1])
         if problem:
             bad_lines.append(f"line {number}: {problem}")
     for message in bad_lines[:MAX_LINE_PROBLEMS]:
@@ -358,7 +366,32 @@ def dataset_problems(
                 fix="replace items with different ones: items are matched by content (the numbers, letters or words), not wording, so rephrasing does not help",
             )
         )
+    if longest is not None:
+        too_long = prompt_length_problem(path, longest[0], longest[1], job.resolved().max_tokens)
+        if too_long is not None:
+            problems.append(too_long)
     return problems
+
+
+def prompt_length_problem(path: str, line: int, prompt: str, max_tokens: int) -> FieldProblem | None:
+    """The dataset's longest prompt (at ``line``) plus ``max_tokens`` against the sequence an inner job is compiled
+    with (:func:`metarl.domain.sequence.compiled_seq_len`); None when it fits."""
+    needed = prompt_tokens_at_most(prompt)
+    seq_len = compiled_seq_len(max_tokens)
+    if needed + max_tokens <= seq_len:
+        return None
+    fix = f"shorten the prompts to at most {seq_len - max_tokens - CHAT_FRAMING_TOKENS} UTF-8 bytes (an ASCII character is one byte, others two to four)"
+    if MIN_SEQ_LEN - needed >= 1:  # max_tokens <= 256 compiles seq_len = MIN_SEQ_LEN
+        fix += f", or lower rollout.max_tokens to {MIN_SEQ_LEN - needed} or less"
+    return FieldProblem(
+        field="dataset.path",
+        message=(
+            f"{printable(path)} line {line}: the longest prompt ({len(prompt.encode('utf-8'))} UTF-8 bytes: up to {needed} tokens with the chat "
+            f"template) plus rollout.max_tokens = {max_tokens} exceeds the sequence an inner job is compiled with (seq_len {seq_len}: "
+            f"max({MIN_SEQ_LEN}, {PROMPT_TOKEN_BUDGET} + max_tokens) rounded up to a multiple of {SEQ_LEN_MULTIPLE}); its rollouts would be cut short or fail"
+        ),
+        fix=fix,
+    )
 
 
 def _line_problem(line: str, prompts: list[str]) -> str | None:

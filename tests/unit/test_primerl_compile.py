@@ -33,6 +33,7 @@ from metarl.backends.runpod.primerl.compiler import (
 from metarl.backends.runpod.primerl.schema import SCHEMA_FILE, rl_config_problems, rl_schema, schema_provenance
 from metarl.backends.runpod.primerl.variants import checked_jobs, compiled, expected_resolved
 from metarl.backends.sim.simulator import _valid_job
+from metarl.domain.sequence import compiled_seq_len
 from metarl.policy import job_language as jl
 from metarl.probe.job import probe_job_text
 from schemas.base import load_toml_model
@@ -121,6 +122,8 @@ def test_seq_len_covers_prompt_and_completion() -> None:
     for max_tokens in (1, 16, 256, 257, 4000, 32_768):
         seq_len = seq_len_for(max_tokens, options)
         assert seq_len >= max_tokens + options.prompt_token_budget and seq_len % 256 == 0 and seq_len >= 512
+        assert seq_len == compiled_seq_len(max_tokens) == compiled_toml(job(rollout={"max_tokens": max_tokens}))["seq_len"], "the probe's rule"
+    assert [compiled_seq_len(n) for n in (16, 256, 257, 300, 512)] == [512, 512, 768, 768, 768]
 
 
 def test_pod_options_are_respected_and_checked() -> None:

@@ -213,6 +213,28 @@ def test_dataset_not_utf8_or_a_link(ws: Workspace, tmp_path: Path) -> None:
     assert "symbolic link" in problem.message
 
 
+def test_the_longest_prompt_and_max_tokens_must_fit_the_compiled_sequence(tmp_path: Path) -> None:
+    files = tmp_path / "files"
+    files.mkdir()
+    lines = dataset_text(63).splitlines()
+
+    def problems(prompt: str, max_tokens: int) -> list:
+        (files / "dataset.jsonl").write_text("\n".join([*lines, json.dumps({"prompt": prompt, "answer": "1"})]) + "\n", encoding="utf-8")
+        job = JobSpec.model_validate({"model": {"name": "Qwen/Qwen3-0.6B"}, "dataset": {"size": 64}, "rollout": {"max_tokens": max_tokens}})
+        return [problem for problem in dataset_problems(files, job, make_task(), get_family("addition")) if "longest prompt" in problem.message]
+
+    # a prompt at the item limit (200 characters) in ASCII: at most 232 tokens, within every compiled sequence
+    assert problems("add " + "1" * 196, 16) == [] and problems("add " + "1" * 196, 300) == []
+    # 190 characters of three UTF-8 bytes: up to 602 tokens, beyond seq_len 512 with max_tokens 16; no max_tokens fits it
+    (wide,) = problems("加" * 190, 16)
+    assert wide.field == "dataset.path" and "line 64" in wide.message and "570 UTF-8 bytes" in wide.message and "seq_len 512" in wide.message
+    assert wide.fix == "shorten the prompts to at most 464 UTF-8 bytes (an ASCII character is one byte, others two to four)"
+    # 270 bytes (302 tokens) + 256 completion tokens > 512: a smaller max_tokens fits it
+    (narrow,) = problems("加" * 90, 256)
+    assert "rollout.max_tokens = 256" in narrow.message and narrow.fix.endswith("or lower rollout.max_tokens to 210 or less")
+    assert problems("加" * 90, 210) == []
+
+
 def test_contamination_reports_a_count_only(ws: Workspace) -> None:
     family = get_family("addition")
     hidden = family.hidden_eval(5)

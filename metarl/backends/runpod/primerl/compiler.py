@@ -65,6 +65,7 @@ from metarl.backends.runpod.pod.manifest import (
     sha256_hex,
 )
 from metarl.backends.runpod.pod.pin import PRIME_RL_TAG
+from metarl.domain.sequence import MIN_SEQ_LEN, PROMPT_TOKEN_BUDGET, SEQ_LEN_MULTIPLE, compiled_seq_len
 from schemas.job import PRIME_RL_TRAIN_DEFAULTS, JobSpec
 
 QWEN3_RENDERER: dict[str, Any] = {"name": "qwen3", "enable_thinking": False}
@@ -112,9 +113,9 @@ class CompileOptions(BaseModel):
     gpus_per_node: int = Field(default=2, ge=1, le=8, description="GPUs of the pod (2x A40 by default)")
     max_off_policy_steps: int = Field(default=1, ge=0, le=64, description="Policy versions a rollout may lag behind (prime-rl default 8)")
     gpu_memory_utilization: float = Field(default=0.85, ge=0.1, le=0.98, description="vLLM GPU memory share")
-    prompt_token_budget: int = Field(default=256, ge=16, le=32_768, description="Tokens reserved for chat template + prompt")
-    min_seq_len: int = Field(default=512, ge=64, le=131_072, description="Smallest sequence length")
-    seq_len_multiple: int = Field(default=256, ge=1, le=8192, description="seq_len is rounded up to a multiple of this")
+    prompt_token_budget: int = Field(default=PROMPT_TOKEN_BUDGET, ge=16, le=32_768, description="Tokens reserved for chat template + prompt")
+    min_seq_len: int = Field(default=MIN_SEQ_LEN, ge=64, le=131_072, description="Smallest sequence length")
+    seq_len_multiple: int = Field(default=SEQ_LEN_MULTIPLE, ge=1, le=8192, description="seq_len is rounded up to a multiple of this")
     output_dir: str = Field(default="outputs", pattern=r"^[A-Za-z0-9_\-]{1,64}$", description="rl.toml output_dir (relative)")
     max_train_seconds: float | None = Field(
         default=None, gt=0, le=7 * 24 * 3600, description="The task's training-time cap on the pod, written to the manifest for the pod runner (None: no cap)"
@@ -152,9 +153,9 @@ def pod_compile_options(gpu_count: int, max_train_seconds: float | None = None) 
 
 
 def seq_len_for(max_tokens: int, options: CompileOptions) -> int:
-    """Sequence length for prompts plus ``max_tokens`` completion tokens, rounded up."""
-    needed = max(options.min_seq_len, options.prompt_token_budget + max_tokens)
-    return -(-needed // options.seq_len_multiple) * options.seq_len_multiple
+    """Sequence length for prompts plus ``max_tokens`` completion tokens: :func:`metarl.domain.sequence.compiled_seq_len`
+    with the options' sizes (the probe holds the dataset's prompts to the same rule)."""
+    return compiled_seq_len(max_tokens, options.min_seq_len, options.prompt_token_budget, options.seq_len_multiple)
 
 
 def ckpt_interval(max_steps: int, options: CompileOptions) -> int:
