@@ -1,5 +1,8 @@
 """Inner jobs on Runpod pods: submit, then poll; a warm pool, a watchdog, an orphan reaper, per-second billing.
 
+Over 600 lines on purpose: one class follows a job's whole life on a pod (place, poll, eval, settle, release, reap), steps
+that share the pool's lock and the job state; the pure rules are in verdicts.py, pod names, shared files and billing in pods.py.
+
 The train task launches a job once (idempotent by name) and then polls it with short retried
 tasks; no worker is held for the whole job. All vendor calls go through `metarl.backends.runpod.provider`.
 
