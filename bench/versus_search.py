@@ -96,6 +96,7 @@ from metarl.versus_search import (
     Mode,
     VersusRow,
     read_versus_csv,
+    rejections_line,
     rows_to_csv,
     shape_problems,
     summarize,
@@ -559,7 +560,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a short check of the machinery (numbers labelled QUICK)")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run config whose tasks, agent and held-out family to use")
     parser.add_argument(
-        "--families", default=None, help="comma-separated task ids of the config (default: the held-out ones, then addition,sorting; quick: then addition)"
+        "--families",
+        default=None,
+        help="comma-separated task ids of the config or task spec files (*.toml, e.g. examples/families/increment/increment.toml) "
+        "(default: the held-out ones, then addition,sorting; quick: then addition)",
     )
     parser.add_argument("--seeds", type=int, default=None, help="seeds per method (default 3; quick 2)")
     parser.add_argument("--jobs", type=int, default=None, help="inner jobs per method, family and seed (default 8; quick 4)")
@@ -577,6 +581,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="output folder (default .metarl/versus-search/<mode>)")
     add_artifacts_argument(parser)
     return parser.parse_args(argv)
+
+
+def family_ids(families: str, specs: dict[str, TaskSpec]) -> list[str]:
+    """The task ids `--families` names; an entry that is a task spec file (*.toml) is read and added to ``specs`` under its id."""
+    from metarl.runconfig import load_task_spec
+
+    ids = []
+    for entry in (name.strip() for name in families.split(",")):
+        if not entry:
+            continue
+        if entry.endswith(".toml"):
+            spec = load_task_spec(Path(entry))
+            if spec.id in specs and specs[spec.id] != spec:
+                raise ConfigError(
+                    "--families",
+                    [
+                        FieldProblem(
+                            field="--families", message=f"{entry} has the id {spec.id!r} of a task of the run config", fix="give the file a spec id of its own"
+                        )
+                    ],
+                )
+            specs[spec.id] = spec
+            entry = spec.id
+        ids.append(entry)
+    return ids
 
 
 def plan_from_args(args: argparse.Namespace, held_out: list[str]) -> BenchPlan:
@@ -633,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, specs = load_run(args.config)
         held_out = [task_id for task_id in config.run.tasks if specs[task_id].held_out]
+        if args.families:
+            args.families = ",".join(family_ids(args.families, specs))
         plan = plan_from_args(args, held_out)
         unknown = [name for name in plan.families if name not in specs]
         if unknown:
@@ -700,6 +731,7 @@ def main(argv: list[str] | None = None) -> int:
             lines += zero_shot_lines(points, name)
     if provenance is None:
         lines.append(f"trained agent: MISSING (no --policy given): {METHOD_LABELS['trained_agent']} rows are absent, not stood in for")
+    lines.append(rejections_line(rows))
     lines.append(f"{meta['cost']}; budgets compared: {', '.join(map(str, BUDGETS))} jobs ({', '.join(sorted(SINGLE_JOB_METHODS))}: one job)")
     (out / f"summary-{plan.mode}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

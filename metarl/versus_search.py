@@ -314,6 +314,17 @@ def summarize(rows: Sequence[VersusRow], budgets: Sequence[int] = BUDGETS) -> li
     return points
 
 
+def rejections_line(rows: Sequence[VersusRow]) -> str:
+    """How many of the jobs each method spent the probe rejected, over every family and seed: `method r/n`, in method order."""
+    spent: dict[str, list[int]] = {}
+    for row in rows:
+        counts = spent.setdefault(row.method, [0, 0])
+        counts[0] += row.outcome == "rejected"
+        counts[1] += 1
+    parts = [f"{METHOD_LABELS[method]} {spent[method][0]}/{spent[method][1]}" for method in METHODS if method in spent]
+    return "jobs lost to probe rejections: " + ("; ".join(parts) if parts else "no jobs")
+
+
 def interval_text(interval: MeanInterval) -> str:
     """`0.512 [0.401, 0.623]`, or the mean alone for one value."""
     if interval.low is None or interval.high is None:

@@ -349,3 +349,28 @@ def test_provenance_from_a_file_beside_the_state_or_from_the_path_and_flags(tmp_
     with pytest.raises(ConfigError) as caught:
         resolve_provenance(elsewhere, "954a5ee", 0)
     assert [problem.field for problem in caught.value.problems] == ["--policy"]
+
+
+def test_the_summary_says_how_many_jobs_each_method_lost_to_rejections() -> None:
+    from metarl.versus_search import rejections_line
+
+    rows = [
+        *series_rows("random_search", "addition", 0, [None, 0.3, None, 0.4]),
+        *series_rows("random_search", "addition", 1, [0.3, 0.3, 0.3, None]),
+        *series_rows("sensible_preset", "addition", 0, [0.5]),
+        *series_rows("trained_agent", "addition", 0, [0.6, 0.6, 0.6, 0.6]),
+    ]
+    assert rejections_line(rows) == "jobs lost to probe rejections: trained agent 0/4; random search 3/8; sensible preset 0/1"
+    assert rejections_line([]) == "jobs lost to probe rejections: no jobs"
+
+
+def test_families_may_be_task_spec_files_added_under_their_ids() -> None:
+    from bench.versus_search import family_ids
+
+    specs = {"addition": task("addition")}
+    spec_file = REPO / "examples" / "families" / "increment" / "increment.toml"
+    ids = family_ids(f"addition, {spec_file}", specs)
+    assert ids[0] == "addition" and ids[1] in specs and specs[ids[1]].id == ids[1] and len(specs) == 2
+    clash = load_toml_model(TaskSpec, REPO / "tasks_specs" / "sorting.toml")
+    with pytest.raises(ConfigError, match="has the id 'sorting' of a task of the run config"):
+        family_ids(str(REPO / "tasks_specs" / "sorting.toml"), {"sorting": clash.model_copy(update={"held_out": not clash.held_out})})
