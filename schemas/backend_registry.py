@@ -43,6 +43,12 @@ def all_configs() -> tuple[type[BackendConfig], ...]:
             if key in seen:
                 raise BackendRegistryError(f"{model.__name__} of {module_name} and a model of {seen[key]} both claim {key[0]} type {key[1]!r}")
             seen[key] = module_name
+            declares = {"train": "weights", "eval": "scores"}.get(model.stage)
+            if declares is not None and not hasattr(model, declares):
+                raise BackendRegistryError(
+                    f"{model.__name__} of {module_name} declares no `{declares}`: a {model.stage} backend says which trained weights it "
+                    f"{'makes' if model.stage == 'train' else 'can score'} (schemas/backend_config.py)"
+                )
             found.append(model)
     return tuple(found)
 

@@ -46,8 +46,11 @@ class CountingEval(SimEval):
 
 
 def run_config(eval_backend: dict[str, Any]) -> RunConfig:
+    """The simulator example with this eval backend, and local training where it scores local checkpoints (docs/backends.md, the matrix)."""
     data = tomllib.loads((REPO / "examples" / "sim.toml").read_text())
     data["backends"]["eval"] = eval_backend
+    if eval_backend["type"] != "sim":
+        data["backends"]["train"] = {"type": "local", "model_scale": eval_backend.get("model_scale", 1.0)}
     return RunConfig.model_validate(data)
 
 

@@ -40,6 +40,7 @@ class ToyTrainBackend(TrainBackendConfig):
     type: Literal["toy"] = Field(description="Backend kind")
     backend_class: ClassVar[str] = "metarl.backends.toy.train:ToyTrain"
     planner: ClassVar[str] = "metarl.backends.toy.plan:train_plan"
+    weights: ClassVar[str] = "simulated"
     usd_per_job: float = Field(default=0.25, ge=0.0, le=10.0, description="Charge of one job")
 
 

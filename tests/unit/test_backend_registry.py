@@ -71,3 +71,24 @@ def test_two_vendors_claiming_one_type_is_an_error(monkeypatch: pytest.MonkeyPat
 def test_a_path_to_nothing_names_the_path() -> None:
     with pytest.raises(BackendRegistryError, match="has no 'Nothing'"):
         import_path("schemas.backend_registry:Nothing")
+
+
+def test_a_train_model_that_does_not_say_what_weights_it_makes_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typing import Literal
+
+    class SilentTrain(TrainBackendConfig):
+        """Declares no weights."""
+
+        type: Literal["silent"]
+
+    module = types.ModuleType("silent_vendor_config")
+    module.CONFIGS = (SilentTrain,)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "silent_vendor_config", module)
+    monkeypatch.setitem(backend_registry.VENDOR_CONFIGS, "silent", "silent_vendor_config")
+    all_configs.cache_clear()
+    try:
+        with pytest.raises(BackendRegistryError, match="SilentTrain of silent_vendor_config declares no `weights`"):
+            all_configs()
+    finally:
+        monkeypatch.undo()
+        all_configs.cache_clear()
