@@ -180,7 +180,7 @@ def task_lines(config: RunConfig, specs: dict[str, TaskSpec], counts: EpisodeCou
         TaskLine(
             task_id=task_id,
             held_out=spec.held_out,
-            max_train_seconds=spec.budget.train_seconds_for(config.backends.train.type),
+            max_train_seconds=config.backends.train.train_seconds(spec),
             allowed_models=list(spec.budget.allowed_models),
             episodes=float(per_held_out) if spec.held_out else counts.train_episodes / len(trainable),
         )

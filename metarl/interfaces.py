@@ -46,12 +46,13 @@ class EpisodeContext(Frozen):
     artifacts_root: str = Field(min_length=1, max_length=4096, description="Artifact folder or URL of the run")
     policy_state_uri: str | None = Field(default=None, max_length=4096, description="Saved state of the behaviour policy version")
     workspace_uri: str | None = Field(default=None, max_length=4096, description="Agent-visible folder of the current attempt's workspace")
-    train_backend: str = Field(default="local", pattern=r"^[a-z_]{1,32}$", description="The run's `backends.train.type` (picks the task's training-time cap)")
+    train_backend: str = Field(default="local", pattern=r"^[a-z_]{1,32}$", description="The run's `backends.train.type`")
+    train_on_gpu: bool = Field(default=False, description="Whether that backend trains on GPUs (picks the task's training-time cap)")
 
     @property
     def train_seconds(self) -> float:
         """The task's training-time cap of one inner job on the run's train backend."""
-        return self.task.budget.train_seconds_for(self.train_backend)
+        return self.task.budget.train_seconds_for(self.train_on_gpu)
 
 
 class PolicySample(Frozen):

@@ -17,7 +17,7 @@ from pydantic import Field
 from schemas.base import FieldProblem, StrictModel
 
 if TYPE_CHECKING:
-    from schemas.task_spec import TaskSpec  # the task spec asks the registry which train types use GPUs: no import back at run time
+    from schemas.task_spec import TaskSpec
 
 StageName = Literal["agent", "train", "eval", "outer"]
 STAGE_NAMES: tuple[StageName, ...] = ("agent", "train", "eval", "outer")
@@ -56,6 +56,10 @@ class TrainBackendConfig(BackendConfig):
     """Whether its jobs get a task's GPU training-time cap (``budget.max_gpu_train_seconds``) instead of the CPU one."""
     weights: ClassVar[str]
     """What its trained weights are, as the eval backends name it in ``scores`` (e.g. `local`: a CPU stand-in's checkpoint folder)."""
+
+    def train_seconds(self, task: TaskSpec) -> float:
+        """The training-time cap of one of ``task``'s inner jobs on this backend."""
+        return task.budget.train_seconds_for(self.trains_on_gpu)
 
     def task_problems(self, task: TaskSpec) -> list[FieldProblem]:
         """Why some job of ``task`` could never run on this backend whatever the agent writes (a model that fits no GPU); empty: none."""

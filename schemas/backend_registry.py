@@ -79,11 +79,6 @@ def config_for(stage: StageName, type_name: str) -> type[BackendConfig]:
     raise KeyError(f"no {stage} backend of type {type_name!r}; there are {[backend_type(m) for m in stage_configs(stage)]}")
 
 
-def trains_on_gpu(train_type: str) -> bool:
-    """Whether the train backend of that type runs its jobs on GPUs (False for a type no vendor registers)."""
-    return any(backend_type(model) == train_type and bool(getattr(model, "trains_on_gpu", False)) for model in stage_configs("train"))
-
-
 def import_path(path: str) -> Any:
     """The object a ``module:name`` path names (a backend config's ``backend_class`` or ``planner``), imported now."""
     module_name, _, name = path.partition(":")

@@ -153,12 +153,9 @@ class TaskBudget(StrictModel):
     max_rollout_tokens: int = Field(default=2_000_000, ge=1, le=10**12, description="Cap on steps x batch_size x max_tokens (sampled tokens per job)")
     allowed_models: list[str] = Field(default_factory=lambda: list(KNOWN_BASE_MODELS), min_length=1, max_length=16, description="Base models a job may choose")
 
-    def train_seconds_for(self, train_backend: str) -> float:
-        """The training-time cap of one inner job on a train backend (``backends.train.type``): the GPU cap where its config
-        model says it trains on GPUs (``trains_on_gpu``), else the CPU one."""
-        from schemas.backend_registry import trains_on_gpu
-
-        return self.max_gpu_train_seconds if trains_on_gpu(train_backend) else self.max_train_seconds
+    def train_seconds_for(self, on_gpu: bool) -> float:
+        """The training-time cap of one inner job: the GPU cap on a train backend that trains on GPUs, else the CPU one."""
+        return self.max_gpu_train_seconds if on_gpu else self.max_train_seconds
 
 
 class TaskSpec(StrictModel):

@@ -185,6 +185,7 @@ def stage_context(row: StageRow, config: RunConfig, task: TaskSpec) -> EpisodeCo
         feedback=feedback,
         artifacts_root=config.artifacts.root,
         train_backend=config.backends.train.type,
+        train_on_gpu=config.backends.train.trains_on_gpu,
     )
 
 
@@ -352,7 +353,7 @@ def reward_params(
             base_score=base_score,
             trained_score=trained_score,
             train_seconds=train_seconds,
-            train_budget_seconds=task.budget.train_seconds_for(config.backends.train.type),
+            train_budget_seconds=config.backends.train.train_seconds(task),
         ),
         config.reward,
     )

@@ -268,8 +268,8 @@ def test_gpu_jobs_default_to_the_tags_learning_rates() -> None:
 
 def test_shipped_tasks_cap_gpu_jobs_in_minutes_and_cpu_jobs_as_before() -> None:
     for task in TASKS:
-        assert task.budget.train_seconds_for("local") == task.budget.max_train_seconds == 60
-        assert task.budget.train_seconds_for("runpod") == task.budget.max_gpu_train_seconds == 600
+        assert task.budget.train_seconds_for(on_gpu=False) == task.budget.max_train_seconds == 60
+        assert task.budget.train_seconds_for(on_gpu=True) == task.budget.max_gpu_train_seconds == 600
 
 
 # ---------------------------------------------------------------------------------------------

@@ -235,6 +235,7 @@ def context(episode: int, tmp_path) -> EpisodeContext:
         seed=1,
         artifacts_root=str(tmp_path / "artifacts"),
         train_backend="runpod",
+        train_on_gpu=True,
     )
 
 

@@ -94,7 +94,7 @@ def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None, jobs
     wait and scoring when it runs on the pod; and the worst case, when every restart follows a start-up that timed out."""
     backend = expect_config(config.backends.train, RunpodTrainBackend)
     on_pod = eval_on_job_pod(config)
-    cap = task.budget.train_seconds_for(backend.type)
+    cap = backend.train_seconds(task)
     eval_seconds = eval_pod_seconds(config, task)
     share = fresh_pod_share(backend, config.window.in_flight, jobs)
     pull = IMAGE_PULL_S * share
@@ -299,7 +299,7 @@ def compile_options(backend: RunpodTrainBackend, task: TaskSpec) -> Any:
     serve vLLM; the task's GPU time cap sizes the checkpoint interval)."""
     from metarl.backends.runpod.primerl.compiler import pod_compile_options
 
-    return pod_compile_options(backend.gpu_count, task.budget.train_seconds_for(backend.type))
+    return pod_compile_options(backend.gpu_count, backend.train_seconds(task))
 
 
 def compiled_jobs(config: RunConfig, specs: dict[str, TaskSpec]) -> list[CompiledJob]:

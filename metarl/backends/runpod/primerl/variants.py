@@ -21,8 +21,6 @@ CHECK_ENVIRONMENT = b"def reward(prompt, completion, answer):\n    return float(
 CHECK_DATASET = b'{"prompt": "add 1+1=", "answer": "2"}\n'
 """The environment module and dataset of the checked bundles (the launcher's dry run does not import them)."""
 
-TRAIN_BACKEND = "runpod"
-
 
 class CheckedJob(BaseModel):
     """One compiled job the checks cover."""
@@ -40,11 +38,11 @@ def checked_jobs(tasks: Iterable[TaskSpec], gpu_count: int = 2) -> list[CheckedJ
     tasks = list(tasks)
     out = []
     for task in tasks:
-        options = pod_compile_options(gpu_count, task.budget.train_seconds_for(TRAIN_BACKEND))
+        options = pod_compile_options(gpu_count, task.budget.train_seconds_for(on_gpu=True))
         out.append(CheckedJob(name=f"{task.id}-default", task_id=task.id, job=JobSpec(model=JobModel(name=task.budget.allowed_models[0])), options=options))
     first = tasks[0]
     model = first.budget.allowed_models[0]
-    cap = first.budget.train_seconds_for(TRAIN_BACKEND)
+    cap = first.budget.train_seconds_for(on_gpu=True)
     out += [
         CheckedJob(name="lora", task_id=first.id, job=JobSpec(model=JobModel(name=model, lora_rank=16)), options=pod_compile_options(gpu_count, cap)),
         CheckedJob(
