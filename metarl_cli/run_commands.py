@@ -65,9 +65,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def resume_refusal(runs: Any, run: Any) -> str | None:
     """Why the run cannot go on from its current policy version (its outer backend's saved state expired); None: it can. Asked before any worker starts."""
     from metarl.store import utcnow
-    from schemas.states import ENDED_RUN_STATUSES, RunStatus
+    from schemas.states import RunStatus
 
-    if run.status in ENDED_RUN_STATUSES and run.status not in (RunStatus.stopped, RunStatus.paused, RunStatus.failed):
+    if run.status == RunStatus.finished:
         return None  # a finished run is not continued
     saved_at = runs.saved_at(run.run_id, run.policy_version)
     if saved_at is None:

@@ -39,7 +39,7 @@ def all_configs() -> tuple[type[BackendConfig], ...]:
         if not models:
             raise BackendRegistryError(f"{module_name} (vendor {vendor!r}) defines no CONFIGS: list its backend config models there")
         for model in models:
-            key = (model.stage, _literal_type(model))
+            key = (model.stage, backend_type(model))
             if key in seen:
                 raise BackendRegistryError(f"{model.__name__} of {module_name} and a model of {seen[key]} both claim {key[0]} type {key[1]!r}")
             seen[key] = module_name
@@ -53,8 +53,8 @@ def all_configs() -> tuple[type[BackendConfig], ...]:
     return tuple(found)
 
 
-def _literal_type(model: type[BackendConfig]) -> str:
-    """The one value of a model's `type: Literal[...]` annotation."""
+def backend_type(model: type[BackendConfig]) -> str:
+    """The `type` value that picks a config model: the one value of its `type: Literal[...]` annotation."""
     values: tuple[Any, ...] = getattr(model.model_fields["type"].annotation, "__args__", ())
     if len(values) != 1 or not isinstance(values[0], str):
         raise BackendRegistryError(f"{model.__name__}.type must be Literal['<one type name>']")
@@ -64,19 +64,6 @@ def _literal_type(model: type[BackendConfig]) -> str:
 def stage_configs(stage: StageName) -> tuple[type[BackendConfig], ...]:
     """The config models offered for one stage."""
     return tuple(model for model in all_configs() if model.stage == stage)
-
-
-def backend_type(model: type[BackendConfig]) -> str:
-    """The `type` value that picks a config model."""
-    return _literal_type(model)
-
-
-def config_for(stage: StageName, type_name: str) -> type[BackendConfig]:
-    """The config model of one stage's type (KeyError naming the types there are)."""
-    for model in stage_configs(stage):
-        if backend_type(model) == type_name:
-            return model
-    raise KeyError(f"no {stage} backend of type {type_name!r}; there are {[backend_type(m) for m in stage_configs(stage)]}")
 
 
 def import_path(path: str) -> Any:

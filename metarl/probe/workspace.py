@@ -312,7 +312,7 @@ def dataset_problems(
     problems: list[FieldProblem] = []
     bad_lines: list[str] = []
     prompts: list[str] = []
-    longest: tuple[int, str] | None = None
+    longest: tuple[int, str, int] | None = None  # line, prompt, its token bound
     count = 0
     for number, line in enumerate(text.split("\n"), start=1):
         line = line.rstrip("\r")
@@ -321,8 +321,10 @@ def dataset_problems(
         count += 1
         seen = len(prompts)
         problem = _line_problem(line, prompts)
-        if len(prompts) > seen and (longest is None or prompt_tokens_at_most(prompts[-1]) > prompt_tokens_at_most(longest[1])):
-            longest = (number, prompts[-1])
+        if len(prompts) > seen:
+            bound = prompt_tokens_at_most(prompts[-1])
+            if longest is None or bound > longest[2]:
+                longest = (number, prompts[-1], bound)
         if problem:
             bad_lines.append(f"line {number}: {problem}")
     for message in bad_lines[:MAX_LINE_PROBLEMS]:

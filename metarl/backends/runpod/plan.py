@@ -89,6 +89,16 @@ def fresh_pod_share(backend: RunpodTrainBackend, in_flight: int, jobs: int) -> f
     return first + (1.0 - first) * (1.0 - reused)
 
 
+def job_train_seconds(pull_s: float, cap_s: float) -> float:
+    """Pod seconds of one job up to its upload: its image-pull share, start-up, the training cap and the upload."""
+    return pull_s + POD_STARTUP_S + cap_s + POD_UPLOAD_S
+
+
+def eval_wait_s(backend: RunpodTrainBackend) -> float:
+    """Seconds a pod waits for its eval request after training: up to one poll of the train stage and the eval stage's start."""
+    return backend.poll_interval_s + EVAL_DISPATCH_S
+
+
 def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None, jobs: int) -> JobCost:
     """One inner job of a task on a Runpod pod: its share of an image pull, start-up, training cap, upload, and the eval's
     wait and scoring when it runs on the pod; and the worst case, when every restart follows a start-up that timed out."""
@@ -116,7 +126,7 @@ def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None, jobs
         f"{eval_assumes} ({engine.engine_start_s:g} s vLLM engine start + {task.hidden_eval.n_items} items x pass@{task.hidden_eval.pass_k} "
         f"at {engine.tokens_per_s:g} tokens/s, assumed; the first job of each task and model also scores the base)"
     )
-    wait = backend.poll_interval_s + EVAL_DISPATCH_S
+    wait = eval_wait_s(backend)
     pull_assumes = (
         f"a fresh pod's first pull of the image ({IMAGE_PULL_S:g} s, assumed) times the share of jobs on a fresh pod ({share:.2f}: "
         + (
@@ -150,7 +160,7 @@ def job_cost(task: TaskSpec, config: RunConfig, usd_per_hour: float | None, jobs
         )
     terms.append(JobCostTerm(name="eval", seconds=eval_seconds, billed=on_pod, usd=eval_usd, assumes=eval_assumes))
     pod_seconds = sum(term.seconds for term in terms if term.billed)
-    train_seconds = pull + POD_STARTUP_S + cap + POD_UPLOAD_S
+    train_seconds = job_train_seconds(pull, cap)
     train_usd = at_pod_price(train_seconds)
     on_pod_eval = eval_cost_usd(eval_seconds + wait, usd_per_hour)
     eval_part = on_pod_eval if on_pod and on_pod_eval is not None else 0.0
@@ -231,7 +241,7 @@ def train_cost(backend: RunpodTrainBackend, inputs: PlanInputs) -> CostLine:
     idle_usd = idle_s * pod_price / 3600.0
     share = fresh_pod_share(backend, config.window.in_flight, counts.total)
     pull = IMAGE_PULL_S * share
-    jobs_usd = sum(task.episodes * inner_job_usd(pull + POD_STARTUP_S + task.max_train_seconds + POD_UPLOAD_S, pod_price, budget.max_job_usd) for task in tasks)
+    jobs_usd = sum(task.episodes * inner_job_usd(job_train_seconds(pull, task.max_train_seconds), pod_price, budget.max_job_usd) for task in tasks)
     seconds = sorted({task.max_train_seconds for task in tasks})
     fallback = [price for gpu in backend.gpu_types[1:] if (price := pod_usd_per_hour(gpu, backend.gpu_count, prices)) is not None]
     fallback_note = f"; a fallback GPU type costs up to ${max(fallback):.4f}/h" if fallback and max(fallback) > pod_price else ""
@@ -335,7 +345,7 @@ def eval_plan(backend: PodVllmEvalBackend, inputs: PlanInputs) -> StagePlan:
     config, tasks = inputs.config, inputs.tasks
     train = expect_config(config.backends.train, RunpodTrainBackend)
     pod_price = pod_usd_per_hour(train.gpu_types[0], train.gpu_count, inputs.prices)
-    wait = train.poll_interval_s + EVAL_DISPATCH_S
+    wait = eval_wait_s(train)
     per_job = {task.task_id: eval_pod_seconds(config, inputs.specs[task.task_id]) + wait for task in tasks}
     seconds = "/".join(f"{value:g}" for value in sorted(set(per_job.values())))
     # budget.max_job_usd counts the eval's pod seconds too: the train line's worst case already bounds them
