@@ -13,8 +13,8 @@ Only the inner job is simulated: its job credit is a hand-written landscape anch
 A passing job adds the episode reward's validation (0.2) and efficiency (0.05) credits; a job the
 probe rejects ends with reward 0 (no retries are simulated). Each outer step samples
 `groups_per_batch` groups of `group_size` episodes on training families, synchronously (no
-staleness). It prints, per setting, the mean reward of the last episodes at equal episode budgets,
-over several seeds. It does not show that the real loop reaches these numbers.
+staleness). It prints, per setting, the mean reward of the first outer step, of outer steps 6-10
+(issue 43's target: 0.5 by step 10) and of the last episodes, over several seeds, with the worst seed. It does not show that the real loop reaches these numbers.
 
     python -m bench.outer_landscape [--episodes 176] [--seeds 8]     # about a minute
 """
@@ -31,8 +31,10 @@ from pathlib import Path
 import torch
 
 from metarl.domain.advantages import group_advantages
+from metarl.learning.eval_secret import install_tool_eval_secret
 from metarl.outer_update import build_datum, local_outer_step
 from metarl.policy import job_language as jl
+from metarl.policy.job_limits import job_limits
 from metarl.policy.local_policy import LocalPolicy, PolicyConfig
 from metarl.probe.job import probe_job_text
 from schemas.base import load_toml_model
@@ -54,6 +56,7 @@ class Setting:
     normalize_std: bool = False
     default_bias: float = PolicyConfig.default_bias
     updates_per_batch: int = 1
+    floor: float = 0.0
 
 
 def synthetic_credit(choice: jl.JobChoice) -> float:
@@ -80,10 +83,12 @@ def run_setting(setting: Setting, tasks: dict[str, TaskSpec], episodes: int, see
         for _ in range(setting.groups_per_batch):
             family = rng.choice(families)
             context = jl.context_for_task(tasks[family])
-            samples = policy.sample_batch([context] * setting.group_size, [rng.getrandbits(62) for _ in range(setting.group_size)], setting.temperature)
+            samples = policy.sample_batch(
+                [context] * setting.group_size, [rng.getrandbits(62) for _ in range(setting.group_size)], setting.temperature, setting.floor
+            )
             group = []
             for sample in samples:
-                verdict = probe_job_text(sample.render(seed=0), tasks[family])
+                verdict = probe_job_text(sample.render(seed=0, limits=job_limits(tasks[family])), tasks[family])
                 reward = 0.0
                 if verdict.passed:
                     reward = 0.25 + synthetic_credit(jl.decode_job(sample.job_tokens)) + rng.gauss(0.0, noise)
@@ -97,20 +102,18 @@ def run_setting(setting: Setting, tasks: dict[str, TaskSpec], episodes: int, see
             for (sample, _), adv in zip(group, group_adv)
         ]
         for _ in range(setting.updates_per_batch):
-            local_outer_step(policy, None, datums, ratio_cap=2.0, lr=setting.learning_rate, temperature=setting.temperature)
+            local_outer_step(policy, None, datums, ratio_cap=2.0, lr=setting.learning_rate, temperature=setting.temperature, floor=setting.floor)
     return rewards[:episodes]
 
 
 SETTINGS = (
-    Setting("lr 1e-2, T 1.3, bias 3 (before 954a5ee)"),
-    Setting("lr 2e-2, T 1.3, bias 3", learning_rate=2e-2),
-    Setting("lr 2e-2, T 1.3, bias 3, 1 group/step", learning_rate=2e-2, groups_per_batch=1),
-    Setting("lr 1e-2, T 1.3, bias 3, 2 updates/batch", updates_per_batch=2),
-    Setting("lr 2e-2, T 1.0, bias 2", learning_rate=2e-2, temperature=1.0, default_bias=2.0),
-    Setting("lr 1.5e-2, T 1.0, bias 1", learning_rate=1.5e-2, temperature=1.0, default_bias=1.0),
-    Setting("lr 2e-2, T 1.0, bias 1 (examples/local.toml)", learning_rate=2e-2, temperature=1.0, default_bias=1.0),
+    Setting("lr 2e-2, T 1.0, bias 1 (before issue 43)", learning_rate=2e-2, temperature=1.0, default_bias=1.0),
     Setting("lr 3e-2, T 1.0, bias 1", learning_rate=3e-2, temperature=1.0, default_bias=1.0),
-    Setting("lr 2e-2, T 1.0, bias 0", learning_rate=2e-2, temperature=1.0, default_bias=0.0),
+    Setting("lr 5e-2, T 1.0, bias 1", learning_rate=5e-2, temperature=1.0, default_bias=1.0),
+    Setting("lr 5e-2, T 1.0, bias 1, floor 0.05", learning_rate=5e-2, temperature=1.0, default_bias=1.0, floor=0.05),
+    Setting("lr 5e-2, T 1.0, bias 1, floor 0.1", learning_rate=5e-2, temperature=1.0, default_bias=1.0, floor=0.1),
+    Setting("lr 7e-2, T 1.0, bias 1, floor 0.05", learning_rate=7e-2, temperature=1.0, default_bias=1.0, floor=0.05),
+    Setting("lr 1e-1, T 1.0, bias 1, floor 0.05", learning_rate=1e-1, temperature=1.0, default_bias=1.0, floor=0.05),
 )
 
 
@@ -122,7 +125,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=8, help="seeds per setting")
     parser.add_argument("--noise", type=float, default=0.3, help="std of the credit noise")
     parser.add_argument("--tail", type=int, default=40, help="episodes averaged at the end")
+    parser.add_argument("--artifacts", default=".metarl", help="artifacts root holding the hidden-eval secret the family features need (default .metarl)")
     args = parser.parse_args()
+    install_tool_eval_secret(args.artifacts)
     torch.set_num_threads(1)
     tasks = {}
     for path in sorted(TASK_DIR.glob("*.toml")):
@@ -130,15 +135,18 @@ def main() -> None:
         if not task.held_out:
             tasks[task.family] = task
     print(f"# synthetic landscape, {args.episodes} episodes per seed, {args.seeds} seeds, noise {args.noise}")
-    print(f"{'setting':48} {'first 40':>9} {'middle 40':>9} {'last ' + str(args.tail):>9} {'worst seed':>10} {'s':>5}")
+    print(f"{'setting':56} {'step 1':>7} {'steps 6-10':>10} {'worst':>6} {'last ' + str(args.tail):>8} {'worst':>6} {'s':>5}")
     for setting in SETTINGS:
         started = time.perf_counter()
         runs = [run_setting(setting, tasks, args.episodes, seed, args.noise) for seed in range(args.seeds)]
-        first = statistics.fmean(statistics.fmean(r[:40]) for r in runs)
-        middle = statistics.fmean(statistics.fmean(r[len(r) // 2 - 20 : len(r) // 2 + 20]) for r in runs)
+        per_step = setting.group_size * setting.groups_per_batch
+        first = statistics.fmean(statistics.fmean(r[:per_step]) for r in runs)
+        by_ten = [statistics.fmean(r[5 * per_step : 10 * per_step]) for r in runs]
         tails = [statistics.fmean(r[-args.tail :]) for r in runs]
         print(
-            f"{setting.name:48} {first:9.3f} {middle:9.3f} {statistics.fmean(tails):9.3f} {min(tails):10.3f} {time.perf_counter() - started:5.0f}", flush=True
+            f"{setting.name:56} {first:7.3f} {statistics.fmean(by_ten):10.3f} {min(by_ten):6.3f} {statistics.fmean(tails):8.3f} {min(tails):6.3f}"
+            f" {time.perf_counter() - started:5.0f}",
+            flush=True,
         )
 
 

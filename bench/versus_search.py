@@ -12,9 +12,9 @@ probe rejects, or one that fails, is spent and adds no score). Methods:
 - trained agent: a policy state saved by an `examples/local.toml` run (`--policy PATH`, e.g.
   `<artifacts>/policy/<run>/v00040-<attempt>.pt`), with its provenance (run id, commit, seed,
   outer version) from `PATH.provenance.json` beside it, else from the path and `--policy-commit`,
-  `--policy-seed`. No policy given: the method is reported MISSING, never stood in for. A trained
-  state ships with the repo: `bench/results/local-meta-rl-2026-12-05-seed1/v00031-0f70c1c74d42.pt`
-  (the last version of a one-hour seed-1 run, provenance file beside it; BENCHMARKS.md, "Versus search").
+  `--policy-seed`. No policy given: the method is reported MISSING, never stood in for. The state under
+  `bench/results/local-meta-rl-2026-12-05-seed1/` was saved with the job language before it carried the
+  task's limits and no longer loads (its vocabulary differs); a state of the current language is not yet committed.
 - untrained agent: the policy a run starts from (`LocalPolicy` with the run config's init seed and
   prior). Both agents sample as in the run (its temperature, `sample_seed`, the job's seed in
   job.toml); after a rejection the next job is the episode's next attempt, conditioned on the
@@ -87,6 +87,7 @@ from metarl.backends.local.agent import sample_seed
 from metarl.backends.local.train import local_compile_problems
 from metarl.learning.eval_secret import EvalSecretMissing, add_artifacts_argument, install_tool_eval_secret
 from metarl.policy import job_language as jl
+from metarl.policy.job_limits import job_limits
 from metarl.probe.job import ProbeVerdict, probe_job_text
 from metarl.versus_search import (
     BUDGETS,
@@ -142,13 +143,13 @@ class BenchPlan(BaseModel):
     workers: int = Field(ge=1, le=64, description="Inner jobs at once (one torch thread each)")
 
 
-def default_plan(mode: Mode, held_out: Sequence[str]) -> BenchPlan:
-    """The full or quick plan for the run config's held-out families."""
+def default_plan(mode: Mode, held_out: Sequence[str], training: Sequence[str] = DEFAULT_TRAINING_FAMILIES, train_seconds: float = 60.0) -> BenchPlan:
+    """The full plan (the run config's held-out and training families, at the tasks' own training-time cap) or the quick one."""
     if mode == "quick":
         return BenchPlan(
             mode="quick", families=[*held_out, *QUICK_TRAINING_FAMILIES], seeds=2, jobs=4, train_seconds=3.0, eval_items=48, model_scale=0.04, workers=2
         )
-    return BenchPlan(mode="full", families=[*held_out, *DEFAULT_TRAINING_FAMILIES], seeds=3, jobs=8, train_seconds=20.0, model_scale=1.0, workers=2)
+    return BenchPlan(mode="full", families=[*held_out, *training], seeds=3, jobs=4, train_seconds=train_seconds, model_scale=1.0, workers=2)
 
 
 def worst_case_jobs(searching_methods: int, families: int, seeds: int, jobs: int) -> int:
@@ -210,6 +211,25 @@ def point_tokens(point: Mapping[str, str]) -> list[int]:
     return jl.token_ids(tokens)
 
 
+def fitted_point(point: Mapping[str, str], rules: jl.ContextRules) -> dict[str, str]:
+    """The point with each choice the grammar refuses under `rules` replaced by the allowed choice nearest to it in its slot's
+    order (a refused model by the first allowed one), and `correctness` given weight 1.0 when no rewarding component has a positive weight."""
+    fitted = dict(point)
+    state = jl.GrammarState(rules=rules)
+    for slot in (jl.MODEL_SLOT, *jl.TRAINING_SLOTS):
+        name, tokens = slot_name(slot) if slot is not jl.MODEL_SLOT else "model.name", list(slot.tokens)
+        allowed = [token for token in tokens if jl.TOKEN_ID[token] in state.allowed()]
+        if fitted[name] not in allowed:
+            wanted = tokens.index(fitted[name])
+            fitted[name] = min(allowed, key=lambda token: abs(tokens.index(token) - wanted))
+        state = state.advance(jl.TOKEN_ID[fitted[name]])
+    weights = [fitted[f"reward.{name}"] for name in jl.REWARD_COMPONENTS]
+    rewarding = [fitted[f"reward.{name}"] for name in jl.REWARD_COMPONENTS if name not in jl.PENALTY_COMPONENTS]
+    if any(weight != ABSENT for weight in weights) and not any(weight != ABSENT and float(weight.removeprefix("w=")) > 0 for weight in rewarding):
+        fitted[f"reward.{jl.REWARD_COMPONENTS[0]}"] = jl.weight_token(1.0)
+    return fitted
+
+
 # --- methods ---------------------------------------------------------------------------------------
 
 
@@ -235,7 +255,7 @@ class AgentProposer:
             self.episode_seed = job_seed(self.seed, self.family, job_index)
         context = jl.context_for_task(self.task, self.attempt, self.feedback)
         sample = self.policy.sample(context, seed=sample_seed(self.episode_seed, self.attempt), temperature=self.temperature)
-        return str(sample.render(seed=self.episode_seed))
+        return str(sample.render(seed=self.episode_seed, limits=job_limits(self.task)))
 
     def observe(self, verdict: ProbeVerdict, score: float | None) -> None:
         if verdict.passed or self.attempt >= self.max_attempts:
@@ -244,30 +264,36 @@ class AgentProposer:
             self.attempt, self.feedback = self.attempt + 1, list(verdict.errors)
 
 
-class RandomProposer:
-    """Uniform random search over the job language's grids."""
+def point_job_toml(point: Mapping[str, str], task: TaskSpec, seed: int) -> str:
+    """The job.toml of a search point, kept to the task's limits as the agent's jobs are (`fitted_point`, the dataset moved into range)."""
+    limits = job_limits(task)
+    return jl.render_job_toml(point_tokens(fitted_point(point, jl.context_rules(jl.context_for_task(task)))), seed=seed, limits=limits)
 
-    def __init__(self, family: str, seed: int):
-        self.family, self.seed = family, seed
+
+class RandomProposer:
+    """Uniform random search over the job language's grids (each point kept to the task's limits)."""
+
+    def __init__(self, task: TaskSpec, family: str, seed: int):
+        self.task, self.family, self.seed = task, family, seed
         self.rng = random.Random(f"random-search\x1f{seed}\x1f{family}")
         self.space = search_space()
 
     def propose(self, job_index: int) -> str:
         point = {dimension.name: self.rng.choice(dimension.choices) for dimension in self.space}
-        return jl.render_job_toml(point_tokens(point), seed=job_seed(self.seed, self.family, job_index))
+        return point_job_toml(point, self.task, job_seed(self.seed, self.family, job_index))
 
     def observe(self, verdict: ProbeVerdict, score: float | None) -> None:
         return None
 
 
 class TpeProposer:
-    """Optuna's TPE sampler over the job language's grids (ask/tell, categorical distributions, maximising the score)."""
+    """Optuna's TPE sampler over the job language's grids (ask/tell, categorical distributions, maximising the score; each point kept to the task's limits)."""
 
-    def __init__(self, family: str, seed: int):
+    def __init__(self, task: TaskSpec, family: str, seed: int):
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.family, self.seed = family, seed
+        self.task, self.family, self.seed = task, family, seed
         self.space = search_space()
         sampler = optuna.samplers.TPESampler(seed=job_seed(seed, family, 0), n_startup_trials=TPE_STARTUP_TRIALS)
         self.study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -277,7 +303,7 @@ class TpeProposer:
     def propose(self, job_index: int) -> str:
         self.trial = self.study.ask(self.distributions)
         point = {name: str(self.trial.params[name]) for name in self.distributions}
-        return jl.render_job_toml(point_tokens(point), seed=job_seed(self.seed, self.family, job_index))
+        return point_job_toml(point, self.task, job_seed(self.seed, self.family, job_index))
 
     def observe(self, verdict: ProbeVerdict, score: float | None) -> None:
         self.study.tell(self.trial, score if score is not None else REJECTED_OBJECTIVE)
@@ -566,14 +592,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "(default: the held-out ones, then addition,sorting; quick: then addition)",
     )
     parser.add_argument("--seeds", type=int, default=None, help="seeds per method (default 3; quick 2)")
-    parser.add_argument("--jobs", type=int, default=None, help="inner jobs per method, family and seed (default 8; quick 4)")
-    parser.add_argument("--train-seconds", type=float, default=None, help="training budget of one inner job (default 20; quick 3)")
+    parser.add_argument("--jobs", type=int, default=None, help="inner jobs per method, family and seed (default 4)")
+    parser.add_argument(
+        "--train-seconds",
+        type=float,
+        default=None,
+        help="training budget of one inner job (default: the run's own, its tasks' cap on its train backend; quick 3)",
+    )
     parser.add_argument("--workers", type=int, default=None, help="inner jobs at once (default 2)")
     parser.add_argument(
         "--policy",
         type=Path,
         default=None,
-        help="trained policy state, a .pt an examples/local.toml run saved (one ships under bench/results/local-meta-rl-2026-12-05-seed1/); none: MISSING",
+        help="trained policy state, a .pt an examples/local.toml run saved; none: MISSING",
     )
     parser.add_argument("--policy-commit", default=None, help="commit of the run that trained --policy (when no provenance file is beside it)")
     parser.add_argument("--policy-seed", type=int, default=None, help="seed of that run (when no provenance file is beside it)")
@@ -608,8 +639,15 @@ def family_ids(families: str, specs: dict[str, TaskSpec]) -> list[str]:
     return ids
 
 
-def plan_from_args(args: argparse.Namespace, held_out: list[str]) -> BenchPlan:
-    plan = default_plan("quick" if args.quick else "full", held_out)
+def run_train_seconds(config: Any, specs: Mapping[str, TaskSpec]) -> float:
+    """The run's own job budget: the largest training-time cap of its tasks on its train backend (a ConfigError when none is set)."""
+    return max(config.backends.train.train_seconds(specs[task_id]) for task_id in config.run.tasks)
+
+
+def plan_from_args(
+    args: argparse.Namespace, held_out: list[str], training: Sequence[str] = DEFAULT_TRAINING_FAMILIES, train_seconds: float = 60.0
+) -> BenchPlan:
+    plan = default_plan("quick" if args.quick else "full", held_out, training, train_seconds)
     update: dict[str, Any] = {}
     if args.families:
         update["families"] = [name.strip() for name in args.families.split(",") if name.strip()]
@@ -662,9 +700,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, specs = load_run(args.config)
         held_out = [task_id for task_id in config.run.tasks if specs[task_id].held_out]
+        training = [task_id for task_id in config.run.tasks if not specs[task_id].held_out]
         if args.families:
             args.families = ",".join(family_ids(args.families, specs))
-        plan = plan_from_args(args, held_out)
+        plan = plan_from_args(args, held_out, training, run_train_seconds(config, specs))
         unknown = [name for name in plan.families if name not in specs]
         if unknown:
             raise ConfigError(
@@ -756,9 +795,9 @@ def make_streams(
                 elif method == "untrained_agent":
                     proposer = AgentProposer(untrained, family.spec, family.name, seed, temperature, max_attempts)
                 elif method == "random_search":
-                    proposer = RandomProposer(family.name, seed)
+                    proposer = RandomProposer(family.task, family.name, seed)
                 elif method == "optuna_tpe":
-                    proposer = TpeProposer(family.name, seed)
+                    proposer = TpeProposer(family.task, family.name, seed)
                 else:
                     proposer = SensibleProposer(family.spec, family.name, seed)
                 streams.append(Stream(method, family, seed, proposer, 1 if method in SINGLE_JOB_METHODS else plan.jobs))

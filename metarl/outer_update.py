@@ -236,12 +236,13 @@ def local_outer_step(
     lr: float,
     max_grad_norm: float | None = 1.0,
     temperature: float = 1.0,
+    floor: float = 0.0,
 ) -> dict[str, float]:
     """One Adam step of the local policy on a batch of datums (the `local` outer backend's update).
 
     `optimizer=None` uses (and creates if needed) the policy's own Adam. The learning rate is
     set to `lr` before the step; `temperature` must be the one the behaviour logprobs were sampled
-    at (the policy scores targets at it). With no datums, or no token with a non-zero advantage, no step
+    at (the policy scores targets at it), and `floor` the exploration floor they were sampled with. With no datums, or no token with a non-zero advantage, no step
     is taken (`skipped` = 1): Adam's momentum would otherwise move the weights without signal.
     """
     if optimizer is None:
@@ -254,7 +255,7 @@ def local_outer_step(
     for group in optimizer.param_groups:
         group["lr"] = float(lr)
     optimizer.zero_grad(set_to_none=True)
-    new_logprobs = policy.target_logprobs(batch["inputs"], batch["targets"], batch["lengths"].tolist(), temperature)
+    new_logprobs = policy.target_logprobs(batch["inputs"], batch["targets"], batch["lengths"].tolist(), temperature, floor)
     loss, stats = importance_sampling_loss(new_logprobs, batch["logprobs"], batch["advantages"], batch["mask"], ratio_cap)
     metrics.update(stats)
     metrics["loss"] = float(loss.detach())

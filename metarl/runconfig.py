@@ -85,9 +85,26 @@ def load_run(path: Path) -> tuple[RunConfig, dict[str, TaskSpec]]:
     if all(spec.held_out for spec in specs.values()):
         raise ConfigError(str(path), [FieldProblem(field="run.tasks", message="every task is held out", fix="include at least one task that is not held out")])
     unrunnable = [problem for spec in specs.values() for problem in config.backends.train.task_problems(spec)]
+    unrunnable += time_cap_problems(config, specs)
     if unrunnable:
         raise ConfigError(str(path), unrunnable)
     return config, specs
+
+
+def time_cap_problems(config: RunConfig, specs: Mapping[str, TaskSpec]) -> list[FieldProblem]:
+    """One problem per `run.episode_train_seconds` entry above a task's own cap on the run's train backend."""
+    problems = []
+    for index, seconds in enumerate(config.run.episode_train_seconds):
+        over = {task_id: cap for task_id, spec in specs.items() if seconds > (cap := config.backends.train.train_seconds(spec))}
+        if over:
+            problems.append(
+                FieldProblem(
+                    field=f"run.episode_train_seconds.{index}",
+                    message=f"{seconds:g} s is above the training-time cap of {', '.join(f'{task} ({cap:g} s)' for task, cap in sorted(over.items()))}",
+                    fix=f"use at most {min(over.values()):g} s, or raise the cap in those task specs",
+                )
+            )
+    return problems
 
 
 def missing_backend_keys(config: RunConfig, environ: Mapping[str, str]) -> list[str]:

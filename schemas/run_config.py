@@ -79,6 +79,14 @@ class RunSection(StrictModel):
     )
     task_specs_dir: str = Field(default="tasks_specs", min_length=1, max_length=4096, description="Folder of task specs, relative to the config file")
     max_outer_steps: int = Field(default=5, ge=1, le=1_000_000, description="Stop after this many outer updates")
+    episode_train_seconds: list[Annotated[float, Field(gt=0, le=7 * 24 * 3600)]] = Field(
+        default_factory=list,
+        max_length=16,
+        description=(
+            "Training-time caps (seconds) drawn per group of episodes, so the policy learns several budgets; each at most every task's own cap "
+            "on the run's train backend. Empty: every episode has its task's cap"
+        ),
+    )
 
     @field_validator("tasks")
     @classmethod

@@ -157,6 +157,10 @@ class TaskBudget(StrictModel):
         """The training-time cap of one inner job: the GPU cap on a train backend that trains on GPUs, else the CPU one."""
         return self.max_gpu_train_seconds if on_gpu else self.max_train_seconds
 
+    def with_train_seconds(self, seconds: float, on_gpu: bool) -> TaskBudget:
+        """This budget with the cap of a GPU (or CPU) train backend set to `seconds`."""
+        return self.model_copy(update={"max_gpu_train_seconds" if on_gpu else "max_train_seconds": float(seconds)})
+
 
 class TaskSpec(StrictModel):
     """One task: its family, public description, dataset bounds, hidden eval, budget, held-out flag."""
@@ -175,6 +179,10 @@ class TaskSpec(StrictModel):
         default=None, description="Grader (built-in or plugin) and its options (none: the registered family's own, or exact match)"
     )
     budget: TaskBudget = Field(default_factory=TaskBudget)
+
+    def with_train_seconds(self, seconds: float, on_gpu: bool) -> TaskSpec:
+        """This task with its training-time cap on a GPU (or CPU) train backend set to `seconds`."""
+        return self.model_copy(update={"budget": self.budget.with_train_seconds(seconds, on_gpu)})
 
     @field_validator("budget")
     @classmethod

@@ -2,31 +2,36 @@
 
 A sequence is a conditioning context followed by a job:
 
-    <bos> ans=<t> alen=<b> plen=<b> grader=<h> dlo=<d> dhi=<d> desc=<h> attempt=<n> fb=<field>... <sep>
-                                                                  (context, never sampled)
+    <bos> ans=<t> alen=<b> plen=<b> grader=<h> dlo=<d> dhi=<d> desc=<h>      (family features)
+          time<=<s> rbud=2^<k> allow=<model>... dmin>=<n> dmax<=<n>         (the episode's limits)
+          attempt=<n> fb=<field>... <sep>                                   (context, never sampled)
     model=<name> lr=<v> steps=<v> batch=<v> group=<v> kl=<v> temp=<v> maxtok=<v>
     ( reward=default | (rw=<component> w=<weight>)+ reward=end )
-    data=<size> diff=<difficulty> <end>                          (job, sampled)
+    data=<size> diff=<difficulty> <end>                                     (job, sampled)
 
 The context describes the task by features any family has (``metarl.policy.family_features``),
-not by its name, so a family the policy never saw is a valid context too.
+not by its name, so a family the policy never saw is a valid context too, and the episode's limits
+as TASK.md states them (``metarl.policy.job_limits``): training-time cap, rollout budget, allowed
+models, dataset size range.
 
 Every hyperparameter slot has a `default` token (the key is left out of job.toml) and a small
 grid of explicit values. Reward components appear in a fixed canonical order, each at most once.
 
-`allowed_next` is the grammar: it gives the tokens allowed after a job prefix, so every sequence
-sampled under it is syntactically complete. It constrains syntax only: jobs the probe rejects
-(batch_size not divisible by group_size, over the rollout budget, dataset size out of range,
-no positive reward weight) stay expressible, so the probe has something to catch and the policy
-something to learn.
+`allowed_next` is the grammar: it gives the tokens allowed after a job prefix under the context's
+rules, so every sequence sampled under it is complete and keeps to what the probe checks without
+running it: an allowed model, group_size dividing batch_size, the rollout budget, a positive reward
+weight (see `GrammarState`). The dataset size and difficulty are moved into the task's range when
+the job is rendered. No search method or policy spends a job on a value the probe must refuse for
+these reasons; the probe still catches everything else (and every hand-written job).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 import tomli_w
@@ -34,8 +39,9 @@ from pydantic import ValidationError
 
 from metarl.graders import REWARD_COMPONENTS
 from metarl.policy.family_features import FEATURE_TOKEN_COUNT, FEATURE_TOKENS, FamilyFeatures, feature_tokens
+from metarl.policy.job_limits import LIMIT_TOKENS, MAX_LIMIT_TOKEN_COUNT, MODEL_NAMES, SIZE_BOUNDS, ContextRules, JobLimits, limit_tokens, rules_from_context
 from schemas.base import FieldProblem, dump_toml_model, parse_toml_text
-from schemas.job import JobSpec
+from schemas.job import DEFAULT_BATCH_SIZE, DEFAULT_GROUP_SIZE, DEFAULT_MAX_STEPS, DEFAULT_MAX_TOKENS, JobDataset, JobSpec
 
 # ---------------------------------------------------------------------------------------------
 # Vocabulary
@@ -61,7 +67,7 @@ FEEDBACK_KINDS = (
     "other",
 )
 
-MODELS = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B")
+MODELS = MODEL_NAMES
 DEFAULT = "default"
 
 
@@ -97,14 +103,14 @@ TRAINING_SLOTS = (
     Slot("group", "training", "group_size", (1, 2, 4, 8, 16)),
     Slot("kl", "training", "kl_coef", (0.0, 0.01, 0.05, 0.1)),
     Slot("temp", "rollout", "temperature", (0.5, 0.7, 1.0, 1.2)),
-    Slot("maxtok", "rollout", "max_tokens", (8, 16, 32, 64, 128)),
+    Slot("maxtok", "rollout", "max_tokens", (8, 16, 32, 64)),
 )
-"""The seven tunable hyperparameters, in the order they are written."""
+"""The seven tunable hyperparameters, in the order they are written (max_tokens up to the local trainer's 64, metarl/learning/grpo.py)."""
 
 REWARD_WEIGHTS = (-1.0, 0.0, 0.1, 0.5, 1.0, 2.0)
 REWARD_DEFAULT, REWARD_END = "reward=default", "reward=end"
 DATASET_SLOTS = (
-    Slot("data", "dataset", "size", (32, 64, 256, 1000, 4000, 20000, 50000)),
+    Slot("data", "dataset", "size", SIZE_BOUNDS),
     Slot("diff", "dataset", "difficulty", (0.0, 0.25, 0.5, 0.75, 1.0)),
 )
 
@@ -117,7 +123,7 @@ def weight_token(weight: float) -> str:
     return f"w={_fmt(float(weight))}"
 
 
-CONTEXT_TOKENS = FEATURE_TOKENS + tuple(f"attempt={n}" for n in range(1, MAX_ATTEMPT_TOKEN + 1)) + tuple(f"fb={kind}" for kind in FEEDBACK_KINDS)
+CONTEXT_TOKENS = FEATURE_TOKENS + LIMIT_TOKENS + tuple(f"attempt={n}" for n in range(1, MAX_ATTEMPT_TOKEN + 1)) + tuple(f"fb={kind}" for kind in FEEDBACK_KINDS)
 JOB_TOKENS = (
     MODEL_SLOT.tokens
     + tuple(token for slot in TRAINING_SLOTS for token in slot.tokens)
@@ -136,7 +142,7 @@ DEFAULT_TOKEN_IDS = frozenset(TOKEN_ID[slot.token(None)] for slot in TRAINING_SL
 """Tokens that leave a setting to the backend default (the untrained policy leans toward them)."""
 
 MAX_JOB_LENGTH = 1 + len(TRAINING_SLOTS) + (2 * len(REWARD_COMPONENTS) + 1) + len(DATASET_SLOTS) + 1
-MAX_CONTEXT_LENGTH = 1 + FEATURE_TOKEN_COUNT + 1 + len(FEEDBACK_KINDS) + 1
+MAX_CONTEXT_LENGTH = 1 + FEATURE_TOKEN_COUNT + MAX_LIMIT_TOKEN_COUNT + 1 + len(FEEDBACK_KINDS) + 1
 
 
 def token_ids(tokens: Iterable[str]) -> list[int]:
@@ -177,20 +183,58 @@ _SLOT_IDS = [tuple(TOKEN_ID[t] for t in slot.tokens) for slot in _SLOT_SEQUENCE]
 _DATASET_IDS = [tuple(TOKEN_ID[t] for t in slot.tokens) for slot in DATASET_SLOTS]
 _COMPONENT_IDS = tuple(TOKEN_ID[component_token(n)] for n in REWARD_COMPONENTS)
 _WEIGHT_IDS = tuple(TOKEN_ID[weight_token(w)] for w in REWARD_WEIGHTS)
+_POSITIVE_WEIGHT_IDS = tuple(TOKEN_ID[weight_token(w)] for w in REWARD_WEIGHTS if w > 0)
+PENALTY_COMPONENTS = frozenset({"length_penalty"})
+"""Components that only penalise: a positive weight on them does not count as rewarding anything (metarl/learning/grpo.py)."""
+_REWARDING = tuple(name not in PENALTY_COMPONENTS for name in REWARD_COMPONENTS)
+_LAST_REWARDING = max(index for index, rewarding in enumerate(_REWARDING) if rewarding)
 _REWARD_DEFAULT_ID, _REWARD_END_ID = TOKEN_ID[REWARD_DEFAULT], TOKEN_ID[REWARD_END]
+_STEPS, _BATCH, _GROUP, _MAXTOK = (_SLOT_SEQUENCE.index(slot) for slot in (TRAINING_SLOTS[1], TRAINING_SLOTS[2], TRAINING_SLOTS[3], TRAINING_SLOTS[6]))
+_DEFAULTS = {_STEPS: DEFAULT_MAX_STEPS, _BATCH: DEFAULT_BATCH_SIZE, _GROUP: DEFAULT_GROUP_SIZE, _MAXTOK: DEFAULT_MAX_TOKENS}
+"""The resolved value of a `default` token in the slots the grammar's cross-slot rules read (schemas/job.py)."""
+
+
+def _slot_choices(phase: int) -> list[tuple[int, int]]:
+    """(token id, resolved value) of each choice of a numeric slot that a cross-slot rule reads."""
+    slot = _SLOT_SEQUENCE[phase]
+    return [(TOKEN_ID[slot.token(None)], _DEFAULTS[phase])] + [(TOKEN_ID[slot.token(value)], int(value)) for value in slot.values]
+
+
+_SLOT_CHOICES = {phase: _slot_choices(phase) for phase in _DEFAULTS}
+_SMALLEST = {phase: min(value for _, value in choices) for phase, choices in _SLOT_CHOICES.items()}
+
+
+def _within(choices: list[tuple[int, int]], fits) -> tuple[int, ...]:
+    """The tokens whose value `fits`; the smallest value alone when none does (the grammar never leaves nothing to say)."""
+    allowed = tuple(token for token, value in choices if fits(value))
+    if allowed:
+        return allowed
+    smallest = min(choices, key=lambda choice: choice[1])
+    return (smallest[0],)
 
 
 @dataclass(frozen=True)
 class GrammarState:
-    """Where a job prefix stands: a phase plus, inside the reward section, the last component used.
+    """Where a job prefix stands: a phase, the values its cross-slot rules read, and the rules of its context.
 
     phase: 0..7 = the slot of `_SLOT_SEQUENCE` to fill next; 8 = reward section start;
     9 = after a component (a weight must follow); 10 = after a weight; 11, 12 = dataset slots;
     13 = `<end>` expected; 14 = complete.
+
+    Beyond syntax, the grammar keeps a job to what the probe checks without running it (metarl/probe/job.py):
+    only the context's allowed models; group_size dividing batch_size; max_steps x batch_size x max_tokens
+    within the context's rollout bound (steps and batch keep room for the smallest choices after them);
+    and a positive weight on at least one component that rewards (not only PENALTY_COMPONENTS; the local
+    trainer's rule, stricter than the schema's). The dataset's size and difficulty are moved into the task's
+    range when the job is rendered (`render_job_toml`).
     """
 
     phase: int = 0
     last_component: int = -1
+    steps: int = DEFAULT_MAX_STEPS
+    batch: int = DEFAULT_BATCH_SIZE
+    positive: bool = False
+    rules: ContextRules = field(default_factory=ContextRules)
 
     @property
     def complete(self) -> bool:
@@ -198,19 +242,7 @@ class GrammarState:
 
     def allowed(self) -> tuple[int, ...]:
         """Token ids allowed next (empty once the job is complete)."""
-        if self.phase < len(_SLOT_SEQUENCE):
-            return _SLOT_IDS[self.phase]
-        if self.phase == 8:
-            return (_REWARD_DEFAULT_ID,) + _COMPONENT_IDS
-        if self.phase == 9:
-            return _WEIGHT_IDS
-        if self.phase == 10:
-            return _COMPONENT_IDS[self.last_component + 1 :] + (_REWARD_END_ID,)
-        if self.phase in (11, 12):
-            return _DATASET_IDS[self.phase - 11]
-        if self.phase == 13:
-            return (END_ID,)
-        return ()
+        return _allowed(self)
 
     def advance(self, token: int) -> GrammarState:
         """The state after `token` (raises ValueError when the grammar does not allow it)."""
@@ -218,44 +250,78 @@ class GrammarState:
             where = "after the end of the job" if self.complete else f"in phase {self.phase}"
             raise ValueError(f"token {VOCAB[token] if 0 <= token < VOCAB_SIZE else token!r} is not allowed {where}")
         if self.phase < 8:
-            return GrammarState(self.phase + 1)
+            update: dict[str, Any] = {"phase": self.phase + 1}
+            if self.phase in (_STEPS, _BATCH):
+                value = dict(_SLOT_CHOICES[self.phase])[token]
+                update["steps" if self.phase == _STEPS else "batch"] = value
+            return replace(self, **update)
         if self.phase == 8:
             if token == _REWARD_DEFAULT_ID:
-                return GrammarState(11)
-            return GrammarState(9, _COMPONENT_IDS.index(token))
+                return replace(self, phase=11)
+            return replace(self, phase=9, last_component=_COMPONENT_IDS.index(token))
         if self.phase == 9:
-            return GrammarState(10, self.last_component)
+            rewarding = _REWARDING[self.last_component] and REWARD_WEIGHTS[_WEIGHT_IDS.index(token)] > 0
+            return replace(self, phase=10, positive=self.positive or rewarding)
         if self.phase == 10:
             if token == _REWARD_END_ID:
-                return GrammarState(11)
-            return GrammarState(9, _COMPONENT_IDS.index(token))
-        return GrammarState(self.phase + 1)
+                return replace(self, phase=11)
+            return replace(self, phase=9, last_component=_COMPONENT_IDS.index(token))
+        return replace(self, phase=self.phase + 1)
 
 
-ALL_STATES: tuple[GrammarState, ...] = (
-    tuple(GrammarState(phase) for phase in range(9))
-    + tuple(GrammarState(phase, c) for phase in (9, 10) for c in range(len(REWARD_COMPONENTS)))
-    + tuple(GrammarState(phase) for phase in (11, 12, 13, 14))
-)
-"""Every state the grammar can be in (for precomputed mask tables)."""
-STATE_INDEX = {state: index for index, state in enumerate(ALL_STATES)}
+@lru_cache(maxsize=8192)
+def _allowed(state: GrammarState) -> tuple[int, ...]:
+    phase, bound = state.phase, state.rules.rollout_bound
+    if phase == 0:
+        allowed_models = tuple(TOKEN_ID[MODEL_SLOT.token(name)] for name in MODELS if name in state.rules.models)
+        return allowed_models or _SLOT_IDS[0]
+    if phase == _STEPS and bound is not None:
+        return _within(_SLOT_CHOICES[_STEPS], lambda steps: steps * _SMALLEST[_BATCH] * _SMALLEST[_MAXTOK] <= bound)
+    if phase == _BATCH and bound is not None:
+        return _within(_SLOT_CHOICES[_BATCH], lambda batch: state.steps * batch * _SMALLEST[_MAXTOK] <= bound)
+    if phase == _GROUP:
+        return _within(_SLOT_CHOICES[_GROUP], lambda group: state.batch % group == 0)
+    if phase == _MAXTOK and bound is not None:
+        return _within(_SLOT_CHOICES[_MAXTOK], lambda tokens: state.steps * state.batch * tokens <= bound)
+    if phase < len(_SLOT_SEQUENCE):
+        return _SLOT_IDS[phase]
+    if phase == 8:
+        return (_REWARD_DEFAULT_ID,) + _COMPONENT_IDS[: _LAST_REWARDING + 1]
+    if phase == 9:
+        must_reward = not state.positive and state.last_component == _LAST_REWARDING
+        return _POSITIVE_WEIGHT_IDS if must_reward else _WEIGHT_IDS
+    if phase == 10:
+        if state.positive:
+            return _COMPONENT_IDS[state.last_component + 1 :] + (_REWARD_END_ID,)
+        return _COMPONENT_IDS[state.last_component + 1 : _LAST_REWARDING + 1]
+    if phase in (11, 12):
+        return _DATASET_IDS[phase - 11]
+    if phase == 13:
+        return (END_ID,)
+    return ()
 
 
-def grammar_state(job_tokens: Sequence[int]) -> GrammarState:
-    state = GrammarState()
+def context_rules(context: Sequence[int]) -> ContextRules:
+    """The grammar's rules from a context's limit tokens (the tokens before and including `<sep>`)."""
+    return rules_from_context([VOCAB[int(token)] for token in context if 0 <= int(token) < VOCAB_SIZE])
+
+
+def grammar_state(job_tokens: Sequence[int], rules: ContextRules | None = None) -> GrammarState:
+    """The state after a job prefix, under a context's rules (none: only the rules every job keeps)."""
+    state = GrammarState(rules=rules or ContextRules())
     for token in job_tokens:
         state = state.advance(int(token))
     return state
 
 
-def allowed_next(job_tokens: Sequence[int]) -> tuple[int, ...]:
+def allowed_next(job_tokens: Sequence[int], rules: ContextRules | None = None) -> tuple[int, ...]:
     """Token ids the grammar allows after a job prefix (the tokens after `<sep>`); empty when complete."""
-    return grammar_state(job_tokens).allowed()
+    return grammar_state(job_tokens, rules).allowed()
 
 
-def is_complete(job_tokens: Sequence[int]) -> bool:
+def is_complete(job_tokens: Sequence[int], rules: ContextRules | None = None) -> bool:
     try:
-        return grammar_state(job_tokens).complete
+        return grammar_state(job_tokens, rules).complete
     except ValueError:
         return False
 
@@ -319,24 +385,27 @@ def feedback_tokens(feedback: Sequence[FieldProblem]) -> list[int]:
     return [TOKEN_ID[f"fb={kind}"] for kind in FEEDBACK_KINDS if kind in kinds]
 
 
-def context_tokens(features: FamilyFeatures, attempt: int = 1, feedback: Sequence[FieldProblem] = ()) -> list[int]:
-    """The conditioning prompt: `<bos> <feature tokens> attempt=N fb=... <sep>`."""
+def context_tokens(features: FamilyFeatures, attempt: int = 1, feedback: Sequence[FieldProblem] = (), limits: JobLimits | None = None) -> list[int]:
+    """The conditioning prompt: `<bos> <feature tokens> <limit tokens> attempt=N fb=... <sep>` (no limit tokens when `limits` is None)."""
     if attempt < 1:
         raise ValueError(f"attempt is {attempt}; attempts count from 1")
     attempt_token = f"attempt={min(attempt, MAX_ATTEMPT_TOKEN)}"
-    return [BOS_ID] + token_ids(feature_tokens(features)) + [TOKEN_ID[attempt_token]] + feedback_tokens(feedback) + [SEP_ID]
+    limit_part = token_ids(limit_tokens(limits)) if limits is not None else []
+    return [BOS_ID] + token_ids(feature_tokens(features)) + limit_part + [TOKEN_ID[attempt_token]] + feedback_tokens(feedback) + [SEP_ID]
 
 
-def context_for_task(task: Any, attempt: int = 1, feedback: Sequence[FieldProblem] = ()) -> list[int]:
-    """The context of a `TaskSpec` (features from `metarl.policy.task_features.task_features`)."""
+def context_for_task(task: Any, attempt: int = 1, feedback: Sequence[FieldProblem] = (), train_seconds: float | None = None) -> list[int]:
+    """The context of a `TaskSpec`: its features (`metarl.policy.task_features.task_features`) and its limits at `train_seconds`
+    (default: the task's CPU cap)."""
+    from metarl.policy.job_limits import job_limits
     from metarl.policy.task_features import task_features
 
-    return context_tokens(task_features(task), attempt, feedback)
+    return context_tokens(task_features(task), attempt, feedback, job_limits(task, train_seconds))
 
 
 def context_for_episode(ctx: Any) -> list[int]:
-    """The context of an `EpisodeContext` (its task's features, probe attempt, feedback of the previous attempt)."""
-    return context_for_task(ctx.task, ctx.probe_attempt, ctx.feedback)
+    """The context of an `EpisodeContext` (its task's features and limits at its training-time cap, probe attempt, feedback of the previous attempt)."""
+    return context_for_task(ctx.task, ctx.probe_attempt, ctx.feedback, ctx.train_seconds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,8 +424,9 @@ class JobChoice:
     difficulty: float | None
     explicit: int = field(default=0)  # how many of the 7 tunables are set explicitly
 
-    def to_dict(self, seed: int | None = None) -> dict[str, Any]:
-        """The job.toml mapping (defaults left out, as a trainer agent would write it)."""
+    def to_dict(self, seed: int | None = None, limits: JobLimits | None = None) -> dict[str, Any]:
+        """The job.toml mapping (defaults left out, as a trainer agent would write it); with `limits`, the dataset's
+        size and difficulty (a default one too) moved into the task's range."""
         data: dict[str, Any] = {"model": {"name": self.model}}
         for path, value in self.hyperparameters.items():
             if value is not None:
@@ -367,13 +437,28 @@ class JobChoice:
         if self.reward is not None:
             data["reward"] = {"components": dict(self.reward)}
         dataset: dict[str, float] = {}
-        if self.dataset_size is not None:
-            dataset["size"] = self.dataset_size
-        if self.difficulty is not None:
-            dataset["difficulty"] = self.difficulty
+        size, difficulty = self.dataset_size, self.difficulty
+        if limits is not None:
+            size = _fitted(size, JOB_DATASET_SIZE, limits.dataset_size)
+            difficulty = _fitted(difficulty, JOB_DIFFICULTY, limits.difficulty)
+        if size is not None:
+            dataset["size"] = size
+        if difficulty is not None:
+            dataset["difficulty"] = difficulty
         if dataset:
             data["dataset"] = dataset
         return data
+
+
+JOB_DATASET_SIZE: int = JobDataset.model_fields["size"].default
+JOB_DIFFICULTY: float = JobDataset.model_fields["difficulty"].default
+
+
+def _fitted(value: Any, default: Any, fit: Callable[[Any], Any]) -> Any:
+    """`value` (None: the default) moved into range by `fit`; None still when the default already lies in range."""
+    actual = default if value is None else value
+    fitted = fit(actual)
+    return value if fitted == actual else fitted
 
 
 def _slot_value(slot: Slot, token: int) -> Any:
@@ -413,13 +498,14 @@ def _job_part(tokens: Sequence[int]) -> list[int]:
     return split_sequence(tokens)[1] if SEP_ID in tokens else tokens
 
 
-def render_job_toml(tokens: Sequence[int], seed: int | None = None) -> str:
-    """The job.toml text of a job sequence (a full sequence with its context, or only the job part).
+def render_job_toml(tokens: Sequence[int], seed: int | None = None, limits: JobLimits | None = None) -> str:
+    """The job.toml text of a job sequence (a full sequence with its context, or only the job part); with `limits`,
+    its dataset size and difficulty are moved into the task's range (JobChoice.to_dict).
 
     A job the schema accepts is written through `JobSpec` and `dump_toml_model`; one the schema
     rejects (e.g. no positive reward weight) is written as raw TOML so the probe sees and reports it.
     """
-    data = decode_job(_job_part(tokens)).to_dict(seed=seed)
+    data = decode_job(_job_part(tokens)).to_dict(seed=seed, limits=limits)
     try:
         return dump_toml_model(JobSpec.model_validate(data))
     except ValidationError:

@@ -13,16 +13,19 @@ State is saved as tensors and plain values only (`torch.save`, loaded with `weig
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from metarl.policy import job_language as jl
+from metarl.policy.job_limits import JobLimits
 
 STATE_FORMAT = "metarl-local-policy-v1"
 
@@ -57,9 +60,9 @@ class SampledJob:
     def job_tokens(self) -> list[int]:
         return self.tokens[self.prompt_length :]
 
-    def render(self, seed: int | None = None) -> str:
-        """The job.toml text of this sample."""
-        return jl.render_job_toml(self.job_tokens, seed=seed)
+    def render(self, seed: int | None = None, limits: JobLimits | None = None) -> str:
+        """The job.toml text of this sample (its dataset moved into `limits` when given)."""
+        return jl.render_job_toml(self.job_tokens, seed=seed, limits=limits)
 
 
 class _Net(nn.Module):
@@ -70,14 +73,27 @@ class _Net(nn.Module):
         self.head = nn.Linear(config.hidden_dim, jl.VOCAB_SIZE)
 
 
+@lru_cache(maxsize=8192)
 def _state_mask(state: jl.GrammarState) -> torch.Tensor:
+    """Allowed tokens of a grammar state (a complete job allows only padding); cached, never written to."""
     mask = torch.zeros(jl.VOCAB_SIZE, dtype=torch.bool)
     mask[list(state.allowed()) if not state.complete else [jl.PAD_ID]] = True
     return mask
 
 
-_MASK_TABLE = torch.stack([_state_mask(state) for state in jl.ALL_STATES])
-"""Allowed tokens per grammar state (a complete job allows only padding)."""
+def mixed_logprobs(logits: torch.Tensor, masks: torch.Tensor, floor: float) -> torch.Tensor:
+    """Log-probabilities of softmax(logits) over the allowed tokens, mixed with `floor` of the uniform over them.
+
+    The exploration floor: every allowed token keeps at least floor / (allowed tokens) of probability,
+    whatever the weights say. Disallowed tokens get -inf. floor 0 is the plain masked softmax.
+    """
+    logprobs = torch.log_softmax(logits.masked_fill(~masks, float("-inf")), dim=-1)
+    if floor <= 0.0:
+        return logprobs
+    uniform = -torch.log(masks.sum(dim=-1, keepdim=True).clamp(min=1).float())
+    finite = torch.where(masks, logprobs, torch.zeros_like(logprobs))  # no -inf into logaddexp: its gradient there is NaN
+    mixed = torch.logaddexp(finite + math.log1p(-floor), uniform + math.log(floor))
+    return mixed.masked_fill(~masks, float("-inf"))
 
 
 def grammar_masks(full_tokens: Sequence[int], n_targets: int) -> torch.Tensor:
@@ -90,9 +106,9 @@ def grammar_masks(full_tokens: Sequence[int], n_targets: int) -> torch.Tensor:
     if jl.SEP_ID not in tokens:
         return masks
     sep = tokens.index(jl.SEP_ID)
-    state = jl.GrammarState()
+    state = jl.GrammarState(rules=jl.context_rules(tokens[: sep + 1]))
     for position in range(sep + 1, min(len(tokens), n_targets + 1)):
-        masks[position - 1] = _MASK_TABLE[jl.STATE_INDEX[state]]
+        masks[position - 1] = _state_mask(state)
         state = state.advance(tokens[position])
     return masks
 
@@ -143,8 +159,8 @@ class LocalPolicy:
         return hidden[0], hidden
 
     @torch.no_grad()
-    def sample_batch(self, contexts: Sequence[Sequence[int]], seeds: Sequence[int], temperature: float = 1.0) -> list[SampledJob]:
-        """One grammatical job per context; row i is deterministic given seeds[i]."""
+    def sample_batch(self, contexts: Sequence[Sequence[int]], seeds: Sequence[int], temperature: float = 1.0, floor: float = 0.0) -> list[SampledJob]:
+        """One grammatical job per context; row i is deterministic given seeds[i]. `floor` is the exploration floor (`mixed_logprobs`)."""
         if len(contexts) != len(seeds):
             raise ValueError("one seed per context")
         if not temperature > 0:
@@ -158,15 +174,14 @@ class LocalPolicy:
         # only on its seed (and the weights), never on the other rows of the batch.
         uniforms = torch.stack([torch.rand(jl.MAX_JOB_LENGTH, generator=torch.Generator().manual_seed(int(seed) % 2**63)) for seed in seeds])
         output, hidden = self._encode_contexts(contexts)
-        states = [jl.GrammarState() for _ in contexts]
+        states = [jl.GrammarState(rules=jl.context_rules(context)) for context in contexts]
         jobs: list[list[int]] = [[] for _ in contexts]
         logps: list[list[float]] = [[] for _ in contexts]
         for step in range(jl.MAX_JOB_LENGTH):
             if all(state.complete for state in states):
                 break
-            masks = _MASK_TABLE[torch.tensor([jl.STATE_INDEX[state] for state in states])]
-            logits = (self.net.head(output) / temperature).masked_fill(~masks, float("-inf"))
-            logprobs = torch.log_softmax(logits, dim=-1)
+            masks = torch.stack([_state_mask(state) for state in states])
+            logprobs = mixed_logprobs(self.net.head(output) / temperature, masks, floor)
             cdf = torch.cumsum(logprobs.exp(), dim=-1)
             u = uniforms[:, step : step + 1] * cdf[:, -1:]
             picked = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=jl.VOCAB_SIZE - 1)
@@ -193,18 +208,20 @@ class LocalPolicy:
             for context, job, lp in zip(contexts, jobs, logps)
         ]
 
-    def sample(self, context_tokens: Sequence[int], seed: int, temperature: float = 1.0) -> SampledJob:
+    def sample(self, context_tokens: Sequence[int], seed: int, temperature: float = 1.0, floor: float = 0.0) -> SampledJob:
         """One grammatical job for a context, deterministic given the seed."""
-        return self.sample_batch([context_tokens], [seed], temperature)[0]
+        return self.sample_batch([context_tokens], [seed], temperature, floor)[0]
 
     # -- training --------------------------------------------------------------------------------
 
-    def target_logprobs(self, inputs: torch.Tensor, targets: torch.Tensor, lengths: Sequence[int], temperature: float = 1.0) -> torch.Tensor:
+    def target_logprobs(
+        self, inputs: torch.Tensor, targets: torch.Tensor, lengths: Sequence[int], temperature: float = 1.0, floor: float = 0.0
+    ) -> torch.Tensor:
         """Log-probabilities [B, T] of `targets` given `inputs` (Tinker's model_input/target_tokens layout).
 
         Row b holds `lengths[b]` valid positions (right padding). Targets that are job tokens
-        (after `<sep>`) are scored under the grammar mask, as they were sampled; prompt targets
-        are scored unmasked (they carry advantage 0). Padding positions return 0.
+        (after `<sep>`) are scored under the grammar mask and exploration floor, as they were sampled;
+        prompt targets are scored unmasked (they carry advantage 0). Padding positions return 0.
         """
         if inputs.shape != targets.shape or inputs.dim() != 2:
             raise ValueError("inputs and targets must both be [batch, time]")
@@ -219,19 +236,21 @@ class LocalPolicy:
             masks[row, :length] = grammar_masks(full, length)
             valid[row, :length] = True
         output, _ = self.net.gru(self.net.embed(inputs.clamp(0, jl.VOCAB_SIZE - 1)))
-        logits = (self.net.head(output) / temperature).masked_fill(~masks, float("-inf"))
-        logprobs = torch.log_softmax(logits, dim=-1)
+        job_positions = ~masks.all(dim=-1, keepdim=True)
+        logits = self.net.head(output) / temperature
+        plain = torch.log_softmax(logits.masked_fill(~masks, float("-inf")), dim=-1)
+        logprobs = torch.where(job_positions, mixed_logprobs(logits, masks, floor), plain) if floor > 0.0 else plain
         picked = logprobs.gather(-1, targets.clamp(0, jl.VOCAB_SIZE - 1).unsqueeze(-1)).squeeze(-1)
         return torch.where(valid, picked, torch.zeros_like(picked))
 
-    def logprobs(self, context_tokens: Sequence[int], job_tokens: Sequence[int], temperature: float = 1.0) -> torch.Tensor:
+    def logprobs(self, context_tokens: Sequence[int], job_tokens: Sequence[int], temperature: float = 1.0, floor: float = 0.0) -> torch.Tensor:
         """Log-probabilities [len(job_tokens)] of a job given its context (differentiable)."""
         full = [int(t) for t in context_tokens] + [int(t) for t in job_tokens]
         if not job_tokens:
             return torch.zeros(0)
         inputs = torch.tensor([full[:-1]], dtype=torch.long)
         targets = torch.tensor([full[1:]], dtype=torch.long)
-        out = self.target_logprobs(inputs, targets, [len(full) - 1], temperature)[0]
+        out = self.target_logprobs(inputs, targets, [len(full) - 1], temperature, floor)[0]
         return out[len(context_tokens) - 1 :]
 
     # -- state -----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from metarl.domain.reward import RewardInputs, compute_reward
+from metarl.domain.time_caps import group_time_cap
 from metarl.domain.transitions import TERMINAL_STAGES, Transition
 from metarl.interfaces import CostItem, EpisodeContext
 from metarl.store.claims import FINISH_SET, STAGE_CLAIMS, Claim, claim_ctes, claim_params, finish_params, stage_claim_of, stage_key
@@ -61,6 +62,8 @@ class StageRow:
     passed: bool | None = None
     agent_tokens: int = 0
     inner_job: InnerJobRow | None = None
+    group_id: int = 0
+    """The episode's group (its training-time cap is drawn per group: `metarl.domain.time_caps`)."""
 
     @property
     def passed_attempt_and_tokens(self) -> tuple[int | None, int]:
@@ -73,7 +76,7 @@ class StageRow:
 STAGE_ROW_SQL = f"""
 SELECT e.id, e.run_id, r.status, e.stage, e.probe_attempt, e.task_id, e.policy_version,
        pv.state_uri, cur.workspace_uri, cur.job_toml, prev.errors, r.config, r.task_specs -> e.task_id, cur.passed,
-       (SELECT coalesce(sum(a.agent_tokens), 0) FROM probe_attempts a WHERE a.episode_id = e.id AND a.attempt <= e.probe_attempt),
+       (SELECT coalesce(sum(a.agent_tokens), 0) FROM probe_attempts a WHERE a.episode_id = e.id AND a.attempt <= e.probe_attempt), e.group_id,
        {", ".join(f"ij.{column} AS inner_{column}" for column in INNER_JOB_COLUMNS)}
 FROM episodes e
 JOIN runs r ON r.id = e.run_id
@@ -128,8 +131,10 @@ def open_groups(session: SqlTarget, *, run_id: str, task_ids: Sequence[str], pol
 
 def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
     """A StageRow from the columns of STAGE_ROW_SQL."""
-    (eid, run_id, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, config, task_spec, passed, tokens) = columns[:15]
-    inner_job = inner_job_row(columns[15:])
+    (eid, run_id, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, config, task_spec, passed, tokens, group_id) = (
+        columns[:16]
+    )
+    inner_job = inner_job_row(columns[16:])
     return StageRow(
         eid,
         run_id,
@@ -147,6 +152,7 @@ def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
         passed,
         int(tokens),
         inner_job,
+        int(group_id),
     )
 
 
@@ -166,8 +172,11 @@ def stage_row_and_claim(
 
 
 def config_and_task(row: StageRow) -> tuple[RunConfig, TaskSpec]:
-    """The run's config and the episode's task spec, validated from what the stage row read (pure)."""
-    return stored_run_config(row.run_config), TaskSpec.model_validate(row.task_spec)
+    """The run's config and the episode's task spec, validated from what the stage row read, at its group's training-time cap (pure)."""
+    config = stored_run_config(row.run_config)
+    task = TaskSpec.model_validate(row.task_spec)
+    cap = group_time_cap(config.run.episode_train_seconds, config.run.seed, row.group_id)
+    return config, task if cap is None else task.with_train_seconds(cap, config.backends.train.trains_on_gpu)
 
 
 def stage_context(row: StageRow, config: RunConfig, task: TaskSpec) -> EpisodeContext:

@@ -11,6 +11,7 @@ import pytest
 from metarl.backends.local.train import REWARD_COMPONENTS as LOCAL_REWARD_COMPONENTS
 from metarl.backends.local.train import local_compile_problems
 from metarl.policy import job_language as jl
+from metarl.policy.job_limits import job_limits
 from metarl.probe.job import probe_job_text
 from schemas.base import FieldProblem, load_toml_model
 from schemas.job import JobSpec
@@ -42,7 +43,7 @@ def random_walk(rng: random.Random) -> list[int]:
 
 
 def test_vocabulary_is_fixed_small_and_covers_models_features_and_rewards():
-    assert jl.VOCAB_SIZE == len(set(jl.VOCAB)) < 160
+    assert jl.VOCAB_SIZE == len(set(jl.VOCAB)) < 200
     assert jl.VOCAB[:4] == ("<pad>", "<bos>", "<sep>", "<end>")
     assert set(jl.MODELS) == set(KNOWN_BASE_MODELS)
     assert set(jl.REWARD_COMPONENTS) == set(LOCAL_REWARD_COMPONENTS)
@@ -127,31 +128,69 @@ TAIL = "reward=default data=default diff=default <end>"
 
 
 @pytest.mark.parametrize(
-    ("hyper", "field"),
+    ("prefix", "refused"),
     [
         # 12 is not divisible by the default group_size 8
-        ("lr=default steps=default batch=12 group=default", "training.batch_size"),
-        ("lr=default steps=default batch=8 group=16", "training.batch_size"),
-        # 1000 x 256 x 16 rollout tokens is over the task budget of 2M
-        ("lr=default steps=1000 batch=256 group=default", "training.max_steps"),
+        ("model=Qwen/Qwen3-0.6B lr=default steps=default batch=12", "group=default"),
+        ("model=Qwen/Qwen3-0.6B lr=default steps=default batch=8", "group=16"),
+        # a reward table must hold a positive weight before it ends
+        (f"{BASE} rw=correctness w=0.0 rw=exact w=-1.0", "reward=end"),
+        (f"{BASE} rw=exact w=0.0", "rw=length_penalty"),
+        (f"{BASE} rw=format", "w=0.0"),
     ],
 )
-def test_semantically_invalid_jobs_stay_expressible(hyper, field):
-    tokens = job(f"model=Qwen/Qwen3-0.6B {hyper} kl=default temp=default maxtok=default {TAIL}")
-    verdict = probe(tokens)
+def test_the_grammar_refuses_what_the_probe_would_refuse(prefix, refused):
+    assert jl.TOKEN_ID[refused] not in jl.allowed_next(job(prefix))
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("[training]\nbatch_size = 12\n", "training.batch_size"),
+        ("[training]\nbatch_size = 8\ngroup_size = 16\n", "training.batch_size"),
+        ("[training]\nmax_steps = 1000\nbatch_size = 256\n", "training.max_steps"),
+        ("[reward.components]\ncorrectness = 0.0\nformat = -1.0\n", "reward"),
+        ("[dataset]\nsize = 32\n", "dataset.size"),
+    ],
+)
+def test_the_probe_still_refuses_the_same_jobs_written_by_hand(text, field):
+    verdict = probe_job_text(f'[model]\nname = "Qwen/Qwen3-0.6B"\n{text}', TASK)
     assert not verdict.passed
-    assert field in {problem.field for problem in verdict.errors}
+    assert any(problem.field.startswith(field) for problem in verdict.errors), verdict.errors
 
 
-def test_schema_invalid_jobs_render_as_raw_toml_for_the_probe_to_reject():
-    no_positive_weight = job(f"{BASE} rw=correctness w=0.0 rw=format w=-1.0 reward=end data=default diff=default <end>")
-    text = jl.render_job_toml(no_positive_weight)
-    assert tomllib.loads(text)["reward"]["components"] == {"correctness": 0.0, "format": -1.0}
-    verdict = probe(no_positive_weight)
-    assert not verdict.passed and [jl.feedback_kind(p.field) for p in verdict.errors] == ["reward"]
-    too_small = job(f"{BASE} reward=default data=32 diff=default <end>")
-    verdict = probe(too_small)
-    assert not verdict.passed and {p.field for p in verdict.errors} == {"dataset.size"}
+def tight_task(base: TaskSpec) -> TaskSpec:
+    """A task with narrow limits: the small model only, a 40,000-token rollout budget, 100-500 items, difficulty 0.3-0.6."""
+    return base.model_copy(
+        update={
+            "budget": base.budget.model_copy(update={"max_rollout_tokens": 40_000, "allowed_models": ["Qwen/Qwen3-0.6B"]}),
+            "data": base.data.model_copy(update={"min_dataset_size": 100, "max_dataset_size": 500, "difficulty_range": (0.3, 0.6)}),
+        }
+    )
+
+
+@pytest.mark.parametrize("spec", sorted(path.name for path in (REPO / "tasks_specs").glob("*.toml")) + ["tight"])
+def test_every_job_the_grammar_allows_under_a_tasks_context_passes_the_probes_checks(spec):
+    task = tight_task(TASK) if spec == "tight" else load_toml_model(TaskSpec, REPO / "tasks_specs" / spec)
+    limits = job_limits(task)
+    rules = jl.context_rules(jl.context_for_task(task))
+    rng = random.Random(spec)
+    for _ in range(300):
+        tokens: list[int] = []
+        while allowed := jl.allowed_next(tokens, rules):
+            tokens.append(rng.choice(allowed))
+        verdict = probe_job_text(jl.render_job_toml(tokens, seed=1, limits=limits), task)
+        assert verdict.passed, (jl.format_tokens(tokens), verdict.errors)
+
+
+def test_the_dataset_is_moved_into_the_tasks_range_when_rendered():
+    limits = job_limits(tight_task(TASK))
+    small = tomllib.loads(jl.render_job_toml(job(f"{BASE} reward=default data=32 diff=0.0 <end>"), limits=limits))
+    assert (small["dataset"]["size"], small["dataset"]["difficulty"]) == (100, 0.3)
+    default = tomllib.loads(jl.render_job_toml(job(DEFAULT_JOB), limits=limits))
+    assert default["dataset"]["size"] == 500 and default["dataset"]["difficulty"] == 0.5
+    inside = tomllib.loads(jl.render_job_toml(job(DEFAULT_JOB), limits=job_limits(TASK)))
+    assert (inside["dataset"]["size"], inside["dataset"]["difficulty"]) == (1000, 0.5)  # JobSpec writes the defaults out
 
 
 def test_feedback_fields_map_to_feedback_tokens():
@@ -179,18 +218,24 @@ def test_feedback_fields_map_to_feedback_tokens():
 CAESAR = load_toml_model(TaskSpec, REPO / "tasks_specs" / "caesar.toml")
 FEATURES = "ans=digits alen<=4 plen<=16 grader=4 dlo=0.0 dhi=1.0 desc=7"
 """The feature tokens of tasks_specs/addition.toml."""
+LIMITS = "time<=90 rbud=2^20 allow=Qwen/Qwen3-0.6B allow=Qwen/Qwen3-1.7B dmin>=64 dmax<=20000"
+"""Its limit tokens at its 60 s CPU cap (2,000,000 rollout tokens: 2^20 is the largest power of two below)."""
 
 
 def test_context_tokens_hold_features_attempt_and_deduplicated_feedback():
-    assert jl.format_tokens(jl.context_for_task(CAESAR)) == "<bos> ans=letters alen<=4 plen<=16 grader=7 dlo=0.0 dhi=1.0 desc=2 attempt=1 fb=none <sep>"
+    assert (
+        jl.format_tokens(jl.context_for_task(CAESAR)) == f"<bos> ans=letters alen<=4 plen<=16 grader=7 dlo=0.0 dhi=1.0 desc=2 {LIMITS} attempt=1 fb=none <sep>"
+    )
     feedback = [
         FieldProblem(field="training.batch_size", message="m", fix="f"),
         FieldProblem(field="model.name", message="m", fix="f"),
         FieldProblem(field="(local trainer) batch_size", message="m", fix="f"),
     ]
     text = jl.format_tokens(jl.context_for_task(TASK, 9, feedback))
-    assert text == f"<bos> {FEATURES} attempt=5 fb=model fb=batch_size <sep>"
-    assert len(jl.context_for_task(TASK, 2, [FieldProblem(field=f"x{i}", message="m", fix="f") for i in range(200)])) == 11
+    assert text == f"<bos> {FEATURES} {LIMITS} attempt=5 fb=model fb=batch_size <sep>"
+    assert len(jl.context_for_task(TASK, 2, [FieldProblem(field=f"x{i}", message="m", fix="f") for i in range(200)])) == 17
+    short = jl.format_tokens(jl.context_for_task(tight_task(TASK), train_seconds=20))
+    assert "time<=30 rbud=2^15 allow=Qwen/Qwen3-0.6B dmin>=64 dmax<=1000 attempt=1" in short
     with pytest.raises(ValueError):
         jl.context_for_task(TASK, 0)
 
@@ -221,4 +266,4 @@ def test_context_for_episode_reads_an_episode_context():
         feedback=[FieldProblem(field="dataset.size", message="m", fix="f")],
         artifacts_root="/tmp/x",
     )
-    assert jl.format_tokens(jl.context_for_episode(ctx)) == f"<bos> {FEATURES} attempt=2 fb=dataset_size <sep>"
+    assert jl.format_tokens(jl.context_for_episode(ctx)) == f"<bos> {FEATURES} {LIMITS} attempt=2 fb=dataset_size <sep>"

@@ -95,3 +95,32 @@ def test_the_config_and_task_are_validated_from_what_the_row_read() -> None:
     assert config_and_task(stored) == (config, specs["addition"])
     with pytest.raises(pydantic.ValidationError):
         config_and_task(dataclasses.replace(stored, task_spec={"id": "addition"}))
+
+
+def test_a_groups_episodes_share_a_training_time_cap_drawn_from_the_run_configs_choices(tmp_path) -> None:
+    import dataclasses
+
+    config, specs = load_run(REPO / "examples" / "local.toml")
+    stored = config.model_dump(mode="json")
+    stored["run"]["episode_train_seconds"] = [20.0, 60.0]
+    base = dataclasses.replace(row(1, None), run_config=stored, task_spec=specs["addition"].model_dump(mode="json"))
+    caps = {group: config_and_task(dataclasses.replace(base, group_id=group))[1].budget.max_train_seconds for group in range(1, 41)}
+    assert set(caps.values()) == {20.0, 60.0}
+    assert config_and_task(dataclasses.replace(base, group_id=7, episode_id=99))[1].budget.max_train_seconds == caps[7]
+    ctx = stage_context(base, *config_and_task(base))
+    assert ctx.train_seconds in (20.0, 60.0)
+    stored["run"]["episode_train_seconds"] = []
+    assert config_and_task(base)[1].budget.max_train_seconds == specs["addition"].budget.max_train_seconds
+
+
+def test_a_time_cap_above_a_tasks_own_is_refused_at_load_naming_the_entry(tmp_path) -> None:
+    from schemas.base import ConfigError
+
+    text = (REPO / "examples" / "local.toml").read_text().replace("max_outer_steps = 40", "max_outer_steps = 40\nepisode_train_seconds = [20, 90]")
+    text = text.replace('task_specs_dir = "../tasks_specs"', f'task_specs_dir = "{REPO / "tasks_specs"}"')
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_run(path)
+    [problem] = caught.value.problems
+    assert problem.field == "run.episode_train_seconds.1" and "60" in problem.fix

@@ -22,6 +22,7 @@ from bench.versus_search import (
     RandomProposer,
     TpeProposer,
     default_plan,
+    fitted_point,
     job_description,
     job_seed,
     point_tokens,
@@ -263,7 +264,9 @@ def test_every_point_is_a_complete_job_that_decodes_to_its_choices() -> None:
     rng = random.Random(0)
     space = search_space()
     for _ in range(300):
-        point = {dimension.name: rng.choice(dimension.choices) for dimension in space}
+        drawn = {dimension.name: rng.choice(dimension.choices) for dimension in space}
+        point = fitted_point(drawn, jl.ContextRules())
+        assert {name for name in point if point[name] != drawn[name]} <= {"training.group_size", "reward.correctness"}
         tokens = point_tokens(point)
         assert jl.is_complete(tokens)
         choice = jl.decode_job(tokens)
@@ -280,14 +283,42 @@ def test_every_point_is_a_complete_job_that_decodes_to_its_choices() -> None:
 
 def test_random_and_tpe_write_on_grid_jobs_that_the_probe_judges() -> None:
     spec = task("addition")
-    for proposer in (RandomProposer("addition", 0), TpeProposer("addition", 0)):
-        for index in range(1, 7):
-            text = proposer.propose(index)
-            assert jl.parse_job_toml(text), "the job is expressible in the job language"
-            verdict = probe_job_text(text, spec, (local_compile_problems,))
-            proposer.observe(verdict, 0.3 if verdict.passed else None)
-    again = RandomProposer("addition", 0)
-    assert again.propose(1) == RandomProposer("addition", 0).propose(1)
+    narrow = spec.model_copy(
+        update={
+            "budget": spec.budget.model_copy(update={"max_rollout_tokens": 30_000, "allowed_models": ["Qwen/Qwen3-0.6B"]}),
+            "data": spec.data.model_copy(update={"min_dataset_size": 300, "max_dataset_size": 3000, "difficulty_range": (0.2, 0.4)}),
+        }
+    )
+    for limited in (spec, narrow):
+        for proposer in (RandomProposer(limited, "addition", 0), TpeProposer(limited, "addition", 0)):
+            for index in range(1, 13):
+                text = proposer.propose(index)
+                if limited is spec:
+                    assert jl.parse_job_toml(text), "the job is expressible in the job language"
+                verdict = probe_job_text(text, limited, (local_compile_problems,))
+                assert verdict.passed, verdict.errors  # no job spent on a value the probe must refuse
+                proposer.observe(verdict, 0.3)
+    again = RandomProposer(spec, "addition", 0)
+    assert again.propose(1) == RandomProposer(spec, "addition", 0).propose(1)
+
+
+def test_a_fitted_point_keeps_to_the_rollout_budget_and_models_by_the_nearest_choices() -> None:
+    space = {dimension.name: dimension.choices[0] for dimension in search_space()}
+    point = {
+        **space,
+        "model.name": "model=Qwen/Qwen3-1.7B",
+        "training.max_steps": "steps=1000",
+        "training.batch_size": "batch=256",
+        "rollout.max_tokens": "maxtok=64",
+        "reward.format": "w=-1.0",
+    }
+    rules = jl.ContextRules(models=frozenset({"Qwen/Qwen3-0.6B"}), rollout_bound=2**15)
+    fitted = fitted_point(point, rules)
+    assert fitted["model.name"] == "model=Qwen/Qwen3-0.6B"
+    choice = jl.decode_job(point_tokens(fitted))
+    hyper = choice.hyperparameters
+    assert (hyper["training.max_steps"] or 40) * (hyper["training.batch_size"] or 64) * (hyper["rollout.max_tokens"] or 16) <= 2**15
+    assert choice.reward == {"correctness": 1.0, "format": -1.0}
 
 
 def test_the_agent_retries_with_the_probe_feedback_and_starts_a_new_episode_after_the_last_attempt() -> None:
@@ -326,11 +357,14 @@ def test_job_seeds_are_fixed_and_differ_by_seed_family_and_job() -> None:
 
 def test_the_budget_arithmetic_fits_the_targets() -> None:
     assert worst_case_jobs(4, 3, 3, 8) == 297
-    full, quick = default_plan("full", ["date_format"]), default_plan("quick", ["date_format"])
-    assert full.families == ["date_format", "addition", "sorting"] and quick.families == ["date_format", "addition"]
+    training = ("addition", "reversal", "caesar", "max_of_list", "sorting")
+    full, quick = default_plan("full", ["date_format"], training, 60.0), default_plan("quick", ["date_format"])
+    assert full.families == ["date_format", *training] and quick.families == ["date_format", "addition"]
+    assert (full.jobs, full.seeds, full.train_seconds) == (4, 3, 60.0)
     full_s = worst_case_wall_s(full, len(SEARCHING_METHODS), JOB_OVERHEAD_S, SETUP_S["full"])
-    assert full_s == SETUP_S["full"] + 149 * (20.0 + JOB_OVERHEAD_S)
-    assert full_s <= TARGET_WALL_S["full"]
+    assert full_s == SETUP_S["full"] + 153 * (60.0 + JOB_OVERHEAD_S)
+    one_family = full.model_copy(update={"families": ["date_format"]})
+    assert worst_case_wall_s(one_family, len(SEARCHING_METHODS), JOB_OVERHEAD_S, SETUP_S["full"]) <= TARGET_WALL_S["full"]
     assert worst_case_wall_s(quick, len(SEARCHING_METHODS), QUICK_JOB_OVERHEAD_S, SETUP_S["quick"]) <= TARGET_WALL_S["quick"]
 
 

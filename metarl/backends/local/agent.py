@@ -206,13 +206,16 @@ class LocalAgent:
         import torch
 
         from metarl.policy.job_language import context_for_episode
+        from metarl.policy.job_limits import job_limits
 
         if ctx.policy_state_uri is None:
             raise ValueError(f"policy version {ctx.policy_version} of run {ctx.run_id} has no saved state")
         torch.set_num_threads(1)
         policy = load_policy(ctx.policy_state_uri, ctx.artifacts_root)
-        sampled = policy.sample(context_for_episode(ctx), seed=sample_seed(ctx.seed, ctx.probe_attempt), temperature=self.config.temperature)
-        job_toml = sampled.render(seed=ctx.seed)
+        sampled = policy.sample(
+            context_for_episode(ctx), seed=sample_seed(ctx.seed, ctx.probe_attempt), temperature=self.config.temperature, floor=self.config.exploration_floor
+        )
+        job_toml = sampled.render(seed=ctx.seed, limits=job_limits(ctx.task, ctx.train_seconds))
         workspace = write_workspace(ctx, job_toml, baseline)
         return AgentSubmission(
             job_toml=job_toml,
@@ -271,6 +274,7 @@ class LocalOuter:
             lr=config.outer.learning_rate,
             max_grad_norm=self.config.max_grad_norm,
             temperature=self.agent.temperature,
+            floor=self.agent.exploration_floor,
         )
         state_uri = save_policy_state(policy, config.artifacts.root, run_id, version, attempt=uuid.uuid4().hex[:12])
         return OuterResult(state_uri=state_uri, metrics={key: float(value) for key, value in metrics.items()})

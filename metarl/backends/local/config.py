@@ -62,6 +62,12 @@ class LocalAgentBackend(AgentBackendConfig):
     prior_default_bias: float = Field(
         default=3.0, ge=0.0, le=20.0, description="Initial logit bonus of `default` tokens: how strongly the untrained policy leaves settings to defaults"
     )
+    exploration_floor: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=0.5,
+        description="Share of each job slot's probability spread evenly over its allowed choices, whatever the policy learned (0 = none): keeps every choice tried",
+    )
 
     def combination_problem(self, backends: Mapping[StageName, BackendConfig]) -> str | None:
         """The local policy and its update come together."""
