@@ -232,7 +232,7 @@ class FakeTinker:
         self.context_window = context_window
         self.lock = threading.Lock()
         self.ops: Counter[str] = Counter()
-        """Requests answered per endpoint (the last path component), refused ones included."""
+        """Requests per endpoint (:func:`operation_of`), refused ones included."""
         self.auth_failures = 0
         self.errors: list[str] = []
         """Tracebacks of requests the fake itself failed on (a bug in the fake or a protocol it does not know)."""
@@ -242,7 +242,8 @@ class FakeTinker:
         self.saved: dict[str, SavedWeights] = {}
         self.samplers: dict[str, FakeSampler] = {}
         self.futures: dict[str, Outcome] = {}
-        self.replies: list[SampleTurn] = []
+        self.sample_turns: list[SampleTurn] = []
+        """Every sample request as the script saw it, in order."""
         self._tokenizer: Any = None
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -625,7 +626,7 @@ class FakeTinker:
             raise Refusal(400, f"prompt ({len(prompt)}) + max_tokens exceeds the context window ({self.context_window})")
         text = self._tokenizer.decode(prompt)
         turn = SampleTurn(prompt_text=text, turn=conversation_turn(text), seed=params.seed)
-        self.replies.append(turn)
+        self.sample_turns.append(turn)
         sequence_ids = [f"seq-{uuid.uuid4().hex[:12]}"]
         try:
             reply_text = self.script(turn)

@@ -32,6 +32,7 @@ from sqlalchemy import select
 from metarl.backends.local.agent import environment_source
 from metarl.backends.local.train import dataset_text
 from metarl.backends.tinker.client import TinkerPolicyRef
+from metarl.backends.tinker.config import TINKER_CONTEXT_WINDOWS
 from metarl.pools import WorkerPools, stop_process_group
 from metarl.store.db import session_scope
 from metarl.store.records import CostEntry, Evaluation, InnerJob, InnerJobStatus, PolicyVersion, Run, RunStatus
@@ -214,7 +215,8 @@ def fakes(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
         monkeypatch.setenv("RUNPOD_API_KEY", key)
     if "tinker" in types:
         key = f"tml-FAKESECRET-{uuid.uuid4().hex}"
-        running.tinker = FakeTinker(key, write_chat_tokenizer(tmp_path / "tinker-tokenizer"), ADDITION_SCRIPT).start()
+        window = TINKER_CONTEXT_WINDOWS[TABLES[("agent", "tinker")]["base_model"]]
+        running.tinker = FakeTinker(key, write_chat_tokenizer(tmp_path / "tinker-tokenizer"), ADDITION_SCRIPT, context_window=window).start()
         monkeypatch.setenv("TINKER_API_KEY", key)
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     yield running
@@ -277,6 +279,7 @@ def test_an_accepted_combination_runs_one_outer_step(
         assert "tinker" in sources, sources
         assert fakes.tinker.optim_steps >= 1, dict(fakes.tinker.ops)
         assert [version.version for version in versions] == [0, 1]
+        assert {turn.turn for turn in fakes.tinker.sample_turns} == {0, 1}, "the agent sampled both turns of the script"
         published = TinkerPolicyRef.parse(versions[-1].state_uri)
         state, sampler = fakes.tinker.saved_state(published.state_path), fakes.tinker.saved_state(published.sampler_path)
         assert state is not None and state.kind == "state" and state.steps == 1, state
