@@ -5,18 +5,23 @@ outer step of one task (two episodes) through the real command line and real wor
 the fake GraphQL server and fake pods running the real pod code (tests/fakes/), vLLM through a fake `vllm`
 package that generates with the torch sampler, everything else as it is. For each: the run finishes, every
 episode that trained has its scores, the ledger has the charges of the billed backends, and nothing is left
-running (no pod process, no worker). The Tinker combinations are listed and skipped with the reason: there
-is no fake of the Tinker service on 127.0.0.1 for the worker processes (its fakes are in-process clients).
+running (no pod process, no worker). Tinker through the real `tinker` SDK in the worker processes against
+the fake Tinker service on 127.0.0.1 (tests/fakes/tinker_server.py), whose tokenizer is a local folder and whose
+sampler answers the scripted agent of :data:`ADDITION_SCRIPT`; for those the outer update also took an optim
+step on the fake and published its saved state as the new policy version.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import subprocess
 import sys
 import tomllib
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +29,18 @@ import pytest
 import tomli_w
 from sqlalchemy import select
 
+from metarl.backends.local.agent import environment_source
+from metarl.backends.local.train import dataset_text
+from metarl.backends.tinker.client import TinkerPolicyRef
+from metarl.backends.tinker.config import TINKER_CONTEXT_WINDOWS
 from metarl.pools import WorkerPools, stop_process_group
 from metarl.store.db import session_scope
-from metarl.store.records import CostEntry, Evaluation, InnerJob, InnerJobStatus, Run, RunStatus
+from metarl.store.records import CostEntry, Evaluation, InnerJob, InnerJobStatus, PolicyVersion, Run, RunStatus
+from schemas.base import dump_toml_model
+from schemas.job import JobDataset, JobModel, JobSpec, JobTraining
 from tests.conftest import REPO
 from tests.fakes.runpod_server import FakeRunpod, GpuOffer
+from tests.fakes.tinker_server import FakeTinker, scripted, write_chat_tokenizer
 from tests.integration.helpers import assert_exactly_once
 from tests.unit.test_backend_matrix import accepted
 from tests.unit.test_vllm_scoring import FAKE_VLLM
@@ -65,11 +77,68 @@ TABLES: dict[tuple[str, str], dict[str, Any]] = {
     ("eval", "pod_vllm"): {"type": "pod_vllm", "eval_timeout_s": 120},
     ("outer", "sim"): {"type": "sim", "duration": {"median_s": 0.05, "sigma": 0.1, "max_s": 1.0}},
     ("outer", "local"): {"type": "local"},
+    ("agent", "tinker"): {
+        "type": "tinker",
+        "base_model": "Qwen/Qwen3-8B",
+        "renderer": "qwen3",
+        "max_turns": 4,
+        "max_tokens_per_turn": 12_000,
+        "usd_per_million_prompt_tokens": 0.1,
+        "usd_per_million_cached_prompt_tokens": 0.05,
+        "usd_per_million_sample_tokens": 0.2,
+        "timeout_s": 60,
+    },
+    ("outer", "tinker"): {"type": "tinker", "lora_rank": 8, "usd_per_million_train_tokens": 0.1, "timeout_s": 60},
 }
-"""A fast table of each backend type (Tinker's have none: see the module docstring)."""
+"""A fast table of each backend type; the Tinker tables get `base_url` (the fake's) in :func:`run_config`."""
 
 BILLED_SOURCES = {"sim": "sim", "runpod": "runpod"}
 """Train types whose jobs put charges in the ledger, and the ledger source they use."""
+
+
+def tool_call(name: str, **arguments: str) -> str:
+    """One JSON tool call block, as metarl/backends/tinker/agent.py parses it."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def thinking(seed: int | None) -> str:
+    """A thinking block whose length follows the seed: the two episodes of a group spend different token counts, so
+    their rewards (the efficiency credit) differ and the outer update has a signal to step on."""
+    rng = random.Random(seed)
+    return "<think>\n" + " ".join(rng.choice(("plan", "the", "job", "for", "addition")) for _ in range(rng.randrange(1, 400))) + "\n</think>\n\n"
+
+
+def write_job_turn(seed: int | None) -> str:
+    """Turn 1: job.toml (the small model, a short run) and the environment module the local agent writes."""
+    job = JobSpec(
+        model=JobModel(name="Qwen/Qwen3-0.6B"),
+        training=JobTraining(max_steps=4, batch_size=8, group_size=4, seed=(seed or 0) % 1000),
+        dataset=JobDataset(size=64, difficulty=0.5),
+    )
+    return (
+        thinking(seed)
+        + "I write the job and its environment first.\n"
+        + tool_call("write_file", path="job.toml", content=dump_toml_model(job))
+        + "\n"
+        + tool_call("write_file", path="environment.py", content=environment_source({"correctness": 1.0}, "addition"))
+    )
+
+
+def write_dataset_turn(seed: int | None) -> str:
+    """Turn 2: the 64-item dataset job.toml names, then submit."""
+    return thinking(seed) + tool_call("write_file", path="dataset.jsonl", content=dataset_text("addition", 64, 0.5, seed or 0)) + "\n" + tool_call("submit")
+
+
+ADDITION_SCRIPT = scripted(write_job_turn, write_dataset_turn)
+"""The fake Tinker sampler's replies: a valid job for the addition task of :func:`specs_folder` in two turns."""
+
+
+@dataclass
+class Fakes:
+    """The fakes a combination runs against (None: not used)."""
+
+    runpod: FakeRunpod | None = None
+    tinker: FakeTinker | None = None
 
 
 def combination_id(types: tuple[str, ...]) -> str:
@@ -99,12 +168,14 @@ def specs_folder(tmp_path: Path) -> Path:
     return folder
 
 
-def run_config(tmp_path: Path, types: tuple[str, ...], cache: Path) -> Path:
+def run_config(tmp_path: Path, types: tuple[str, ...], cache: Path, tinker_url: str | None) -> Path:
     backends = {}
     for stage, kind in zip(("agent", "train", "eval", "outer"), types):
         table = dict(TABLES[(stage, kind)])
         if kind in ("local", "vllm") and stage in ("train", "eval"):
             table["model_cache_dir"] = str(cache)
+        if kind == "tinker":
+            table["base_url"] = tinker_url
         backends[stage] = table
     config = {
         "run": {"name": f"matrix-{combination_id(types)}", "tasks": ["addition"], "task_specs_dir": str(specs_folder(tmp_path)), "max_outer_steps": 1},
@@ -121,39 +192,49 @@ def run_config(tmp_path: Path, types: tuple[str, ...], cache: Path) -> Path:
 
 
 @pytest.fixture
-def fakes(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_model: Path) -> Iterator[FakeRunpod | None]:
+def fakes(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_model: Path) -> Iterator[Fakes]:
     """The outside systems a combination needs, on 127.0.0.1 or on PYTHONPATH, set in the environment the pools inherit."""
     types: tuple[str, ...] = request.param
     train, evaluate = types[1], types[2]
+    running = Fakes()
     if evaluate == "vllm":
         site = tmp_path / "fake-site"
         (site / "vllm").mkdir(parents=True)
         (site / "vllm" / "__init__.py").write_text(FAKE_VLLM, encoding="utf-8")
         monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{REPO}")
-    if train != "runpod":
-        yield None
-        return
-    key = f"rpa_FAKESECRET_{uuid.uuid4().hex}"
-    image_env = {"FAKE_TRAIN_STEPS": "3", "FAKE_STEP_S": "0.2", "FAKE_POD_MAX_S": "200"}
-    if evaluate == "pod_vllm":
-        image_env["FAKE_POD_MODEL"] = str(small_model)
-    fake = FakeRunpod(key, [sys.executable, "-m", "tests.fakes.pod_runner"], tmp_path / "cloud", pod_cwd=REPO, image_env=image_env, gpus=GPUS, boot_s=0.2)
-    fake.start()
-    monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.url)
-    monkeypatch.setenv("RUNPOD_API_KEY", key)
-    yield fake
-    fake.stop()
-    assert fake.pod_processes_alive() == [], "a pod process outlived the run"
+    if train == "runpod":
+        key = f"rpa_FAKESECRET_{uuid.uuid4().hex}"
+        image_env = {"FAKE_TRAIN_STEPS": "3", "FAKE_STEP_S": "0.2", "FAKE_POD_MAX_S": "200"}
+        if evaluate == "pod_vllm":
+            image_env["FAKE_POD_MODEL"] = str(small_model)
+        running.runpod = FakeRunpod(
+            key, [sys.executable, "-m", "tests.fakes.pod_runner"], tmp_path / "cloud", pod_cwd=REPO, image_env=image_env, gpus=GPUS, boot_s=0.2
+        )
+        running.runpod.start()
+        monkeypatch.setenv("RUNPOD_API_BASE_URL", running.runpod.url)
+        monkeypatch.setenv("RUNPOD_API_KEY", key)
+    if "tinker" in types:
+        key = f"tml-FAKESECRET-{uuid.uuid4().hex}"
+        window = TINKER_CONTEXT_WINDOWS[TABLES[("agent", "tinker")]["base_model"]]
+        running.tinker = FakeTinker(key, write_chat_tokenizer(tmp_path / "tinker-tokenizer"), ADDITION_SCRIPT, context_window=window).start()
+        monkeypatch.setenv("TINKER_API_KEY", key)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    yield running
+    if running.tinker is not None:
+        running.tinker.stop()
+        assert running.tinker.errors == [], running.tinker.errors
+        assert running.tinker.auth_failures == 0
+    if running.runpod is not None:
+        running.runpod.stop()
+        assert running.runpod.pod_processes_alive() == [], "a pod process outlived the run"
 
 
 @pytest.mark.parametrize("fakes", COMBINATIONS, ids=combination_id, indirect=True)
 def test_an_accepted_combination_runs_one_outer_step(
-    fakes: FakeRunpod | None, request: pytest.FixtureRequest, tmp_path: Path, small_model: Path, pg_url: str, redis_url: str
+    fakes: Fakes, request: pytest.FixtureRequest, tmp_path: Path, small_model: Path, pg_url: str, redis_url: str
 ) -> None:
     types: tuple[str, ...] = request.node.callspec.params["fakes"]
-    if "tinker" in types:
-        pytest.skip("no fake of the Tinker service on 127.0.0.1 for worker processes (tests/unit/test_tinker_fakes.py fakes its clients in-process)")
-    config = run_config(tmp_path, types, small_model.parent)
+    config = run_config(tmp_path, types, small_model.parent, fakes.tinker.url if fakes.tinker is not None else None)
     env = {**os.environ, "METARL_DATABASE_URL": pg_url, "METARL_BROKER_URL": redis_url}
     pools = WorkerPools(pg_url, redis_url, tmp_path / "logs")
     pools.start()
@@ -188,8 +269,18 @@ def test_an_accepted_combination_runs_one_outer_step(
             assert evaluation is not None and evaluation.trained_score is not None and evaluation.base_score is not None, job.name
             assert evaluation.backend == types[2]
         sources = {entry.source for entry in session.execute(select(CostEntry).where(CostEntry.run_id == run.id)).scalars().all()}
+        versions = session.execute(select(PolicyVersion).where(PolicyVersion.run_id == run.id).order_by(PolicyVersion.version)).scalars().all()
     billed = BILLED_SOURCES.get(types[1])
     if billed is not None:
         assert billed in sources, sources
     if types[2] == "pod_vllm":
         assert "runpod_eval" in sources, sources
+    if fakes.tinker is not None:
+        assert "tinker" in sources, sources
+        assert fakes.tinker.optim_steps >= 1, dict(fakes.tinker.ops)
+        assert [version.version for version in versions] == [0, 1]
+        assert {turn.turn for turn in fakes.tinker.sample_turns} == {0, 1}, "the agent sampled both turns of the script"
+        published = TinkerPolicyRef.parse(versions[-1].state_uri)
+        state, sampler = fakes.tinker.saved_state(published.state_path), fakes.tinker.saved_state(published.sampler_path)
+        assert state is not None and state.kind == "state" and state.steps == 1, state
+        assert sampler is not None and sampler.kind == "sampler" and sampler.steps == 1, sampler
