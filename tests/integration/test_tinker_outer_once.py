@@ -47,7 +47,7 @@ class TimeLimit(Exception):
 def service(monkeypatch: pytest.MonkeyPatch, pg_url: str) -> Iterator[FakeService]:
     """The Tinker service every ServiceClient of this process talks to; the worker reads the test database."""
     fake = FakeService()
-    monkeypatch.setenv("TINKER_API_KEY", "tk-test-not-a-key")
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test-not-a-key")
     monkeypatch.setenv(DATABASE_ENV, pg_url)
     monkeypatch.setattr(tinker, "ServiceClient", lambda api_key=None, base_url=None, **_: fake)
     monkeypatch.setattr(tinker_client, "_SERVICES", {})

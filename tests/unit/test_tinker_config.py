@@ -26,7 +26,7 @@ from tests.unit.test_workspace_probe import JOB, make_task
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tinker.toml"
-SECRET = "tk-live-SECRET-0123456789abcdef"
+SECRET = "tml-live-SECRET-0123456789abcdef"
 
 
 def example_text() -> str:

@@ -191,3 +191,16 @@ def test_the_fake_stops_cleanly(tokenizer_dir: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     fake.stop()  # a second stop is a no-op
+
+
+def test_a_key_the_sdk_would_refuse_is_a_permanent_error_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from metarl.backends.tinker import client as tinker_client
+    from metarl.errors import PermanentBackendError
+
+    monkeypatch.setattr(tinker_client, "_SERVICES", {})
+    monkeypatch.setattr(tinker_client, "_GATEWAYS", {})
+    monkeypatch.setenv("TINKER_API_KEY", "sk-not-a-tinker-key-0123")
+    with pytest.raises(PermanentBackendError, match="TINKER_API_KEY does not start with 'tml-'") as caught:
+        tinker_client.connect("http://127.0.0.1:9", 5.0)
+    assert "sk-not-a-tinker-key" not in str(caught.value)
+    assert tinker_client.key_format_problem("tml-abc") is None and tinker_client.key_format_problem("eyJhbGciOi") is None

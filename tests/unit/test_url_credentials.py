@@ -133,7 +133,7 @@ def test_urls_are_redacted_for_logs(url: str, shown: str) -> None:
 def test_connect_logs_the_base_url_without_its_userinfo(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(tinker_client, "_SERVICES", {})
     monkeypatch.setattr(tinker_client, "_GATEWAYS", {})
-    monkeypatch.setenv("TINKER_API_KEY", "tk-env-key-0123456789")
+    monkeypatch.setenv("TINKER_API_KEY", "tml-env-key-0123456789")
     monkeypatch.setattr(tinker, "ServiceClient", lambda **kwargs: object())
     caplog.set_level(logging.INFO)
     tinker_client.connect(f"https://user:{SECRET}@127.0.0.1:9/v1", 10.0)

@@ -58,6 +58,17 @@ def api_key_from_env() -> str:
     return key
 
 
+TINKER_KEY_PREFIXES = ("tml-", "eyJ")
+"""What a Tinker credential starts with: an API key or a JWT (tinker 0.38 lib/_auth_token_provider.py `ApiKeyAuthProvider`)."""
+
+
+def key_format_problem(key: str) -> str | None:
+    """Why the SDK would refuse this key before sending anything (None: it would not); never shows the key."""
+    if key.startswith(TINKER_KEY_PREFIXES):
+        return None
+    return f"{TINKER_API_KEY_ENV} does not start with 'tml-', so it is not a Tinker API key: export the key the Tinker console gives"
+
+
 def redact(text: str) -> str:
     """The text with the API key (if it is set and occurs) replaced by ``***``, made printable and bounded."""
     key = os.environ.get(TINKER_API_KEY_ENV, "").strip()
@@ -311,6 +322,9 @@ def connect(base_url: str | None, timeout_s: float) -> TinkerGateway:
         if service is None:
             import tinker
 
+            problem = key_format_problem(key)
+            if problem is not None:
+                raise PermanentBackendError(problem)
             service = tinker.ServiceClient(api_key=key, base_url=base_url)
             _SERVICES[base_url] = service
             log.info("tinker: connected (base_url=%s)", redacted_url(base_url) if base_url else "SDK default")
