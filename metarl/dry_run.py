@@ -159,6 +159,7 @@ def episode_counts(config: RunConfig, specs: dict[str, TaskSpec]) -> EpisodeCoun
     evals = held_out_eval_points(config.run.max_outer_steps, outer.held_out_eval_every) if held_out_tasks else 0
     held_out_size = outer.held_out_group_size or outer.group_size
     held_out = evals * held_out_tasks * held_out_size
+    start_set = outer.start_set_group_size * (len(specs) - held_out_tasks)
     return EpisodeCounts(
         max_outer_steps=config.run.max_outer_steps,
         groups_per_batch=outer.groups_per_batch,
@@ -168,7 +169,8 @@ def episode_counts(config: RunConfig, specs: dict[str, TaskSpec]) -> EpisodeCoun
         held_out_evals=evals,
         held_out_group_size=held_out_size,
         held_out_episodes=held_out,
-        total=train + held_out,
+        start_set_episodes=start_set,
+        total=train + held_out + start_set,
     )
 
 
@@ -182,7 +184,7 @@ def task_lines(config: RunConfig, specs: dict[str, TaskSpec], counts: EpisodeCou
             held_out=spec.held_out,
             max_train_seconds=config.backends.train.train_seconds(spec),
             allowed_models=list(spec.budget.allowed_models),
-            episodes=float(per_held_out) if spec.held_out else counts.train_episodes / len(trainable),
+            episodes=float(per_held_out) if spec.held_out else (counts.train_episodes + counts.start_set_episodes) / len(trainable),
         )
         for task_id, spec in specs.items()
     ]
@@ -348,6 +350,7 @@ def render_text(plan: DryRunPlan) -> str:
     counts, estimate = plan.estimate.episodes, plan.estimate
     out = [f"DRY RUN of {printable(plan.config_path)}: nothing launched, no API called, nothing written", ""]
     held = [task.task_id for task in plan.tasks if task.held_out]
+    trainable_ids = [task.task_id for task in plan.tasks if not task.held_out]
     out.append(f"run {plan.run_name}: {len(plan.tasks)} task(s)" + (f" ({', '.join(held)} held out)" if held else ""))
     out.append("backends: " + "  ".join(f"{stage}={kind}" for stage, kind in plan.backends.items()))
     out.append(f"services: {printable(plan.services)}")
@@ -359,6 +362,10 @@ def render_text(plan: DryRunPlan) -> str:
     if counts.held_out_tasks:
         out.append(
             f"  held-out   {counts.held_out_evals} eval(s) x {counts.held_out_tasks} task(s) x {counts.held_out_group_size} episode(s) = {counts.held_out_episodes}"
+        )
+    if counts.start_set_episodes:
+        out.append(
+            f"  start set  {counts.start_set_episodes // len(trainable_ids)} episode(s) x {len(trainable_ids)} training task(s) = {counts.start_set_episodes}"
         )
     out.append(f"  total      {counts.total}")
     if plan.job_defaults is not None:

@@ -51,7 +51,8 @@ class EpisodeCounts(Frozen):
     held_out_evals: int = Field(ge=0, description="Policy versions (0 .. max_outer_steps) at which held-out tasks are evaluated")
     held_out_group_size: int = Field(ge=1, description="outer.held_out_group_size, or group_size when unset")
     held_out_episodes: int = Field(ge=0, description="held_out_evals x held_out_tasks x held_out_group_size")
-    total: int = Field(ge=0, description="train_episodes + held_out_episodes")
+    start_set_episodes: int = Field(default=0, ge=0, description="outer.start_set_group_size x trainable tasks: the fixed start set before step 1")
+    total: int = Field(ge=0, description="train_episodes + held_out_episodes + start_set_episodes")
 
 
 class CostLine(Frozen):

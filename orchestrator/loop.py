@@ -163,9 +163,10 @@ class Orchestrator:
                 outer_ids.append(created)
             draining = tick.stop_requested or self._over_budget(tick, config, counts.spent_usd, report)
             if not draining:
+                start, counts = self._open_start_set(tick, config, report, counts)
                 held_out, counts = self._open_held_out_groups(tick, config, report, counts)
                 trainable, counts = self._open_groups(tick, config, report, resample_tasks, counts)
-                dispatches += held_out + trainable
+                dispatches += start + held_out + trainable
             self._maybe_finish(tick, config, report, draining, counts)
         self._first_tick = False
         report.dispatched = self._send(dispatches, outer_ids, config.deadlines)
@@ -287,6 +288,17 @@ class Orchestrator:
         size = (config.outer.held_out_group_size or config.outer.group_size) if held_out else config.outer.group_size
         episode_ids = tick.open_groups(task_ids, size=size, held_out=held_out, now=utcnow())
         return [StageDispatch(Stage.agent, episode_id, 1) for episode_id in episode_ids]
+
+    def _open_start_set(self, tick: RunTick, config: RunConfig, report: TickReport, counts: TickCounts) -> tuple[list[StageDispatch], TickCounts]:
+        """Once, at policy version 0: one evaluation-only group of `outer.start_set_group_size` per training family (the fixed start set)."""
+        size = config.outer.start_set_group_size
+        if size == 0 or tick.policy_version != 0 or tick.start_set_opened():
+            return [], counts
+        trainable = [task_id for task_id, spec in tick.task_specs.items() if not spec.get("held_out")]
+        episode_ids = tick.open_groups(trainable, size=size, held_out=True, now=utcnow(), start_set=True)
+        report.opened_groups += len(trainable)
+        counts = counts.after_opening(len(trainable), len(episode_ids), trainable=False)
+        return [StageDispatch(Stage.agent, episode_id, 1) for episode_id in episode_ids], counts
 
     def _open_held_out_groups(self, tick: RunTick, config: RunConfig, report: TickReport, counts: TickCounts) -> tuple[list[StageDispatch], TickCounts]:
         version = tick.policy_version

@@ -118,6 +118,15 @@ class OuterConfig(StrictModel):
     max_steps_off_policy: int = Field(default=2, ge=0, le=1000, description="Drop groups sampled more than this many versions ago")
     stale_groups: Literal["drop", "resample"] = Field(default="drop", description="What to do with a group that is too stale")
     learning_rate: float = Field(default=1e-4, gt=0, le=1.0, description="Outer learning rate")
+    start_set_group_size: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description=(
+            "Episodes per training family of the run's fixed start set: untrained-policy episodes recorded before the first outer step, "
+            "with seeds that do not depend on run.seed (the same set in every run), never trained on. 0: no start set"
+        ),
+    )
     ratio_cap: float = Field(default=2.0, ge=1.0, le=100.0, description="Truncation of the importance ratio")
     held_out_eval_every: int = Field(default=1, ge=1, le=100_000, description="Evaluate held-out tasks every K outer steps")
     held_out_group_size: int | None = Field(

@@ -22,17 +22,25 @@ def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
     return table
 
 
+def start_set_text(start: dict[str, Any]) -> str:
+    """The start set's mean reward and how many of its episodes it covers."""
+    mean = "-" if start["reward_mean"] is None else f"{start['reward_mean']:.3f}"
+    return f"{mean} ({start['rewarded']}/{start['episodes']})"
+
+
 def status_tables(status: dict[str, Any]) -> Group:
     run = status["run"]
     newest = status.get("held_out_latest")
+    start = status.get("start_set") or {"episodes": 0}
     head = _table(
         f"run {run['id']}",
-        ["name", "status", "policy version", "held-out", "cost $", "message"],
+        ["name", "status", "policy version", "start set", "held-out", "cost $", "message"],
         [
             [
                 run["name"],
                 run["status"],
                 run["policy_version"],
+                start_set_text(start) if start["episodes"] else None,
                 held_out_text(newest["reward"], newest["policy_version"]) if newest else None,
                 f"{status['cost_usd_total']:.4f}",
                 run["message"],

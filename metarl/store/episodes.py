@@ -35,6 +35,12 @@ def episode_seed(run_seed: int, episode_id: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
+def start_set_seed(task_id: str, index_in_group: int) -> int:
+    """The seed of a start-set episode: from its task and place in the group only, so every run's start set is the same."""
+    digest = hashlib.sha256(f"start-set:{task_id}:{index_in_group}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
 def run_config_of(run: Run) -> RunConfig:
     """The run's validated config."""
     return stored_run_config(run.config)
@@ -64,6 +70,13 @@ class StageRow:
     inner_job: InnerJobRow | None = None
     group_id: int = 0
     """The episode's group (its training-time cap is drawn per group: `metarl.domain.time_caps`)."""
+    index_in_group: int = 0
+    start_set: bool = False
+    """An episode of the run's fixed start set: its seed comes from its task and index, not the run's seed, and it keeps its task's cap."""
+
+    def seed(self, run_seed: int) -> int:
+        """The episode's seed: a start-set episode's is the same in every run (`start_set_seed`), any other's depends on the run's seed."""
+        return start_set_seed(self.task_id, self.index_in_group) if self.start_set else episode_seed(run_seed, self.episode_id)
 
     @property
     def passed_attempt_and_tokens(self) -> tuple[int | None, int]:
@@ -77,6 +90,7 @@ STAGE_ROW_SQL = f"""
 SELECT e.id, e.run_id, r.status, e.stage, e.probe_attempt, e.task_id, e.policy_version,
        pv.state_uri, cur.workspace_uri, cur.job_toml, prev.errors, r.config, r.task_specs -> e.task_id, cur.passed,
        (SELECT coalesce(sum(a.agent_tokens), 0) FROM probe_attempts a WHERE a.episode_id = e.id AND a.attempt <= e.probe_attempt), e.group_id,
+       e.index_in_group, (SELECT g.start_set FROM episode_groups g WHERE g.id = e.group_id),
        {", ".join(f"ij.{column} AS inner_{column}" for column in INNER_JOB_COLUMNS)}
 FROM episodes e
 JOIN runs r ON r.id = e.run_id
@@ -104,8 +118,8 @@ takeover. Anything else (a duplicate message, a takeover) gets no claim here and
 
 OPEN_GROUPS_SQL = """
 WITH new_groups AS (
-    INSERT INTO episode_groups (run_id, task_id, policy_version, size, held_out, status, ended_episodes, created_at)
-    SELECT %(run_id)s, t.task_id, %(policy_version)s, %(size)s, %(held_out)s, 'open', 0, %(now)s
+    INSERT INTO episode_groups (run_id, task_id, policy_version, size, held_out, start_set, status, ended_episodes, created_at)
+    SELECT %(run_id)s, t.task_id, %(policy_version)s, %(size)s, %(held_out)s, %(start_set)s, 'open', 0, %(now)s
     FROM unnest(%(task_ids)s::text[]) WITH ORDINALITY AS t(task_id, position)
     ORDER BY t.position
     RETURNING id, task_id
@@ -123,18 +137,27 @@ SELECT id FROM new_episodes ORDER BY id
 """New open groups, one per task id, each with `size` episodes at the agent stage, first attempt, dispatched now."""
 
 
-def open_groups(session: SqlTarget, *, run_id: str, task_ids: Sequence[str], policy_version: int, size: int, held_out: bool, now: dt.datetime) -> list[int]:
+def open_groups(
+    session: SqlTarget, *, run_id: str, task_ids: Sequence[str], policy_version: int, size: int, held_out: bool, now: dt.datetime, start_set: bool = False
+) -> list[int]:
     """In the caller's transaction: open a group per task id with its episodes (one statement); the new episodes' ids."""
-    params = {"run_id": run_id, "task_ids": list(task_ids), "policy_version": policy_version, "size": size, "held_out": held_out, "now": now}
+    params = {
+        "run_id": run_id,
+        "task_ids": list(task_ids),
+        "policy_version": policy_version,
+        "size": size,
+        "held_out": held_out or start_set,
+        "start_set": start_set,
+        "now": now,
+    }
     return [episode_id for (episode_id,) in run_sql(session, OPEN_GROUPS_SQL, params)]
 
 
 def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
     """A StageRow from the columns of STAGE_ROW_SQL."""
-    (eid, run_id, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, config, task_spec, passed, tokens, group_id) = (
-        columns[:16]
-    )
-    inner_job = inner_job_row(columns[16:])
+    (eid, run_id, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, config, task_spec, passed, tokens) = columns[:15]
+    group_id, index_in_group, start_set = columns[15:18]
+    inner_job = inner_job_row(columns[18:])
     return StageRow(
         eid,
         run_id,
@@ -153,6 +176,8 @@ def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
         int(tokens),
         inner_job,
         int(group_id),
+        int(index_in_group),
+        bool(start_set),
     )
 
 
@@ -175,7 +200,7 @@ def config_and_task(row: StageRow) -> tuple[RunConfig, TaskSpec]:
     """The run's config and the episode's task spec, validated from what the stage row read, at its group's training-time cap (pure)."""
     config = stored_run_config(row.run_config)
     task = TaskSpec.model_validate(row.task_spec)
-    cap = group_time_cap(config.run.episode_train_seconds, config.run.seed, row.group_id)
+    cap = None if row.start_set else group_time_cap(config.run.episode_train_seconds, config.run.seed, row.group_id)
     return config, task if cap is None else task.with_train_seconds(cap, config.backends.train.trains_on_gpu)
 
 
@@ -190,7 +215,7 @@ def stage_context(row: StageRow, config: RunConfig, task: TaskSpec) -> EpisodeCo
         task=task,
         policy_version=row.policy_version,
         probe_attempt=row.probe_attempt,
-        seed=episode_seed(config.run.seed, row.episode_id),
+        seed=row.seed(config.run.seed),
         feedback=feedback,
         artifacts_root=config.artifacts.root,
         train_backend=config.backends.train.type,

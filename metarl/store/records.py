@@ -104,6 +104,8 @@ class EpisodeGroup(Base):
     policy_version: Mapped[int] = mapped_column(Integer, nullable=False)
     size: Mapped[int] = mapped_column(Integer, nullable=False)
     held_out: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    start_set: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=text("false"))
+    """A group of the run's fixed start set (evaluation only, held_out too, on a training family: `orchestrator/loop.py`)."""
     status: Mapped[GroupStatus] = mapped_column(_enum(GroupStatus, "group_status"), nullable=False, default=GroupStatus.open)
     ended_episodes: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
     """Episodes of the group that ended (done or failed), counted by their ending moves (`metarl.store.episodes.FINISH_AND_MOVE_SQL`)."""

@@ -171,14 +171,28 @@ class RunTick:
                 EpisodeGroup.task_id == task_id,
                 EpisodeGroup.policy_version == policy_version,
                 EpisodeGroup.held_out.is_(True),
+                EpisodeGroup.start_set.is_(False),
             )
         ).first()
         return found is not None
 
-    def open_groups(self, task_ids: Sequence[str], *, size: int, held_out: bool, now: dt.datetime) -> list[int]:
-        """One group per task id at the run's policy version, its episodes at their first stage, in one statement; the episode ids."""
+    def start_set_opened(self) -> bool:
+        """Whether the run's start set has been opened (it is opened once, at policy version 0)."""
+        found = self._session.execute(select(EpisodeGroup.id).where(EpisodeGroup.run_id == self._run.id, EpisodeGroup.start_set.is_(True))).first()
+        return found is not None
+
+    def open_groups(self, task_ids: Sequence[str], *, size: int, held_out: bool, now: dt.datetime, start_set: bool = False) -> list[int]:
+        """One group per task id at the run's policy version, its episodes at their first stage, in one statement; the episode ids.
+        Start-set groups are evaluation-only (held out) whatever `held_out` says."""
         return open_groups(
-            self._session, run_id=self._run.id, task_ids=task_ids, policy_version=self._run.policy_version, size=size, held_out=held_out, now=now
+            self._session,
+            run_id=self._run.id,
+            task_ids=task_ids,
+            policy_version=self._run.policy_version,
+            size=size,
+            held_out=held_out,
+            now=now,
+            start_set=start_set,
         )
 
     def set_status(self, status: RunStatus) -> None:

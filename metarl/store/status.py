@@ -138,11 +138,18 @@ WHERE e.run_id = %(run_id)s ORDER BY e.id DESC LIMIT 12
 HELD_OUT_REWARD_SQL = """
 SELECT g.policy_version, avg(r.total)
 FROM episode_groups g JOIN episodes e ON e.group_id = g.id JOIN rewards r ON r.episode_id = e.id
-WHERE g.run_id = %(run_id)s AND g.held_out AND g.status = 'evaluated' AND (%(version)s::integer IS NULL OR g.policy_version = %(version)s::integer)
+WHERE g.run_id = %(run_id)s AND g.held_out AND NOT g.start_set AND g.status = 'evaluated'
+  AND (%(version)s::integer IS NULL OR g.policy_version = %(version)s::integer)
 GROUP BY g.policy_version
 """
 """Mean reward of the evaluated held-out groups per policy version they were sampled under (a group's episodes share its version;
 all versions when `version` is NULL); `metarl.store.step_metrics.held_out_reward_by_version` runs it on an ORM session."""
+START_SET_SQL = """
+SELECT count(e.id), count(r.id), avg(r.total)
+FROM episode_groups g JOIN episodes e ON e.group_id = g.id LEFT JOIN rewards r ON r.episode_id = e.id
+WHERE g.run_id = %(run_id)s AND g.start_set
+"""
+"""The run's start set: its episodes, how many have their reward, and their mean reward."""
 
 
 def held_out_means(found: Iterable[tuple[Any, Any]]) -> dict[int, float]:
@@ -174,7 +181,8 @@ def run_status(connection: psycopg.Connection, run_id: str, broker_url: str | No
     jobs = dict(rows(INNER_JOBS_SQL))
     (attempts,) = rows(PROBE_ATTEMPTS_SQL)
     recent = rows(RECENT_EPISODES_SQL)
-    return status_document(run_row, stages, failures, costs, steps, held_out, rewards, jobs, attempts, recent, queue_depths(broker_url))
+    (start,) = rows(START_SET_SQL)
+    return status_document(run_row, stages, failures, costs, steps, held_out, rewards, jobs, attempts, recent, queue_depths(broker_url), start)
 
 
 def read_run_status(database_url: str, run_id: str, broker_url: str | None = None) -> dict[str, Any]:
@@ -246,6 +254,7 @@ def status_document(
     attempts: tuple[Any, ...],
     recent: list[tuple[Any, ...]],
     depths: dict[str, int | None],
+    start: tuple[Any, ...] = (0, 0, None),
 ) -> dict[str, Any]:
     """The status of a run from the rows of the queries above (pure)."""
     run_id, name, status, policy_version, message, stop_requested, created_at, finished_at = run_row
@@ -293,6 +302,7 @@ def status_document(
         ],
         "outer_steps": [outer_step_line(step, held_out) for step in steps],
         "held_out_latest": newest_held_out(held_out),
+        "start_set": {"episodes": int(start[0] or 0), "rewarded": int(start[1] or 0), "reward_mean": optional_float(start[2])},
     }
 
 

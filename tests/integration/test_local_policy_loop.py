@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -51,3 +52,35 @@ def test_local_policy_samples_jobs_and_outer_steps_change_its_weights(tmp_path, 
     first, last = LocalPolicy.from_state(versions[0].state_uri), LocalPolicy.from_state(versions[-1].state_uri)
     changed = any(not torch.equal(a, b) for a, b in zip(first.net.state_dict().values(), last.net.state_dict().values()))
     assert changed, "three outer steps left the policy weights unchanged"
+
+
+def test_the_start_set_is_the_same_in_every_run_recorded_before_step_1_and_never_trained_on(tmp_path, service_env, pools, pg_url):
+    from metarl.store.records import Episode, EpisodeGroup
+
+    jobs: dict[int, dict[tuple[str, int], str]] = {}
+    for seed in (7, 8):
+        config = sim_config(tmp_path, name=f"start{seed}", max_outer_steps=1, failure_rate=0.0)
+        text = config.read_text().replace("seed = 7", f"seed = {seed}")
+        text = re.sub(r'\[backends.agent\]\ntype = "sim"\nduration = .*\n', "", text)
+        text = re.sub(r'\[backends.outer\]\ntype = "sim"\nduration = .*\n', "", text)
+        text = text.replace("[outer]\n", "[outer]\nstart_set_group_size = 2\n", 1) if "[outer]\n" in text else text + "\n[outer]\nstart_set_group_size = 2\n"
+        config.write_text(text + LOCAL_POLICY)
+        done = metarl_cli(["run", str(config), "--no-workers", "--quiet"], service_env, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        run_id = re.search(r"run ([0-9a-f\-]{36})", done.stdout).group(1)
+        with session_scope(pg_url) as session:
+            assert session.get(Run, run_id).status == RunStatus.finished
+            groups = session.execute(select(EpisodeGroup).where(EpisodeGroup.run_id == run_id, EpisodeGroup.start_set.is_(True))).scalars().all()
+            assert sorted(group.task_id for group in groups) == ["addition", "reversal"]  # one per training family
+            assert all(group.held_out and group.policy_version == 0 and group.outer_step_id is None for group in groups)
+            rows = session.execute(
+                select(Episode.task_id, Episode.index_in_group, ProbeAttempt.job_toml)
+                .join(ProbeAttempt, ProbeAttempt.episode_id == Episode.id)
+                .where(Episode.group_id.in_([group.id for group in groups]), ProbeAttempt.attempt == 1)
+            ).all()
+            jobs[seed] = {(task, index): job for task, index, job in rows}
+        status = metarl_cli(["status", run_id, "--json"], service_env, timeout=60)
+        assert status.returncode == 0, status.stderr
+        start = json.loads(status.stdout)["start_set"]
+        assert (start["episodes"], start["rewarded"]) == (4, 4) and start["reward_mean"] is not None
+    assert len(jobs[7]) == 4 and jobs[7] == jobs[8]

@@ -124,3 +124,19 @@ def test_a_time_cap_above_a_tasks_own_is_refused_at_load_naming_the_entry(tmp_pa
         load_run(path)
     [problem] = caught.value.problems
     assert problem.field == "run.episode_train_seconds.1" and "60" in problem.fix
+
+
+def test_a_start_set_episode_has_the_same_seed_in_every_run_and_keeps_its_tasks_cap() -> None:
+    import dataclasses
+
+    from metarl.store.episodes import start_set_seed
+
+    config, specs = load_run(REPO / "examples" / "local.toml")
+    stored = config.model_dump(mode="json")
+    stored["run"]["episode_train_seconds"] = [20.0]
+    start = dataclasses.replace(row(1, None), run_config=stored, task_spec=specs["addition"].model_dump(mode="json"), start_set=True, index_in_group=1)
+    assert start.seed(0) == start.seed(5) == start_set_seed("addition", 1) != start_set_seed("addition", 0)
+    assert dataclasses.replace(start, start_set=False).seed(0) == episode_seed(0, 17) != episode_seed(5, 17)
+    _, task = config_and_task(start)
+    assert task.budget.max_train_seconds == specs["addition"].budget.max_train_seconds
+    assert stage_context(start, *config_and_task(start)).seed == start_set_seed("addition", 1)
