@@ -78,11 +78,24 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def service_env(pg_url: str, redis_url: str) -> dict[str, str]:
+def service_env(pg_url: str, redis_url: str, tmp_path: Path) -> dict[str, str]:
+    """The environment of a command on the test's services, with a METARL_HOME of its own (never the checkout's .metarl)."""
     env = dict(os.environ)
     env["METARL_DATABASE_URL"] = pg_url
     env["METARL_BROKER_URL"] = redis_url
+    env["METARL_HOME"] = str(tmp_path / "metarl-home")
     return env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_home_untouched() -> Iterator[None]:
+    """No test leaves a services note in the checkout's .metarl: it would turn the README's embedded quick start into a refusal."""
+    note = REPO / ".metarl" / "services.json"
+    existed = note.exists()
+    yield
+    if note.exists() and not existed:
+        note.unlink()
+        pytest.fail(f"a test wrote {note} (a `metarl` command ran in services mode without its own METARL_HOME)")
 
 
 @pytest.fixture

@@ -235,7 +235,7 @@ def test_an_accepted_combination_runs_one_outer_step(
 ) -> None:
     types: tuple[str, ...] = request.node.callspec.params["fakes"]
     config = run_config(tmp_path, types, small_model.parent, fakes.tinker.url if fakes.tinker is not None else None)
-    env = {**os.environ, "METARL_DATABASE_URL": pg_url, "METARL_BROKER_URL": redis_url}
+    env = {**os.environ, "METARL_DATABASE_URL": pg_url, "METARL_BROKER_URL": redis_url, "METARL_HOME": str(tmp_path / "metarl-home")}
     pools = WorkerPools(pg_url, redis_url, tmp_path / "logs")
     pools.start()
     try:

@@ -150,9 +150,10 @@ def runpod_pools(cloud: FakeRunpod, pg_url: str, redis_url: str, tmp_path: Path)
     pools.stop()
 
 
-def run_env(pg_url: str, redis_url: str) -> dict[str, str]:
+def run_env(pg_url: str, redis_url: str, home: Path) -> dict[str, str]:
+    """The environment of `metarl run` on the test's services, with its own METARL_HOME."""
     env = dict(os.environ)
-    env.update({"METARL_DATABASE_URL": pg_url, "METARL_BROKER_URL": redis_url, "METARL_LOGLEVEL": "INFO"})
+    env.update({"METARL_DATABASE_URL": pg_url, "METARL_BROKER_URL": redis_url, "METARL_LOGLEVEL": "INFO", "METARL_HOME": str(home)})
     return env
 
 
@@ -278,7 +279,7 @@ def test_runpod_run_survives_faults_bills_exactly_and_leaves_nothing_running(tmp
         hang_job={3: 1.0},
     )
     config = write_config(tmp_path, "runpod-accept")
-    env = run_env(pg_url, redis_url)
+    env = run_env(pg_url, redis_url, tmp_path / "metarl-home")
     key = env["RUNPOD_API_KEY"]
     orchestrator, run_id = start_run(config, env, tmp_path / "logs" / "orchestrator.log")
     try:
@@ -335,7 +336,7 @@ def test_run_budget_cap_with_on_cap_stop_terminates_running_pods_and_says_so(tmp
     config = write_config(
         tmp_path, "runpod-capped", budget='[budget]\nmax_run_usd = 0.006\nmax_job_usd = 1.0\non_cap = "stop"\n', hang_timeout_s=5.0, max_outer_steps=20
     )
-    env = run_env(pg_url, redis_url)
+    env = run_env(pg_url, redis_url, tmp_path / "metarl-home")
     orchestrator, run_id = start_run(config, env, tmp_path / "logs" / "orchestrator.log")
     try:
         orchestrator.communicate(timeout=120)
@@ -431,7 +432,7 @@ def pod_timeline(tmp_path: Path) -> dict[str, list[dict]]:
 
 def test_runpod_run_scores_on_the_jobs_pods_after_training_and_bills_the_eval(tmp_path, eval_cloud, eval_pools, pg_url, redis_url):
     config = write_config(tmp_path, "runpod-pod-eval", hang_timeout_s=30.0, max_outer_steps=1, evaluation=POD_EVAL, specs=small_specs(tmp_path))
-    env = run_env(pg_url, redis_url)
+    env = run_env(pg_url, redis_url, tmp_path / "metarl-home")
     orchestrator, run_id = start_run(config, env, tmp_path / "logs" / "orchestrator.log")
     try:
         orchestrator.communicate(timeout=240)
