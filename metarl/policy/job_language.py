@@ -100,12 +100,13 @@ TRAINING_SLOTS = (
     Slot("lr", "training", "learning_rate", (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)),
     Slot("steps", "training", "max_steps", (10, 20, 40, 80, 200, 1000)),
     Slot("batch", "training", "batch_size", (8, 12, 16, 32, 48, 64, 128, 256)),
-    Slot("group", "training", "group_size", (1, 2, 4, 8, 16)),
+    Slot("group", "training", "group_size", (2, 4, 8, 16)),
     Slot("kl", "training", "kl_coef", (0.0, 0.01, 0.05, 0.1)),
     Slot("temp", "rollout", "temperature", (0.5, 0.7, 1.0, 1.2)),
     Slot("maxtok", "rollout", "max_tokens", (8, 16, 32, 64)),
 )
-"""The seven tunable hyperparameters, in the order they are written (max_tokens up to the local trainer's 64, metarl/learning/grpo.py)."""
+"""The seven tunable hyperparameters, in the order they are written (max_tokens up to the local trainer's 64; no group_size 1,
+whose group-relative advantages are all zero, so the job trains nothing: metarl/learning/grpo.py)."""
 
 REWARD_WEIGHTS = (-1.0, 0.0, 0.1, 0.5, 1.0, 2.0)
 REWARD_DEFAULT, REWARD_END = "reward=default", "reward=end"

@@ -51,7 +51,7 @@ def test_vocabulary_is_fixed_small_and_covers_models_features_and_rewards():
     assert len(contexts) == len(list((REPO / "tasks_specs").glob("*.toml")))  # the shipped families are told apart
     for slot in jl.TRAINING_SLOTS + jl.DATASET_SLOTS:
         assert jl.TOKEN_ID[slot.token(None)] in jl.DEFAULT_TOKEN_IDS
-    assert 1 in jl.TRAINING_SLOTS[3].values  # group_size 1 is expressible
+    assert 1 not in jl.TRAINING_SLOTS[3].values  # group_size 1 would train nothing (test_the_language_offers_no_job_that_cannot_learn)
     assert jl.format_tokens(jl.parse_tokens(DEFAULT_JOB)) == DEFAULT_JOB
 
 
@@ -267,3 +267,9 @@ def test_context_for_episode_reads_an_episode_context():
         artifacts_root="/tmp/x",
     )
     assert jl.format_tokens(jl.context_for_episode(ctx)) == f"<bos> {FEATURES} {LIMITS} attempt=2 fb=dataset_size <sep>"
+
+
+def test_the_language_offers_no_job_that_cannot_learn():
+    # group_size 1 gives every rollout a zero group-relative advantage: the job keeps its base model,
+    # a safe reward the policy of 2026-12-06's seed-0 run collapsed onto (BENCHMARKS.md)
+    assert "group=1" not in jl.VOCAB and jl.TOKEN_ID["group=2"] in jl.allowed_next(job("model=Qwen/Qwen3-0.6B lr=default steps=default batch=8"))
