@@ -27,15 +27,19 @@ type = "local"
 """
 
 
-def test_local_policy_samples_jobs_and_outer_steps_change_its_weights(tmp_path, service_env, pools, pg_url):
-    config = sim_config(tmp_path, name="policy", max_outer_steps=3)
-    text = config.read_text()
+def run_local_policy(config: Path, text: str, service_env: dict[str, str]) -> str:
+    """Run a simulator config with the local policy and its update in place of the simulated ones; the run id."""
     text = re.sub(r'\[backends.agent\]\ntype = "sim"\nduration = .*\n', "", text)
     text = re.sub(r'\[backends.outer\]\ntype = "sim"\nduration = .*\n', "", text)
     config.write_text(text + LOCAL_POLICY)
     done = metarl_cli(["run", str(config), "--no-workers", "--quiet"], service_env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    run_id = re.search(r"run ([0-9a-f\-]{36})", done.stdout).group(1)
+    return re.search(r"run ([0-9a-f\-]{36})", done.stdout).group(1)
+
+
+def test_local_policy_samples_jobs_and_outer_steps_change_its_weights(tmp_path, service_env, pools, pg_url):
+    config = sim_config(tmp_path, name="policy", max_outer_steps=3)
+    run_id = run_local_policy(config, config.read_text(), service_env)
     with session_scope(pg_url) as session:
         assert session.get(Run, run_id).status == RunStatus.finished
         assert_exactly_once(session, run_id, tmp_path / "artifacts")
@@ -61,13 +65,8 @@ def test_the_start_set_is_the_same_in_every_run_recorded_before_step_1_and_never
     for seed in (7, 8):
         config = sim_config(tmp_path, name=f"start{seed}", max_outer_steps=1, failure_rate=0.0)
         text = config.read_text().replace("seed = 7", f"seed = {seed}")
-        text = re.sub(r'\[backends.agent\]\ntype = "sim"\nduration = .*\n', "", text)
-        text = re.sub(r'\[backends.outer\]\ntype = "sim"\nduration = .*\n', "", text)
         text = text.replace("[outer]\n", "[outer]\nstart_set_group_size = 2\n", 1) if "[outer]\n" in text else text + "\n[outer]\nstart_set_group_size = 2\n"
-        config.write_text(text + LOCAL_POLICY)
-        done = metarl_cli(["run", str(config), "--no-workers", "--quiet"], service_env, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-        run_id = re.search(r"run ([0-9a-f\-]{36})", done.stdout).group(1)
+        run_id = run_local_policy(config, text, service_env)
         with session_scope(pg_url) as session:
             assert session.get(Run, run_id).status == RunStatus.finished
             groups = session.execute(select(EpisodeGroup).where(EpisodeGroup.run_id == run_id, EpisodeGroup.start_set.is_(True))).scalars().all()
