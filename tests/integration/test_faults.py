@@ -262,7 +262,7 @@ def test_redis_restarted_mid_run(tmp_path: Path, pg_url: str, private_redis: Pri
     still answers, the reconciler re-sends what was lost from the records, and a worker that Celery lets die of the outage
     (kombu cannot restore its unacknowledged countdown messages over the dead connection) is restarted by its supervisor."""
     config, artifacts = drill_config(tmp_path, "redis-restart")
-    env = service_env(pg_url, private_redis.url())
+    env = service_env(pg_url, private_redis.url(), METARL_HOME=str(tmp_path / "metarl-home"))
 
     def restart_redis(run_id: str) -> None:
         wait_until(
@@ -291,7 +291,9 @@ def test_postgres_restarted_mid_run(tmp_path: Path, redis_url: str, private_pg: 
         db.dispose_engines()
         server.restart(down_s=3.0, mode="immediate")
 
-    run_id, output = run_under_faults(config, service_env(url, redis_url), tmp_path / "logs", started, mid_run=restart_postgres)
+    run_id, output = run_under_faults(
+        config, service_env(url, redis_url, METARL_HOME=str(tmp_path / "metarl-home")), tmp_path / "logs", started, mid_run=restart_postgres
+    )
     check_finished_exactly_once(url, run_id, artifacts)
     assert f"run {run_id} paused: the database is unreachable" in output, output[-3000:]
     assert f"run {run_id} continues: the database is reachable again" in output, output[-3000:]
@@ -300,7 +302,7 @@ def test_postgres_restarted_mid_run(tmp_path: Path, redis_url: str, private_pg: 
 def test_a_worker_killed_in_each_pool(tmp_path: Path, pg_url: str, redis_url: str, started: list) -> None:
     """kill -9 of the agent, probe, train, eval and outer pools, each while it works on a stage, then restarted."""
     config, artifacts = drill_config(tmp_path, "kill-each-pool", max_outer_steps=3, agent_s=0.8, eval_s=0.8, outer_s=1.5, train_s=1.5)
-    env = service_env(pg_url, redis_url)
+    env = service_env(pg_url, redis_url, METARL_HOME=str(tmp_path / "metarl-home"))
     pools = FaultPools(env, tmp_path / "logs", faults={"probe": "slow-probe:0.8"})
     pools.start()
     try:
@@ -386,7 +388,7 @@ def test_full_disk_in_the_artifact_folder(tmp_path: Path, pg_url: str, redis_url
         groups_per_batch=2,
         max_stage_attempts=3,
     )
-    env = service_env(pg_url, redis_url)
+    env = service_env(pg_url, redis_url, METARL_HOME=str(tmp_path / "metarl-home"))
     pools = FaultPools(env, tmp_path / "logs")
     pools.start()
     try:
@@ -423,7 +425,7 @@ def test_slow_backends_are_not_taken_over(tmp_path: Path, pg_url: str, redis_url
     config, artifacts = drill_config(
         tmp_path, "slow", max_outer_steps=2, agent_s=2.5, eval_s=2.5, train_s=3.0, outer_s=2.5, lease_s=1.5, redispatch_after_s=1.5, in_flight=4
     )
-    run_id, _ = run_under_faults(config, service_env(pg_url, redis_url), tmp_path / "logs", started)
+    run_id, _ = run_under_faults(config, service_env(pg_url, redis_url, METARL_HOME=str(tmp_path / "metarl-home")), tmp_path / "logs", started)
     check_finished_exactly_once(pg_url, run_id, artifacts)
     assert takeovers(pg_url, run_id) == 0
     assert scalar(pg_url, select(func.sum(OuterStep.takeovers)).where(OuterStep.run_id == run_id)) == 0
@@ -435,7 +437,9 @@ def test_hung_backend_fails_its_episode_with_a_clear_message(tmp_path: Path, pg_
     why; every other episode and the run finish."""
     config, artifacts = drill_config(tmp_path, "hung", max_outer_steps=2, max_stage_attempts=2, eval_deadline_s=3.0)
     markers = tmp_path / "hung"
-    run_id, _ = run_under_faults(config, service_env(pg_url, redis_url), tmp_path / "logs", started, faults={"eval": f"hang-eval:{markers}"})
+    run_id, _ = run_under_faults(
+        config, service_env(pg_url, redis_url, METARL_HOME=str(tmp_path / "metarl-home")), tmp_path / "logs", started, faults={"eval": f"hang-eval:{markers}"}
+    )
     check_finished_exactly_once(pg_url, run_id, artifacts)
     hung = [int(path.name.split("-", 1)[1]) for path in markers.iterdir()]
     assert len(hung) == 1
@@ -453,7 +457,13 @@ def test_hung_train_poll_fails_its_episode_and_frees_its_slot(tmp_path: Path, pg
     backend's capacity (counted across runs: a job left `running` would hold its slot for good)."""
     config, artifacts = drill_config(tmp_path, "hung-train", max_outer_steps=2, max_stage_attempts=2, train_deadline_s=3.0, max_concurrent_jobs=2)
     markers = tmp_path / "hung"
-    run_id, _ = run_under_faults(config, service_env(pg_url, redis_url), tmp_path / "logs", started, faults={"train": f"hang-train-poll:{markers}"})
+    run_id, _ = run_under_faults(
+        config,
+        service_env(pg_url, redis_url, METARL_HOME=str(tmp_path / "metarl-home")),
+        tmp_path / "logs",
+        started,
+        faults={"train": f"hang-train-poll:{markers}"},
+    )
     check_finished_exactly_once(pg_url, run_id, artifacts)
     hung = [int(path.name.split("-", 1)[1]) for path in markers.iterdir()]
     assert len(hung) == 1
