@@ -205,7 +205,7 @@ _SLOT_CHOICES = {phase: _slot_choices(phase) for phase in _DEFAULTS}
 _SMALLEST = {phase: min(value for _, value in choices) for phase, choices in _SLOT_CHOICES.items()}
 
 
-def _within(choices: list[tuple[int, int]], fits) -> tuple[int, ...]:
+def _within(choices: list[tuple[int, int]], fits: Callable[[int], bool]) -> tuple[int, ...]:
     """The tokens whose value `fits`; the smallest value alone when none does (the grammar never leaves nothing to say)."""
     allowed = tuple(token for token, value in choices if fits(value))
     if allowed:

@@ -5,7 +5,8 @@ dataset limits (``metarl/workspace/task_md.py``). :class:`JobLimits` holds the s
 episode; :func:`limit_tokens` writes them into the policy's context as a few bucketed tokens, and
 :func:`rules_from_context` reads back, from those tokens alone, what the grammar needs to keep every
 sampled job inside them (``metarl.policy.job_language``). The rollout budget's token is the largest
-power of two at or below the budget, so a job the grammar allows never exceeds the real budget.
+power of two at or below the budget, so a job the grammar allows never exceeds the real budget
+(unless no job fits it at all: below 640 tokens the grammar keeps its smallest choices).
 """
 
 from __future__ import annotations

@@ -90,10 +90,11 @@ STAGE_ROW_SQL = f"""
 SELECT e.id, e.run_id, r.status, e.stage, e.probe_attempt, e.task_id, e.policy_version,
        pv.state_uri, cur.workspace_uri, cur.job_toml, prev.errors, r.config, r.task_specs -> e.task_id, cur.passed,
        (SELECT coalesce(sum(a.agent_tokens), 0) FROM probe_attempts a WHERE a.episode_id = e.id AND a.attempt <= e.probe_attempt), e.group_id,
-       e.index_in_group, (SELECT g.start_set FROM episode_groups g WHERE g.id = e.group_id),
+       e.index_in_group, g.start_set,
        {", ".join(f"ij.{column} AS inner_{column}" for column in INNER_JOB_COLUMNS)}
 FROM episodes e
 JOIN runs r ON r.id = e.run_id
+JOIN episode_groups g ON g.id = e.group_id
 LEFT JOIN policy_versions pv ON pv.run_id = e.run_id AND pv.version = e.policy_version
 LEFT JOIN probe_attempts cur ON cur.episode_id = e.id AND cur.attempt = e.probe_attempt
 LEFT JOIN probe_attempts prev ON prev.episode_id = e.id AND prev.attempt = e.probe_attempt - 1
@@ -146,7 +147,7 @@ def open_groups(
         "task_ids": list(task_ids),
         "policy_version": policy_version,
         "size": size,
-        "held_out": held_out or start_set,
+        "held_out": held_out,
         "start_set": start_set,
         "now": now,
     }

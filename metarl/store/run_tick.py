@@ -182,8 +182,7 @@ class RunTick:
         return found is not None
 
     def open_groups(self, task_ids: Sequence[str], *, size: int, held_out: bool, now: dt.datetime, start_set: bool = False) -> list[int]:
-        """One group per task id at the run's policy version, its episodes at their first stage, in one statement; the episode ids.
-        Start-set groups are evaluation-only (held out) whatever `held_out` says."""
+        """One group per task id at the run's policy version, its episodes at their first stage, in one statement; the episode ids."""
         return open_groups(
             self._session,
             run_id=self._run.id,

@@ -42,6 +42,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.fakes.http import QuietHandler
+
 RUNPOD_CUDA_VERSIONS = ("11.8", "12.0", "12.1", "12.2", "12.3", "12.4", "12.5", "12.6", "12.7", "12.8", "12.9", "13.0")
 """Values Runpod accepts in allowedCudaVersions (kept apart from metarl's own list: the fake checks it)."""
 
@@ -175,12 +177,7 @@ class FakeRunpod:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 fake._handle(self)
 

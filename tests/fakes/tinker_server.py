@@ -71,6 +71,8 @@ from tinker.types.loss_fn_type import LossFnType
 from tinker.types.request_error_category import RequestErrorCategory
 from tinker.types.try_again_response import TryAgainResponse
 
+from tests.fakes.http import QuietHandler
+
 API = "/api/v1"
 PROTO = "application/x-protobuf"
 CHAT_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -263,12 +265,7 @@ class FakeTinker:
         self._tokenizer = AutoTokenizer.from_pretrained(str(self.tokenizer_dir))
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
+        class Handler(QuietHandler):
             def setup(self) -> None:
                 super().setup()
                 with fake.lock:
