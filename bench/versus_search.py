@@ -1,13 +1,17 @@
 """Does the trained agent beat a tuner? Best hidden-eval score so far against inner jobs spent, on the local backends.
 
-    python -m bench.versus_search --policy PATH     # the full run: at most about 90 minutes on 2 cores (arithmetic below; 31 min measured)
-    python -m bench.versus_search --quick           # 3-7 minutes: checks the machinery and its own output, numbers labelled QUICK
+    python -m bench.versus_search --policy PATH                          # the full plan: about 3 hours on 2 cores (arithmetic below)
+    python -m bench.versus_search --policy PATH --families addition      # one family of it (about 30 minutes)
+    python -m bench.versus_search --merge .metarl/versus-search/full-*/versus_search-full.csv   # the runs of one plan as one table
+    python -m bench.versus_search --quick                                # 3-7 minutes: checks the machinery, numbers labelled QUICK
 
-For the held-out family of `examples/local.toml` (the task whose spec says `held_out = true`:
-date_format) and two training families (addition and sorting; `--families` picks others), each
-method spends inner jobs one after another, and after each job the best score so far is recorded
-(`metarl/versus_search.py`: never below the floor, the small base model's own score; a job the
-probe rejects, or one that fails, is spent and adds no score). Methods:
+For every task of the run config (`--config`, default `examples/local.toml`: its held-out family
+first, then its training families; `--families` picks task ids of it or task spec files), each
+method spends inner jobs one after another at the run's own job budget (the largest training-time
+cap of its tasks, 60 s for `examples/local.toml`; `--train-seconds` compares at another), and after
+each job the best score so far is recorded (`metarl/versus_search.py`: never below the floor, the
+small base model's own score; a job the probe rejects, or one that fails, is spent and adds no
+score, and the summary counts each method's jobs lost to rejections). Methods:
 
 - trained agent: a policy state saved by an `examples/local.toml` run (`--policy PATH`, e.g.
   `<artifacts>/policy/<run>/v00040-<attempt>.pt`), with its provenance (run id, commit, seed,
@@ -25,7 +29,7 @@ probe rejects, or one that fails, is spent and adds no score). Methods:
   those, can be drawn.
 - Optuna TPE (`optuna.samplers.TPESampler`, seeded, ask/tell) over the same slots as categorical
   distributions; a rejected or failed job is told 0.0. TPE's default of 10 random start-up trials
-  would make all 8 jobs random, so it starts modelling after 3.
+  would make all its jobs random, so it starts modelling after 3.
 - sensible preset (`metarl/learning/presets.py`, the small model's) as one job.
 
 Every job goes through the same probe (`probe_job_text` with the local trainer's compile check)
@@ -35,13 +39,13 @@ process, `python -m metarl.backends.local.job`, one torch thread), polled, then
 itself (an optimistic tuner: one in practice would select on a validation split). The local
 backends are not billed (`metarl/dry_run.py`), so cost_usd is 0 and the CPU seconds are the cost.
 
-Budget of the full run (2 cores, two jobs at once): 3 families x 3 seeds x (4 searching methods x
-8 jobs + 1 sensible job) = 297 jobs at worst (a rejected job costs milliseconds, and the untrained
-agent and the searches write many). A passing job is 20 s of training (`time_budget_s`; the run's
-task specs allow 60 s, but 297 jobs of 60 s do not fit) plus at most about 9 s of trainer start,
-model load and save, and scoring 200 hidden-eval items (6-8.5 s measured on a shared 2-core AMD
-EPYC, local-l the slower): 149 rounds of two jobs x 29 s = 72 min, plus the base-model builds on
-first use and the floors (109 s and 253 s, in parallel, on that machine): about 77 minutes at worst.
+Budget of the full plan (2 cores, two jobs at once): 6 families x 3 seeds x (4 searching methods x
+4 jobs + 1 sensible job) = 306 jobs at worst (a rejected job costs milliseconds). A passing job is
+its 60 s of training (`time_budget_s`) plus at most about 9 s of trainer start, model load and save,
+and scoring 200 hidden-eval items (6-8.5 s measured on a shared 2-core AMD EPYC, local-l the
+slower): 153 rounds of two jobs x 69 s = 176 min, plus about 5 minutes of base-model builds and
+floors: about 3 hours, so run it a family at a time (`--families`, about 30 minutes each) and merge
+the CSVs. At `--train-seconds 20`: 153 x 29 s = 74 min.
 `--quick`: 2 families (date_format, addition) x 2 seeds x (4 x 4 + 1) = 68 jobs at worst of 3 s on
 base models pretrained at scale 0.04, scored on 48 items, 8-11 s each with start-up: 34 rounds x
 11 s = 6 min, plus about 40 s of builds: 7 minutes at worst (3.1 min measured without a trained
@@ -96,6 +100,8 @@ from metarl.versus_search import (
     Method,
     Mode,
     VersusRow,
+    acceptance_lines,
+    merge_versus_parts,
     read_versus_csv,
     rejections_line,
     rows_to_csv,
@@ -297,7 +303,9 @@ class TpeProposer:
         self.space = search_space()
         sampler = optuna.samplers.TPESampler(seed=job_seed(seed, family, 0), n_startup_trials=TPE_STARTUP_TRIALS)
         self.study = optuna.create_study(direction="maximize", sampler=sampler)
-        self.distributions = {dimension.name: optuna.distributions.CategoricalDistribution(list(dimension.choices)) for dimension in self.space}
+        self.distributions: dict[str, optuna.distributions.BaseDistribution] = {
+            dimension.name: optuna.distributions.CategoricalDistribution(list(dimension.choices)) for dimension in self.space
+        }
         self.trial: Any = None
 
     def propose(self, job_index: int) -> str:
@@ -589,7 +597,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--families",
         default=None,
         help="comma-separated task ids of the config or task spec files (*.toml, e.g. examples/families/increment/increment.toml) "
-        "(default: the held-out ones, then addition,sorting; quick: then addition)",
+        "(default: every task of the config, held-out ones first; quick: the held-out ones, then addition)",
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="CSV",
+        help="merge the CSVs of several bench runs of one plan (e.g. one per --families) into one table, plot and summary in --out; runs nothing",
     )
     parser.add_argument("--seeds", type=int, default=None, help="seeds per method (default 3; quick 2)")
     parser.add_argument("--jobs", type=int, default=None, help="inner jobs per method, family and seed (default 4)")
@@ -609,7 +625,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--policy-commit", default=None, help="commit of the run that trained --policy (when no provenance file is beside it)")
     parser.add_argument("--policy-seed", type=int, default=None, help="seed of that run (when no provenance file is beside it)")
     parser.add_argument("--cache-dir", default=None, help="base-model cache (default $METARL_CACHE_DIR, else ~/.cache/metarl/models)")
-    parser.add_argument("--out", type=Path, default=None, help="output folder (default .metarl/versus-search/<mode>)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default .metarl/versus-search/<mode>, <mode>-<families> with --families, <mode>-merged with --merge)",
+    )
     add_artifacts_argument(parser)
     return parser.parse_args(argv)
 
@@ -678,6 +699,8 @@ def missing_optional_modules(modules: Mapping[str, str] | None = None) -> list[s
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison, write and check its output; 0 when the output has the expected shape."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.merge:
+        return merge_main(args.merge, args.out)
     missing = missing_optional_modules()
     if missing:
         for line in missing:
@@ -722,7 +745,7 @@ def main(argv: list[str] | None = None) -> int:
     methods: list[Method] = [method for method in SEARCHING_METHODS if method != "trained_agent" or trained is not None] + ["sensible_preset"]
     estimate = worst_case_wall_s(plan, len(SEARCHING_METHODS), QUICK_JOB_OVERHEAD_S if plan.mode == "quick" else JOB_OVERHEAD_S, SETUP_S[plan.mode])
     total = worst_case_jobs(len(methods) - 1, len(plan.families), plan.seeds, plan.jobs)
-    out = args.out or Path(".metarl") / "versus-search" / plan.mode
+    out = args.out or default_out(plan, bool(args.families))
     out.mkdir(parents=True, exist_ok=True)
     label = "QUICK RUN: short jobs on scaled-down base models, numbers not comparable to a full run" if plan.mode == "quick" else "full run"
     print(f"# versus search, {label}", flush=True)
@@ -771,6 +794,7 @@ def main(argv: list[str] | None = None) -> int:
     if provenance is None:
         lines.append(f"trained agent: MISSING (no --policy given): {METHOD_LABELS['trained_agent']} rows are absent, not stood in for")
     lines.append(rejections_line(rows))
+    lines += acceptance_lines(points)
     lines.append(f"{meta['cost']}; budgets compared: {', '.join(map(str, BUDGETS))} jobs ({', '.join(sorted(SINGLE_JOB_METHODS))}: one job)")
     (out / f"summary-{plan.mode}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
@@ -779,6 +803,89 @@ def main(argv: list[str] | None = None) -> int:
         print(f"output check: {problem}", file=sys.stderr)
     print(f"# output {'FAILED its shape check' if problems else 'checked'}: {csv_path}, {png_path}, {out / f'summary-{plan.mode}.txt'}", flush=True)
     return 1 if problems else 0
+
+
+def default_out(plan: BenchPlan, families_given: bool) -> Path:
+    """`.metarl/versus-search/<mode>`, or `<mode>-<families>` when `--families` picked them (so runs split by family keep their own files)."""
+    return Path(".metarl") / "versus-search" / (f"{plan.mode}-{'-'.join(plan.families)}" if families_given else plan.mode)
+
+
+PLAN_KEYS_TO_MATCH = ("mode", "seeds", "jobs", "train_seconds", "eval_items", "model_scale")
+"""What the bench runs merged into one table must share (their families differ)."""
+
+
+def merge_plan_problems(metas: Sequence[tuple[str, dict[str, Any]]]) -> list[FieldProblem]:
+    """Where the plans (and trained policies) of the runs to merge differ from the first one's, a problem naming the file and the key."""
+    problems = []
+    first_source, first = metas[0]
+    for source, meta in metas[1:]:
+        for key in PLAN_KEYS_TO_MATCH:
+            if meta["plan"].get(key) != first["plan"].get(key):
+                problems.append(
+                    FieldProblem(
+                        field=f"{source}: plan.{key}",
+                        message=f"{meta['plan'].get(key)!r} here, {first['plan'].get(key)!r} in {first_source}",
+                        fix="merge runs of one plan (rerun the odd one with the same --seeds, --jobs and --train-seconds)",
+                    )
+                )
+        if meta.get("trained_agent") != first.get("trained_agent"):
+            problems.append(FieldProblem(field=f"{source}: trained_agent", message=f"another policy than {first_source}'s", fix="merge runs of one --policy"))
+    return problems
+
+
+def read_part_meta(csv_path: Path, mode: str) -> dict[str, Any]:
+    """The `meta-<mode>.json` the bench wrote beside a CSV (ConfigError naming the file when it is missing or unreadable)."""
+    path = csv_path.with_name(f"meta-{mode}.json")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(
+            str(csv_path), [FieldProblem(field=str(path), message=f"cannot read the run's plan: {err}", fix="keep the bench's meta file beside its CSV")]
+        ) from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("plan"), dict):
+        raise ConfigError(str(csv_path), [FieldProblem(field=str(path), message="no plan in it", fix="keep the meta file the bench wrote")])
+    return meta
+
+
+def merge_main(paths: Sequence[Path], out: Path | None) -> int:
+    """Merge the CSVs of bench runs of one plan into one CSV, plot and summary (with the acceptance lines); 0 when the result has its shape."""
+    from metarl.report.html import draw_versus_search_plot
+
+    try:
+        parts = [(str(path), read_versus_csv(path)) for path in paths]
+        metas = [(source, read_part_meta(Path(source), rows[0].mode)) for source, rows in parts]
+        problems = merge_plan_problems(metas)
+        if problems:
+            raise ConfigError("--merge", problems)
+        rows = merge_versus_parts(parts)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    mode, plan = rows[0].mode, metas[0][1]["plan"]
+    out = out or Path(".metarl") / "versus-search" / f"{mode}-merged"
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, png_path = out / f"versus_search-{mode}.csv", out / f"versus_search-{mode}.png"
+    csv_path.write_text(rows_to_csv(rows), encoding="utf-8")
+    draw_versus_search_plot(png_path, rows)
+    points = summarize(rows)
+    families = list(dict.fromkeys(row.family for row in rows))
+    meta = {"mode": mode, "merged_from": [{"csv": source, **part} for source, part in metas], "commit": git_commit()}
+    (out / f"meta-{mode}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    lines = [f"# versus search, {mode} run, merged from {len(parts)} CSVs: {', '.join(source for source, _rows in parts)}"]
+    lines += summary_table(points)
+    for family in families:
+        if any(row.held_out for row in rows if row.family == family):
+            lines += zero_shot_lines(points, family)
+    lines.append(rejections_line(rows))
+    lines += acceptance_lines(points)
+    (out / f"summary-{mode}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    methods = [method for method in METHOD_LABELS if any(row.method == method for row in rows)]
+    shape = shape_problems(rows, methods, families, list(range(int(plan["seeds"]))), int(plan["jobs"]), mode)
+    for problem in shape:
+        print(f"output check: {problem}", file=sys.stderr)
+    print(f"# merged output {'FAILED its shape check' if shape else 'checked'}: {csv_path}, {png_path}, {out / f'summary-{mode}.txt'}", flush=True)
+    return 1 if shape else 0
 
 
 def make_streams(

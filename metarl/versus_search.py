@@ -389,3 +389,56 @@ def shape_problems(rows: Sequence[VersusRow], methods: Sequence[str], families: 
         if len(seeds) > 1 and (low is None or high is None or not low <= point.best.mean <= high):
             problems.append(f"{point.method}/{point.family}/{point.budget} jobs: CI bounds out of order: {low}, {point.best.mean}, {high}")
     return problems
+
+
+def merge_versus_parts(parts: Sequence[tuple[str, Sequence[VersusRow]]]) -> list[VersusRow]:
+    """The rows of several bench runs (each `(source, rows)`, e.g. one family each) as one table.
+
+    ConfigError naming the sources when they cannot be one table: their modes differ, or a family
+    appears in two of them (the same family benched twice: keep one run of it).
+    """
+    if not parts:
+        raise ConfigError("--merge", [FieldProblem(field="--merge", message="no CSV given", fix="give the CSVs of the bench runs to merge")])
+    problems: list[FieldProblem] = []
+    first_source, first_rows = parts[0]
+    mode = first_rows[0].mode if first_rows else "full"
+    owner: dict[str, str] = {}
+    for source, rows in parts:
+        if rows and rows[0].mode != mode:
+            problems.append(FieldProblem(field=source, message=f"a {rows[0].mode} run, and {first_source} is a {mode} run", fix="merge runs of one mode"))
+        for family in sorted({row.family for row in rows}):
+            if family in owner and owner[family] != source:
+                problems.append(
+                    FieldProblem(field=source, message=f"family {family} is also in {owner[family]}", fix="merge one bench run per family; drop one of the two")
+                )
+            owner.setdefault(family, source)
+    merged = [row for _source, rows in parts for row in rows]
+    problems += consistency_problems(merged)
+    if problems:
+        raise ConfigError("--merge", problems[:50])
+    return merged
+
+
+def acceptance_lines(points: Sequence[SummaryPoint], budget: int = 4) -> list[str]:
+    """Per family: the trained agent's first job against the sensible preset's mean, and its best of `budget` against
+    Optuna TPE's (means over the seeds), then the counts over the families; a family missing a method says so."""
+    found = {(point.method, point.family, point.budget): point for point in points}
+    families = sorted({point.family for point in points}, key=lambda family: (not any(p.held_out for p in points if p.family == family), family))
+    lines = []
+    first_wins = best_wins = compared = 0
+    for family in families:
+        first, preset = found.get(("trained_agent", family, 1)), found.get(("sensible_preset", family, 1))
+        ours, tpe = found.get(("trained_agent", family, budget)), found.get(("optuna_tpe", family, budget))
+        if first is None or preset is None or ours is None or tpe is None:
+            lines.append(f"{family}: not compared (trained agent, sensible preset or Optuna TPE missing at 1 or {budget} jobs)")
+            continue
+        compared += 1
+        first_ok, best_ok = first.best.mean >= preset.best.mean, ours.best.mean > tpe.best.mean
+        first_wins += first_ok
+        best_wins += best_ok
+        lines.append(
+            f"{family}: trained agent's first job {first.best.mean:.3f} {'>=' if first_ok else '<'} sensible preset {preset.best.mean:.3f}; "
+            f"its best of {budget} {ours.best.mean:.3f} {'>' if best_ok else '<='} Optuna TPE's {tpe.best.mean:.3f}"
+        )
+    lines.append(f"over {compared} families: first job at or above the sensible preset on {first_wins}; best of {budget} above Optuna TPE's on {best_wins}")
+    return lines

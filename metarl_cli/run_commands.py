@@ -63,17 +63,28 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def resume_refusal(runs: Any, run: Any) -> str | None:
-    """Why the run cannot go on from its current policy version (its outer backend's saved state expired); None: it can. Asked before any worker starts."""
+    """Why the run cannot go on from its current policy version (its outer backend's saved state expired, or this code
+    cannot load it); None: it can. Asked before any worker starts."""
+    from metarl.artifact_store import ArtifactStore
+    from metarl.errors import ArtifactMissing, ArtifactStoreUnavailable
     from metarl.store import utcnow
     from schemas.states import RunStatus
 
     if run.status == RunStatus.finished:
         return None  # a finished run is not continued
-    saved_at = runs.saved_at(run.run_id, run.policy_version)
-    if saved_at is None:
+    saved = runs.saved_version(run.run_id, run.policy_version)
+    if saved is None:
         return None
+    saved_at, state_uri = saved
     config = runs.stored_config(run.run_id)
-    problem = config.backends.outer.resume_problem(run.policy_version, saved_at, utcnow(), config.run.max_outer_steps)
+    outer = config.backends.outer
+    problem = outer.resume_problem(run.policy_version, saved_at, utcnow(), config.run.max_outer_steps)
+    if problem is None and state_uri is not None:
+        try:
+            state = outer.saved_state_problem(lambda: str(ArtifactStore(config.artifacts.root).file(state_uri)))
+        except (ArtifactMissing, ArtifactStoreUnavailable):
+            state = None  # not readable from this host: the workers that read it say what is wrong
+        problem = None if state is None else f"policy version {run.policy_version}: {state}"
     return None if problem is None else f"run {run.run_id} cannot be resumed: {problem}"
 
 

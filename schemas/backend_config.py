@@ -9,7 +9,7 @@ asks for its plan), and which run combinations it refuses (`RunConfig` asks at l
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar
 
 from pydantic import Field
@@ -81,6 +81,11 @@ class OuterBackendConfig(BackendConfig):
 
     def resume_problem(self, version: int, saved_at: dt.datetime, now: dt.datetime, max_outer_steps: int) -> str | None:
         """Why a run cannot go on from policy version ``version``, saved at ``saved_at`` (None: it can); `metarl resume` asks before anything starts."""
+        return None
+
+    def saved_state_problem(self, fetch_state: Callable[[], str]) -> str | None:
+        """Why this code cannot continue from a version's saved state (None: it can); ``fetch_state`` gives its local path
+        and is called only by a backend that reads the state. `metarl resume` asks before anything starts."""
         return None
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -281,17 +282,11 @@ class LocalPolicy:
             raise
 
     def load_state(self, path: str | os.PathLike) -> None:
-        """Load model and Adam state saved by `save_state` (weights_only; the vocabulary must match)."""
+        """Load model and Adam state saved by `save_state` (weights_only; the vocabulary must match: ValueError naming the file)."""
         payload = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
-            raise ValueError(f"{path}: not a local policy state ({STATE_FORMAT})")
-        if payload.get("vocab") != list(jl.VOCAB):
-            raise ValueError(f"{path}: saved with a different job-language vocabulary")
-        config = PolicyConfig(**payload["config"])
-        if (config.embed_dim, config.hidden_dim) != (self.config.embed_dim, self.config.hidden_dim):
-            raise ValueError(
-                f"{path}: saved with embed/hidden {config.embed_dim}/{config.hidden_dim}, this policy has {self.config.embed_dim}/{self.config.hidden_dim}"
-            )
+        problem = payload_problem(payload, self.config)
+        if problem is not None:
+            raise ValueError(f"{path}: {problem}")
         self.net.load_state_dict(payload["model"])
         if payload.get("optimizer") is not None:
             self.make_optimizer().load_state_dict(payload["optimizer"])
@@ -299,8 +294,33 @@ class LocalPolicy:
     @classmethod
     def from_state(cls, path: str | os.PathLike) -> LocalPolicy:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
-            raise ValueError(f"{path}: not a local policy state ({STATE_FORMAT})")
+        problem = payload_problem(payload)
+        if problem is not None:
+            raise ValueError(f"{path}: {problem}")
         policy = cls(PolicyConfig(**payload["config"]))
         policy.load_state(path)
         return policy
+
+
+def payload_problem(payload: object, config: PolicyConfig | None = None) -> str | None:
+    """Why a loaded state cannot be this code's policy (None: it can): not a local policy state, another job-language
+    vocabulary, or (given `config`) other embed/hidden sizes."""
+    if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
+        return f"not a local policy state ({STATE_FORMAT})"
+    if payload.get("vocab") != list(jl.VOCAB):
+        saved = payload.get("vocab") or []
+        added, removed = len(set(jl.VOCAB) - set(saved)), len(set(saved) - set(jl.VOCAB))
+        return f"saved with a different job-language vocabulary ({len(saved)} tokens; this code has {len(jl.VOCAB)}: {added} added, {removed} removed)"
+    saved_config = PolicyConfig(**payload["config"])
+    if config is not None and (saved_config.embed_dim, saved_config.hidden_dim) != (config.embed_dim, config.hidden_dim):
+        return f"saved with embed/hidden {saved_config.embed_dim}/{saved_config.hidden_dim}, this policy has {config.embed_dim}/{config.hidden_dim}"
+    return None
+
+
+def state_file_problem(path: str | os.PathLike) -> str | None:
+    """Why the saved state at `path` cannot be loaded by this code (None: it can)."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        return f"cannot be read ({err})"
+    return payload_problem(payload)

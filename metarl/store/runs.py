@@ -113,12 +113,12 @@ class RunsTransaction:
             raise RunNotFound(f"no run with id {run_id}")
         return stored_run_config(run.config)
 
-    def saved_at(self, run_id: str, version: int) -> dt.datetime | None:
-        """When the run's policy version ``version`` was saved (None: no such version)."""
+    def saved_version(self, run_id: str, version: int) -> tuple[dt.datetime, str | None] | None:
+        """When the run's policy version ``version`` was saved, and its state's URI (None: no such version)."""
         found = self._session.execute(
-            select(PolicyVersion.created_at).where(PolicyVersion.run_id == run_id, PolicyVersion.version == version)
-        ).scalar_one_or_none()
-        return found
+            select(PolicyVersion.created_at, PolicyVersion.state_uri).where(PolicyVersion.run_id == run_id, PolicyVersion.version == version)
+        ).first()
+        return None if found is None else (found[0], found[1])
 
     def reopen_failed_run(self, run_id: str) -> ReopenedStep:
         """Put the failed run's failed outer step back to pending and the run back to running (`metarl.store.failed_runs`)."""

@@ -11,7 +11,7 @@ import torch
 from metarl.backends.local.train import local_compile_problems
 from metarl.policy import job_language as jl
 from metarl.policy.job_limits import job_limits
-from metarl.policy.local_policy import LocalPolicy, PolicyConfig, mixed_logprobs
+from metarl.policy.local_policy import LocalPolicy, PolicyConfig, mixed_logprobs, state_file_problem
 from metarl.probe.job import probe_job_text
 from schemas.base import FieldProblem, load_toml_model
 from schemas.task_spec import TaskSpec
@@ -136,6 +136,22 @@ def test_load_refuses_a_foreign_file(tmp_path):
     policy.save_state(tmp_path / "small.pt")
     with pytest.raises(ValueError, match="embed/hidden"):
         LocalPolicy().load_state(tmp_path / "small.pt")
+
+
+def test_state_file_problem_names_what_keeps_a_state_from_loading(tmp_path):
+    LocalPolicy().save_state(tmp_path / "ok.pt")
+    assert state_file_problem(tmp_path / "ok.pt") is None
+    payload = LocalPolicy().state_dict()
+    payload["vocab"] = [token for token in payload["vocab"] if token != payload["vocab"][-1]] + ["<other>", "<tokens>"]
+    torch.save(payload, tmp_path / "other.pt")
+    assert state_file_problem(tmp_path / "other.pt") == (
+        f"saved with a different job-language vocabulary ({len(jl.VOCAB) + 1} tokens; this code has {len(jl.VOCAB)}: 1 added, 2 removed)"
+    )
+    with pytest.raises(ValueError, match="other.pt: saved with a different job-language vocabulary"):
+        LocalPolicy.from_state(tmp_path / "other.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a torch file")
+    assert state_file_problem(tmp_path / "junk.pt").startswith("cannot be read")
+    assert state_file_problem(tmp_path / "absent.pt").startswith("cannot be read")
 
 
 def test_untrained_policy_writes_mostly_default_jobs_that_all_keep_to_the_task():

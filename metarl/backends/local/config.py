@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -86,6 +86,19 @@ class LocalOuterBackend(OuterBackendConfig):
     def combination_problem(self, backends: Mapping[StageName, BackendConfig]) -> str | None:
         """The local policy and its update come together."""
         return local_pair_problem(backends)
+
+    def saved_state_problem(self, fetch_state: Callable[[], str]) -> str | None:
+        """The saved policy must load in this code (its job-language vocabulary and sizes): a state of another version of
+        the job language cannot sample jobs here."""
+        from metarl.policy.local_policy import state_file_problem
+
+        problem = state_file_problem(fetch_state())
+        if problem is None:
+            return None
+        return (
+            f"its saved local policy state does not load in this code ({problem}), which cannot sample jobs with it. "
+            "Run the code the run was started with, or start a new run (`metarl run CONFIG --new`)"
+        )
 
 
 def local_pair_problem(backends: Mapping[StageName, BackendConfig]) -> str | None:
