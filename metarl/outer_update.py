@@ -237,14 +237,20 @@ def local_outer_step(
     max_grad_norm: float | None = 1.0,
     temperature: float = 1.0,
     floor: float = 0.0,
+    entropy_coef: float = 0.0,
 ) -> dict[str, float]:
     """One Adam step of the local policy on a batch of datums (the `local` outer backend's update).
 
     `optimizer=None` uses (and creates if needed) the policy's own Adam. The learning rate is
     set to `lr` before the step; `temperature` must be the one the behaviour logprobs were sampled
-    at (the policy scores targets at it), and `floor` the exploration floor they were sampled with. With no datums, or no token with a non-zero advantage, no step
-    is taken (`skipped` = 1): Adam's momentum would otherwise move the weights without signal.
+    at (the policy scores targets at it), and `floor` the exploration floor they were sampled with. `entropy_coef` adds
+    an entropy bonus: the loss minus `entropy_coef` times the policy's entropy summed over the job tokens (the same sum
+    as the importance-sampling term), so a choice the advantages do not favour is not driven out on noise alone; the
+    metric `entropy_mean` (nats per job token) is reported either way. With no datums, or no token with a non-zero
+    advantage, no step is taken (`skipped` = 1): Adam's momentum would otherwise move the weights without signal.
     """
+    if entropy_coef < 0.0:
+        raise ValueError(f"entropy_coef is {entropy_coef}; it must be >= 0")
     if optimizer is None:
         optimizer = policy.make_optimizer(lr)
     metrics = {"datums": float(len(datums)), "lr": float(lr), "skipped": 1.0, "loss": 0.0, "grad_norm": 0.0}
@@ -255,9 +261,13 @@ def local_outer_step(
     for group in optimizer.param_groups:
         group["lr"] = float(lr)
     optimizer.zero_grad(set_to_none=True)
-    new_logprobs = policy.target_logprobs(batch["inputs"], batch["targets"], batch["lengths"].tolist(), temperature, floor)
-    loss, stats = importance_sampling_loss(new_logprobs, batch["logprobs"], batch["advantages"], batch["mask"], ratio_cap)
+    scores = policy.target_scores(batch["inputs"], batch["targets"], batch["lengths"].tolist(), temperature, floor)
+    loss, stats = importance_sampling_loss(scores.logprobs, batch["logprobs"], batch["advantages"], batch["mask"], ratio_cap)
+    entropy_sum = (scores.entropy * batch["mask"]).sum()
+    if entropy_coef > 0.0:
+        loss = loss - entropy_coef * entropy_sum
     metrics.update(stats)
+    metrics["entropy_mean"] = float(entropy_sum.detach() / batch["mask"].sum().clamp(min=1))
     metrics["loss"] = float(loss.detach())
     if not bool(((batch["advantages"] != 0) & (batch["mask"] > 0)).any()):
         return metrics

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -64,6 +65,13 @@ class SampledJob:
     def render(self, seed: int | None = None, limits: JobLimits | None = None) -> str:
         """The job.toml text of this sample (its dataset moved into `limits` when given)."""
         return jl.render_job_toml(self.job_tokens, seed=seed, limits=limits)
+
+
+class TargetScores(NamedTuple):
+    """What the update needs of the policy at each target: its log-probability and the policy's entropy there."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
 
 
 class _Net(nn.Module):
@@ -218,11 +226,17 @@ class LocalPolicy:
     def target_logprobs(
         self, inputs: torch.Tensor, targets: torch.Tensor, lengths: Sequence[int], temperature: float = 1.0, floor: float = 0.0
     ) -> torch.Tensor:
-        """Log-probabilities [B, T] of `targets` given `inputs` (Tinker's model_input/target_tokens layout).
+        """Log-probabilities [B, T] of `targets` given `inputs` (Tinker's model_input/target_tokens layout); see `target_scores`."""
+        return self.target_scores(inputs, targets, lengths, temperature, floor).logprobs
+
+    def target_scores(self, inputs: torch.Tensor, targets: torch.Tensor, lengths: Sequence[int], temperature: float = 1.0, floor: float = 0.0) -> TargetScores:
+        """Log-probabilities [B, T] of `targets` given `inputs`, and the policy's entropy [B, T] at each job target.
 
         Row b holds `lengths[b]` valid positions (right padding). Targets that are job tokens
         (after `<sep>`) are scored under the grammar mask and exploration floor, as they were sampled;
-        prompt targets are scored unmasked (they carry advantage 0). Padding positions return 0.
+        prompt targets are scored unmasked (they carry advantage 0). The entropy is that of the
+        policy's own grammar-masked softmax (before the floor mixes in the uniform), 0 at prompt
+        targets and padding. Padding positions return logprob 0.
         """
         if inputs.shape != targets.shape or inputs.dim() != 2:
             raise ValueError("inputs and targets must both be [batch, time]")
@@ -242,7 +256,10 @@ class LocalPolicy:
         plain = torch.log_softmax(logits.masked_fill(~masks, float("-inf")), dim=-1)
         logprobs = torch.where(job_positions, mixed_logprobs(logits, masks, floor), plain) if floor > 0.0 else plain
         picked = logprobs.gather(-1, targets.clamp(0, jl.VOCAB_SIZE - 1).unsqueeze(-1)).squeeze(-1)
-        return torch.where(valid, picked, torch.zeros_like(picked))
+        finite = torch.where(masks, plain, torch.zeros_like(plain))  # 0 * -inf would be NaN
+        entropy = -(finite.exp() * finite).sum(dim=-1)
+        on_job = valid & job_positions.squeeze(-1)
+        return TargetScores(torch.where(valid, picked, torch.zeros_like(picked)), torch.where(on_job, entropy, torch.zeros_like(entropy)))
 
     def logprobs(self, context_tokens: Sequence[int], job_tokens: Sequence[int], temperature: float = 1.0, floor: float = 0.0) -> torch.Tensor:
         """Log-probabilities [len(job_tokens)] of a job given its context (differentiable)."""

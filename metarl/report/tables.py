@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 STAGES: tuple[str, ...] = ("agent", "probe", "train", "eval")
 StageName = Literal["agent", "probe", "train", "eval"]
 
-# Keys of `outer_steps.metrics` (metarl/store/step_metrics.py) that the report shows, in column order.
+# Keys of `outer_steps.metrics` (metarl/store/step_metrics.py; `backend_` ones from the outer backend's update) that the
+# report shows, in column order. backend_entropy_mean: the local policy's entropy per job token (metarl/outer_update.py).
 STEP_METRICS: tuple[str, ...] = (
     "reward_mean",
     "held_out_reward_mean",
@@ -27,6 +28,7 @@ STEP_METRICS: tuple[str, ...] = (
     "explicit_hparam_share",
     "first_try_pass_rate",
     "cost_usd_total",
+    "backend_entropy_mean",
 )
 STEP_COLUMNS: tuple[str, ...] = ("step", "status", "episodes", "policy_version", *STEP_METRICS, "cost_usd_step")
 LATENCY_COLUMNS: tuple[str, ...] = ("step", *(f"{stage}_{what}" for stage in STAGES for what in ("n", "median_s", "p90_s")))

@@ -20,7 +20,7 @@ from metarl.outer_update import (
 )
 from metarl.policy import job_language as jl
 from metarl.policy.family_features import family_features
-from metarl.policy.local_policy import LocalPolicy
+from metarl.policy.local_policy import LocalPolicy, grammar_masks
 
 CONTEXT = jl.context_tokens(family_features("Add two numbers.", examples=[("add 1+2=", "3")]))
 
@@ -216,6 +216,36 @@ def test_local_step_raises_the_logprob_of_positive_advantage_samples():
     # a second step on the same (now off-policy) datums sees ratios away from 1
     metrics = local_outer_step(policy, policy.optimizer, datums, ratio_cap=1.05, lr=1e-2)
     assert metrics["ratio_max"] > 1.0 and metrics["ratio_min"] < 1.0
+
+
+def test_target_scores_entropy_is_the_masked_softmax_entropy_at_job_targets():
+    policy = LocalPolicy()
+    datum = sampled_datums(policy, [1.0])[0]
+    inputs, targets = torch.tensor([datum.model_input]), torch.tensor([datum.target_tokens])
+    scores = policy.target_scores(inputs, targets, [datum.length])
+    p = len(CONTEXT)
+    assert torch.all(scores.entropy[0, : p - 1] == 0)  # prompt targets
+    masks = grammar_masks(datum.model_input + [datum.target_tokens[-1]], datum.length)
+    with torch.no_grad():
+        logits = policy.net.head(policy.net.gru(policy.net.embed(inputs))[0])[0]
+    for position in range(p - 1, datum.length):
+        allowed = torch.softmax(logits[position][masks[position]], dim=-1)
+        expected = float(-(allowed * allowed.log()).sum())
+        assert float(scores.entropy[0, position].detach()) == pytest.approx(expected, abs=1e-5)
+    assert torch.equal(scores.logprobs, policy.target_logprobs(inputs, targets, [datum.length]))
+
+
+def test_an_entropy_bonus_keeps_more_entropy_after_the_same_steps():
+    entropies = {}
+    for coef in (0.0, 0.5):
+        policy = LocalPolicy()
+        datums = sampled_datums(policy, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0])
+        for _ in range(5):
+            metrics = local_outer_step(policy, None, datums, ratio_cap=2.0, lr=3e-2, entropy_coef=coef)
+        entropies[coef] = metrics["entropy_mean"]
+    assert entropies[0.5] > entropies[0.0] + 0.05, entropies
+    with pytest.raises(ValueError, match="entropy_coef"):
+        local_outer_step(LocalPolicy(), None, datums, ratio_cap=2.0, lr=1e-2, entropy_coef=-0.1)
 
 
 def test_local_step_skips_without_signal():

@@ -275,6 +275,7 @@ class LocalOuter:
             max_grad_norm=self.config.max_grad_norm,
             temperature=self.agent.temperature,
             floor=self.agent.exploration_floor,
+            entropy_coef=self.config.entropy_coef,
         )
         state_uri = save_policy_state(policy, config.artifacts.root, run_id, version, attempt=uuid.uuid4().hex[:12])
         return OuterResult(state_uri=state_uri, metrics={key: float(value) for key, value in metrics.items()})

@@ -82,6 +82,12 @@ class LocalOuterBackend(OuterBackendConfig):
     planner: ClassVar[str] = "metarl.backends.local.plan:outer_plan"
     normalize_std: bool = Field(default=False, description="Divide group-relative advantages by the group's std")
     max_grad_norm: float = Field(default=1.0, gt=0.0, le=1000.0, description="Gradient-norm clip of the outer step")
+    entropy_coef: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Entropy bonus of the outer step: weight of the policy's entropy over the job tokens against the importance-sampling term (0 = none)",
+    )
 
     def combination_problem(self, backends: Mapping[StageName, BackendConfig]) -> str | None:
         """The local policy and its update come together."""
