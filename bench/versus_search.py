@@ -715,7 +715,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from metarl.backends.local.config import LocalAgentBackend
     from metarl.policy.local_policy import LocalPolicy, PolicyConfig
-    from metarl.report.html import draw_versus_search_plot
     from metarl.runconfig import load_run
 
     torch.set_num_threads(1)
@@ -769,10 +768,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(jobs_dir, ignore_errors=True)
     rows = [row for stream in streams for row in stream.rows]
-    csv_path, png_path = out / f"versus_search-{plan.mode}.csv", out / f"versus_search-{plan.mode}.png"
-    csv_path.write_text(rows_to_csv(rows), encoding="utf-8")
-    draw_versus_search_plot(png_path, rows)
-    points = summarize(rows)
     wall = time.monotonic() - wall_started
     meta = {
         "mode": plan.mode,
@@ -785,24 +780,39 @@ def main(argv: list[str] | None = None) -> int:
         "floor": "best so far starts at the local-s base model's hidden-eval score; rejected and failed jobs are spent and add no score",
         "cost": "local backends are not billed (metarl/dry_run.py): cost_usd 0, CPU seconds are the cost",
     }
-    (out / f"meta-{plan.mode}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    lines = [f"# versus search, {label}", f"# {meta['machine']}; {meta['started']}; commit {meta['commit']}; {wall / 60:.1f} min wall", f"# {meta['floor']}"]
-    lines += summary_table(points)
-    for name in held_out:
-        if name in plan.families:
-            lines += zero_shot_lines(points, name)
-    if provenance is None:
-        lines.append(f"trained agent: MISSING (no --policy given): {METHOD_LABELS['trained_agent']} rows are absent, not stood in for")
-    lines.append(rejections_line(rows))
-    lines += acceptance_lines(points)
-    lines.append(f"{meta['cost']}; budgets compared: {', '.join(map(str, BUDGETS))} jobs ({', '.join(sorted(SINGLE_JOB_METHODS))}: one job)")
-    (out / f"summary-{plan.mode}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines))
+    header = [f"# versus search, {label}", f"# {meta['machine']}; {meta['started']}; commit {meta['commit']}; {wall / 60:.1f} min wall", f"# {meta['floor']}"]
+    missing = (
+        [] if provenance is not None else [f"trained agent: MISSING (no --policy given): {METHOD_LABELS['trained_agent']} rows are absent, not stood in for"]
+    )
+    footer = [f"{meta['cost']}; budgets compared: {', '.join(map(str, BUDGETS))} jobs ({', '.join(sorted(SINGLE_JOB_METHODS))}: one job)"]
+    csv_path, png_path = write_outputs(out, plan.mode, rows, meta, header, missing, footer)
     problems = check_output(csv_path, png_path, plan, methods)
     for problem in problems:
         print(f"output check: {problem}", file=sys.stderr)
     print(f"# output {'FAILED its shape check' if problems else 'checked'}: {csv_path}, {png_path}, {out / f'summary-{plan.mode}.txt'}", flush=True)
     return 1 if problems else 0
+
+
+def write_outputs(
+    out: Path, mode: Mode, rows: Sequence[VersusRow], meta: Mapping[str, Any], header: Sequence[str], notes: Sequence[str] = (), footer: Sequence[str] = ()
+) -> tuple[Path, Path]:
+    """Write a bench table's CSV, plot, meta JSON and summary (table, zero-shot lines of its held-out families, `notes`,
+    rejections, acceptance lines, `footer`) into `out`, print the summary; the CSV's and the plot's paths."""
+    from metarl.report.html import draw_versus_search_plot
+
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, png_path = out / f"versus_search-{mode}.csv", out / f"versus_search-{mode}.png"
+    csv_path.write_text(rows_to_csv(rows), encoding="utf-8")
+    draw_versus_search_plot(png_path, list(rows))
+    (out / f"meta-{mode}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    points = summarize(rows)
+    lines = [*header, *summary_table(points)]
+    for family in dict.fromkeys(row.family for row in rows if row.held_out):
+        lines += zero_shot_lines(points, family)
+    lines += [*notes, rejections_line(rows), *acceptance_lines(points), *footer]
+    (out / f"summary-{mode}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    return csv_path, png_path
 
 
 def default_out(plan: BenchPlan, families_given: bool) -> Path:
@@ -849,8 +859,6 @@ def read_part_meta(csv_path: Path, mode: str) -> dict[str, Any]:
 
 def merge_main(paths: Sequence[Path], out: Path | None) -> int:
     """Merge the CSVs of bench runs of one plan into one CSV, plot and summary (with the acceptance lines); 0 when the result has its shape."""
-    from metarl.report.html import draw_versus_search_plot
-
     try:
         parts = [(str(path), read_versus_csv(path)) for path in paths]
         metas = [(source, read_part_meta(Path(source), rows[0].mode)) for source, rows in parts]
@@ -863,23 +871,10 @@ def merge_main(paths: Sequence[Path], out: Path | None) -> int:
         return 2
     mode, plan = rows[0].mode, metas[0][1]["plan"]
     out = out or Path(".metarl") / "versus-search" / f"{mode}-merged"
-    out.mkdir(parents=True, exist_ok=True)
-    csv_path, png_path = out / f"versus_search-{mode}.csv", out / f"versus_search-{mode}.png"
-    csv_path.write_text(rows_to_csv(rows), encoding="utf-8")
-    draw_versus_search_plot(png_path, rows)
-    points = summarize(rows)
-    families = list(dict.fromkeys(row.family for row in rows))
     meta = {"mode": mode, "merged_from": [{"csv": source, **part} for source, part in metas], "commit": git_commit()}
-    (out / f"meta-{mode}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    lines = [f"# versus search, {mode} run, merged from {len(parts)} CSVs: {', '.join(source for source, _rows in parts)}"]
-    lines += summary_table(points)
-    for family in families:
-        if any(row.held_out for row in rows if row.family == family):
-            lines += zero_shot_lines(points, family)
-    lines.append(rejections_line(rows))
-    lines += acceptance_lines(points)
-    (out / f"summary-{mode}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines))
+    header = [f"# versus search, {mode} run, merged from {len(parts)} CSVs: {', '.join(source for source, _rows in parts)}"]
+    csv_path, png_path = write_outputs(out, mode, rows, meta, header)
+    families = list(dict.fromkeys(row.family for row in rows))
     methods = [method for method in METHOD_LABELS if any(row.method == method for row in rows)]
     shape = shape_problems(rows, methods, families, list(range(int(plan["seeds"]))), int(plan["jobs"]), mode)
     for problem in shape:

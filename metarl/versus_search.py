@@ -401,10 +401,10 @@ def merge_versus_parts(parts: Sequence[tuple[str, Sequence[VersusRow]]]) -> list
         raise ConfigError("--merge", [FieldProblem(field="--merge", message="no CSV given", fix="give the CSVs of the bench runs to merge")])
     problems: list[FieldProblem] = []
     first_source, first_rows = parts[0]
-    mode = first_rows[0].mode if first_rows else "full"
+    mode = first_rows[0].mode  # read_versus_csv gives no empty part
     owner: dict[str, str] = {}
     for source, rows in parts:
-        if rows and rows[0].mode != mode:
+        if rows[0].mode != mode:
             problems.append(FieldProblem(field=source, message=f"a {rows[0].mode} run, and {first_source} is a {mode} run", fix="merge runs of one mode"))
         for family in sorted({row.family for row in rows}):
             if family in owner and owner[family] != source:

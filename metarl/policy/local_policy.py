@@ -300,23 +300,30 @@ class LocalPolicy:
 
     def load_state(self, path: str | os.PathLike) -> None:
         """Load model and Adam state saved by `save_state` (weights_only; the vocabulary must match: ValueError naming the file)."""
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-        problem = payload_problem(payload, self.config)
-        if problem is not None:
-            raise ValueError(f"{path}: {problem}")
+        self._apply(_read_payload(path, self.config))
+
+    def _apply(self, payload: dict) -> None:
+        """Weights and Adam state of a payload `_read_payload` checked against this policy's sizes."""
         self.net.load_state_dict(payload["model"])
         if payload.get("optimizer") is not None:
             self.make_optimizer().load_state_dict(payload["optimizer"])
 
     @classmethod
     def from_state(cls, path: str | os.PathLike) -> LocalPolicy:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-        problem = payload_problem(payload)
-        if problem is not None:
-            raise ValueError(f"{path}: {problem}")
+        """A policy of the saved sizes and prior with the saved weights and Adam state (the file read once)."""
+        payload = _read_payload(path)
         policy = cls(PolicyConfig(**payload["config"]))
-        policy.load_state(path)
+        policy._apply(payload)  # its sizes are the saved ones
         return policy
+
+
+def _read_payload(path: str | os.PathLike, config: PolicyConfig | None = None) -> dict:
+    """The saved state at `path` (weights_only), ValueError naming the file when it cannot be this code's policy."""
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    problem = payload_problem(payload, config)
+    if problem is not None:
+        raise ValueError(f"{path}: {problem}")
+    return payload
 
 
 def payload_problem(payload: object, config: PolicyConfig | None = None) -> str | None:
@@ -328,8 +335,10 @@ def payload_problem(payload: object, config: PolicyConfig | None = None) -> str 
         saved = payload.get("vocab") or []
         added, removed = len(set(jl.VOCAB) - set(saved)), len(set(saved) - set(jl.VOCAB))
         return f"saved with a different job-language vocabulary ({len(saved)} tokens; this code has {len(jl.VOCAB)}: {added} added, {removed} removed)"
+    if config is None:
+        return None
     saved_config = PolicyConfig(**payload["config"])
-    if config is not None and (saved_config.embed_dim, saved_config.hidden_dim) != (config.embed_dim, config.hidden_dim):
+    if (saved_config.embed_dim, saved_config.hidden_dim) != (config.embed_dim, config.hidden_dim):
         return f"saved with embed/hidden {saved_config.embed_dim}/{saved_config.hidden_dim}, this policy has {config.embed_dim}/{config.hidden_dim}"
     return None
 
