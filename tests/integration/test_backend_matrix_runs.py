@@ -204,7 +204,9 @@ def fakes(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
         monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{REPO}")
     if train == "runpod":
         key = f"rpa_FAKESECRET_{uuid.uuid4().hex}"
-        image_env = {"FAKE_TRAIN_STEPS": "3", "FAKE_STEP_S": "0.2", "FAKE_POD_MAX_S": "200"}
+        # 3 steps of 0.5 s: the fake bills whole seconds from creation (tests/fakes/runpod_server.py), so a pod
+        # that trains and settles (or publishes its eval) within its first second would owe no training charge
+        image_env = {"FAKE_TRAIN_STEPS": "3", "FAKE_STEP_S": "0.5", "FAKE_POD_MAX_S": "200"}
         if evaluate == "pod_vllm":
             image_env["FAKE_POD_MODEL"] = str(small_model)
         running.runpod = FakeRunpod(
