@@ -42,7 +42,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.http import QuietHandler
+from tests.fakes.http import QuietHandler, loopback_url
 
 RUNPOD_CUDA_VERSIONS = ("11.8", "12.0", "12.1", "12.2", "12.3", "12.4", "12.5", "12.6", "12.7", "12.8", "12.9", "13.0")
 """Values Runpod accepts in allowedCudaVersions (kept apart from metarl's own list: the fake checks it)."""
@@ -192,8 +192,7 @@ class FakeRunpod:
 
     @property
     def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return loopback_url(self._server)
 
     def stop(self) -> None:
         """Stop serving and kill every pod process (the cloud goes away with the test)."""

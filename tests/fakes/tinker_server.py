@@ -71,7 +71,7 @@ from tinker.types.loss_fn_type import LossFnType
 from tinker.types.request_error_category import RequestErrorCategory
 from tinker.types.try_again_response import TryAgainResponse
 
-from tests.fakes.http import QuietHandler
+from tests.fakes.http import QuietHandler, loopback_url
 
 API = "/api/v1"
 PROTO = "application/x-protobuf"
@@ -296,8 +296,7 @@ class FakeTinker:
 
     @property
     def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return loopback_url(self._server)
 
     def stop(self) -> None:
         """Stop serving and close the connections clients keep open."""
