@@ -10,6 +10,11 @@ Only the inner job is simulated: its job credit is a hand-written landscape anch
 - 3e-4 or less gains up to +0.5, in proportion to the steps that fit the 60 s budget
   (about 170 for the small model, 60 for the larger one, on a 2-core machine).
 
+With `--landscape CSV...` the credit comes instead from a fit to measured jobs: `bench.versus_search` CSVs, their
+passed jobs' scores against their families' floors, fitted by ridge least squares on the job's settings
+(`bench/_measured_landscape.py`; it prints its cross-validated R^2), and the noise is the fit's residual spread
+unless `--noise` is given.
+
 A passing job adds the episode reward's validation (0.2) and efficiency (0.05) credits; a job the
 probe rejects ends with reward 0 (no retries are simulated). Each outer step samples
 `groups_per_batch` groups of `group_size` episodes on training families, synchronously (no
@@ -17,6 +22,7 @@ staleness). It prints, per setting, the mean reward of the first outer step, of 
 (issue 43's target: 0.5 by step 10) and of the last episodes, over several seeds, with the worst seed. It does not show that the real loop reaches these numbers.
 
     python -m bench.outer_landscape [--episodes 176] [--seeds 8]     # about a minute
+    python -m bench.outer_landscape --landscape bench/results/versus-search-2026-12-05/versus_search-full.csv
 """
 
 from __future__ import annotations
@@ -25,11 +31,13 @@ import argparse
 import random
 import statistics
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from bench._measured_landscape import MeasuredLandscape, cross_validated_r2, fit_landscape, measured_jobs
 from metarl.domain.advantages import group_advantages
 from metarl.learning.eval_secret import install_tool_eval_secret
 from metarl.outer_update import build_datum, local_outer_step
@@ -37,7 +45,9 @@ from metarl.policy import job_language as jl
 from metarl.policy.job_limits import job_limits
 from metarl.policy.local_policy import LocalPolicy, PolicyConfig
 from metarl.probe.job import probe_job_text
+from metarl.versus_search import parse_versus_csv
 from schemas.base import load_toml_model
+from schemas.job import JobSpec
 from schemas.task_spec import TaskSpec
 
 TASK_DIR = Path(__file__).resolve().parent.parent / "tasks_specs"
@@ -57,6 +67,7 @@ class Setting:
     default_bias: float = PolicyConfig.default_bias
     updates_per_batch: int = 1
     floor: float = 0.0
+    entropy_coef: float = 0.0
 
 
 def synthetic_credit(choice: jl.JobChoice) -> float:
@@ -72,8 +83,10 @@ def synthetic_credit(choice: jl.JobChoice) -> float:
     return 0.5 * min(1.0, min(steps, BUDGET_STEPS[choice.model]) / 200)
 
 
-def run_setting(setting: Setting, tasks: dict[str, TaskSpec], episodes: int, seed: int, noise: float) -> list[float]:
-    """Rewards of every episode, in order, for one seed."""
+def run_setting(
+    setting: Setting, tasks: dict[str, TaskSpec], episodes: int, seed: int, noise: float, landscape: MeasuredLandscape | None = None
+) -> list[float]:
+    """Rewards of every episode, in order, for one seed (credits from `landscape` when given, else the synthetic one)."""
     rng = random.Random(seed)
     policy = LocalPolicy(PolicyConfig(init_seed=seed, default_bias=setting.default_bias))
     families = sorted(tasks)
@@ -88,10 +101,15 @@ def run_setting(setting: Setting, tasks: dict[str, TaskSpec], episodes: int, see
             )
             group = []
             for sample in samples:
-                verdict = probe_job_text(sample.render(seed=0, limits=job_limits(tasks[family])), tasks[family])
+                text = sample.render(seed=0, limits=job_limits(tasks[family]))
+                verdict = probe_job_text(text, tasks[family])
                 reward = 0.0
                 if verdict.passed:
-                    reward = 0.25 + synthetic_credit(jl.decode_job(sample.job_tokens)) + rng.gauss(0.0, noise)
+                    if landscape is None:
+                        credit = synthetic_credit(jl.decode_job(sample.job_tokens))
+                    else:
+                        credit = landscape.credit(family, JobSpec.model_validate(tomllib.loads(text)))
+                    reward = 0.25 + credit + rng.gauss(0.0, noise)
                 group.append((sample, reward))
             groups.append(group)
         rewards.extend(r for group in groups for _, r in group)
@@ -102,7 +120,16 @@ def run_setting(setting: Setting, tasks: dict[str, TaskSpec], episodes: int, see
             for (sample, _), adv in zip(group, group_adv)
         ]
         for _ in range(setting.updates_per_batch):
-            local_outer_step(policy, None, datums, ratio_cap=2.0, lr=setting.learning_rate, temperature=setting.temperature, floor=setting.floor)
+            local_outer_step(
+                policy,
+                None,
+                datums,
+                ratio_cap=2.0,
+                lr=setting.learning_rate,
+                temperature=setting.temperature,
+                floor=setting.floor,
+                entropy_coef=setting.entropy_coef,
+            )
     return rewards[:episodes]
 
 
@@ -123,7 +150,9 @@ def main() -> None:
         "--episodes", type=int, default=176, help="trainable episodes per seed (default 176: about what an hour of real jobs leaves after held-out ones)"
     )
     parser.add_argument("--seeds", type=int, default=8, help="seeds per setting")
-    parser.add_argument("--noise", type=float, default=0.3, help="std of the credit noise")
+    parser.add_argument("--noise", type=float, default=None, help="std of the credit noise (default 0.3, or the measured fit's residual spread)")
+    parser.add_argument("--landscape", nargs="+", type=Path, default=None, help="bench.versus_search CSVs whose passed jobs the credit is fitted to")
+    parser.add_argument("--ridge", type=float, default=3.0, help="ridge penalty of the measured fit")
     parser.add_argument("--tail", type=int, default=40, help="episodes averaged at the end")
     parser.add_argument("--artifacts", default=".metarl", help="artifacts root holding the hidden-eval secret the family features need (default .metarl)")
     args = parser.parse_args()
@@ -134,11 +163,20 @@ def main() -> None:
         task = load_toml_model(TaskSpec, path)
         if not task.held_out:
             tasks[task.family] = task
-    print(f"# synthetic landscape, {args.episodes} episodes per seed, {args.seeds} seeds, noise {args.noise}")
+    landscape = None
+    if args.landscape:
+        measured = measured_jobs(row for path in args.landscape for row in parse_versus_csv(path.read_text(), str(path)))
+        landscape = fit_landscape(measured, args.ridge)
+        print(
+            f"# measured landscape: {landscape.jobs} passed jobs of {', '.join(sorted(landscape.intercepts))}; residual std"
+            f" {landscape.residual_std:.3f}; 5-fold cross-validated R^2 {cross_validated_r2(measured, args.ridge):.3f}"
+        )
+    noise = args.noise if args.noise is not None else (landscape.residual_std if landscape is not None else 0.3)
+    print(f"# {'measured' if landscape else 'synthetic'} landscape, {args.episodes} episodes per seed, {args.seeds} seeds, noise {noise:.3f}")
     print(f"{'setting':56} {'step 1':>7} {'steps 6-10':>10} {'worst':>6} {'last ' + str(args.tail):>8} {'worst':>6} {'s':>5}")
     for setting in SETTINGS:
         started = time.perf_counter()
-        runs = [run_setting(setting, tasks, args.episodes, seed, args.noise) for seed in range(args.seeds)]
+        runs = [run_setting(setting, tasks, args.episodes, seed, noise, landscape) for seed in range(args.seeds)]
         per_step = setting.group_size * setting.groups_per_batch
         first = statistics.fmean(statistics.fmean(r[:per_step]) for r in runs)
         by_ten = [statistics.fmean(r[5 * per_step : 10 * per_step]) for r in runs]

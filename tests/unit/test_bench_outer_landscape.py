@@ -1,15 +1,21 @@
-"""bench.outer_landscape: the synthetic credit's shape and one short learning run on it."""
+"""bench.outer_landscape: the synthetic credit's shape, one short learning run on it, and the landscape fitted to measured jobs."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
+from bench._measured_landscape import cross_validated_r2, fit_landscape, job_features, measured_jobs, parse_job_cell
 from bench.outer_landscape import Setting, run_setting, synthetic_credit
+from bench.versus_search import job_description
+from metarl.domain.reward import job_credit
 from metarl.policy import job_language as jl
-from schemas.base import load_toml_model
+from schemas.base import dump_toml_model, load_toml_model
+from schemas.job import JobModel, JobReward, JobSpec, JobTraining
 from schemas.task_spec import TaskSpec
+from tests.unit.test_versus_search import series_rows
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL, LARGE = jl.MODELS
@@ -36,3 +42,74 @@ def test_a_short_run_returns_one_reward_per_episode_and_is_seeded() -> None:
     first = run_setting(setting, tasks, episodes=10, seed=3, noise=0.3)
     assert len(first) == 10 and all(-2.0 < r < 2.0 for r in first)
     assert run_setting(setting, tasks, episodes=10, seed=3, noise=0.3) == first
+
+
+# --- the landscape fitted to measured jobs (bench/_measured_landscape.py) ---------------------------------------
+
+
+def measured_job(model: str, lr: float | None, steps: int | None = None, correctness: float = 1.0) -> JobSpec:
+    return JobSpec(
+        model=JobModel(name=model),
+        training=JobTraining(learning_rate=lr, max_steps=steps),
+        reward=JobReward(components={"correctness": correctness, "format": 0.5}),
+    )
+
+
+def planted_credit(family: str, job: JobSpec) -> float:
+    """A landscape the features can express: a family offset, the learning rate's effect depending on the model."""
+    lr = job.resolved().learning_rate
+    good = {SMALL: 0.2, LARGE: 0.4}[job.model.name]
+    return {"addition": -0.1, "sorting": 0.05}[family] + (good if lr <= 3e-4 else -0.3)
+
+
+def planted(jobs_per_family: int = 40) -> list[tuple[str, JobSpec, float]]:
+    rng = random.Random(0)
+    measured = []
+    for family in ("addition", "sorting"):
+        for _ in range(jobs_per_family):
+            job = measured_job(rng.choice(jl.MODELS), rng.choice((1e-4, 3e-4, 1e-3, 1e-2, None)), rng.choice((20, 80, 200)))
+            measured.append((family, job, planted_credit(family, job)))
+    return measured
+
+
+def test_a_versus_job_cell_parses_back_to_the_job_it_describes() -> None:
+    job = measured_job(LARGE, 3e-4, 200)
+    cell = job_description(dump_toml_model(job))
+    assert parse_job_cell(cell) == job
+    assert parse_job_cell("model.name=Qwen/Qwen3-0.6B training.learning_rate=1e-05").training.learning_rate == 1e-05
+
+
+def test_features_fill_in_defaults_and_cross_learning_rate_and_steps_with_the_model() -> None:
+    features = job_features(measured_job(SMALL, None, None))
+    assert f"training.learning_rate=0.001|{SMALL}" in features  # the CPU default learning rate
+    assert f"training.max_steps=40|{SMALL}" in features
+    assert "training.batch_size=64" in features and "rewards_correctness=True" in features
+    assert "rewards_correctness=False" in job_features(measured_job(SMALL, 1e-4, correctness=-1.0))
+
+
+def test_the_fit_recovers_a_planted_landscape_and_predicts_held_out_jobs() -> None:
+    measured = planted()
+    landscape = fit_landscape(measured, ridge=0.01)
+    for family, job, credit in measured[:10]:
+        assert landscape.credit(family, job) == pytest.approx(credit, abs=0.02)
+    assert landscape.residual_std < 0.02
+    assert cross_validated_r2(measured, ridge=0.01) > 0.95
+    unseen = landscape.credit("caesar", measured_job(LARGE, 1e-4))  # no measurements: the mean family offset
+    assert unseen == pytest.approx((-0.1 + 0.05) / 2 + 0.4, abs=0.03)
+
+
+def test_credits_that_do_not_follow_the_settings_are_not_predicted() -> None:
+    rng = random.Random(1)
+    measured = [(family, job, rng.gauss(0.0, 0.3)) for family, job, _ in planted()]
+    assert cross_validated_r2(measured, ridge=3.0) < 0.1
+
+
+def test_only_passed_jobs_with_settings_are_measured_and_an_empty_set_is_refused() -> None:
+    job = job_description(dump_toml_model(measured_job(SMALL, 1e-4)))
+    rows = series_rows("random_search", "addition", 0, [0.6, None])
+    rows = [row.model_copy(update={"job": job}) for row in rows]
+    [(family, parsed, credit)] = measured_jobs(rows)
+    assert family == "addition" and parsed.training.learning_rate == 1e-4
+    assert credit == pytest.approx(job_credit(rows[0].base_score, 0.6))
+    with pytest.raises(ValueError, match="no passed job"):
+        fit_landscape([])
