@@ -107,6 +107,9 @@ class Datum:
         return len(self.model_input)
 
 
+DATUM_FIELDS = ("model_input", "target_tokens", "logprobs", "advantages", "mask")
+
+
 def build_datum(prompt_tokens: Sequence[int], completion_tokens: Sequence[int], behaviour_logprobs: Sequence[float], advantage: float) -> Datum:
     """A datum for one sampled completion with one (sequence-level) advantage.
 
@@ -134,6 +137,27 @@ def build_datum(prompt_tokens: Sequence[int], completion_tokens: Sequence[int], 
         advantages=[0.0] * n_prompt_targets + [float(advantage)] * len(completion),
         mask=[0.0] * n_prompt_targets + [1.0] * len(completion),
     )
+
+
+def datum_record(datum: Datum) -> dict[str, list]:
+    """A datum as plain lists (what a saved local policy state may hold: `torch.load(weights_only=True)` reads it back)."""
+    return {name: list(getattr(datum, name)) for name in DATUM_FIELDS}
+
+
+def datum_from_record(record: Mapping[str, Any]) -> Datum:
+    """The datum `datum_record` wrote (ValueError when a field is missing or the lengths differ)."""
+    missing = [name for name in DATUM_FIELDS if name not in record]
+    if missing:
+        raise ValueError(f"a replayed datum lacks {', '.join(missing)}")
+    return Datum(**{name: list(record[name]) for name in DATUM_FIELDS})
+
+
+def kept_batches(latest: list[dict[str, list]], earlier: Sequence[list[dict[str, list]]], keep: int) -> list[list[dict[str, list]]]:
+    """The batches a policy state keeps for replay after a step: the step's own datums first, then the earlier kept ones,
+    at most `keep` batches (0: none)."""
+    if keep < 0:
+        raise ValueError(f"keep is {keep}; it must be >= 0")
+    return [latest, *earlier][:keep]
 
 
 def to_tinker_datum(datum: Datum) -> tinker.types.Datum:

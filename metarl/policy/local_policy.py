@@ -138,6 +138,9 @@ class LocalPolicy:
             bias[jl.TOKEN_ID[jl.REWARD_END]] = self.config.reward_end_bias
             self.net.head.bias.copy_(bias)
         self.optimizer: torch.optim.Adam | None = None
+        self.replay: list[list[dict[str, list]]] = []
+        """The datums of the latest outer steps (newest batch first, each datum a dict of plain lists), kept in the state so
+        the next step can train on them again (metarl/backends/local/agent.py `LocalOuter.update`)."""
 
     # -- parameters and optimiser ----------------------------------------------------------------
 
@@ -281,10 +284,11 @@ class LocalPolicy:
             "vocab": list(jl.VOCAB),
             "model": {key: value.detach().clone() for key, value in self.net.state_dict().items()},
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "replay": self.replay,
         }
 
     def save_state(self, path: str | os.PathLike) -> None:
-        """Write model and Adam state to `path` atomically (temp file + rename)."""
+        """Write model, Adam state and replay batches to `path` atomically (temp file + rename)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".policy-", dir=path.parent)
@@ -299,14 +303,16 @@ class LocalPolicy:
             raise
 
     def load_state(self, path: str | os.PathLike) -> None:
-        """Load model and Adam state saved by `save_state` (weights_only; the vocabulary must match: ValueError naming the file)."""
+        """Load model, Adam state and replay batches saved by `save_state` (weights_only; the vocabulary must match: ValueError naming the file)."""
         self._apply(_read_payload(path, self.config))
 
     def _apply(self, payload: dict) -> None:
-        """Weights and Adam state of a payload `_read_payload` checked against this policy's sizes."""
+        """Weights, Adam state and replay batches (none in a state saved before they were kept) of a payload `_read_payload`
+        checked against this policy's sizes."""
         self.net.load_state_dict(payload["model"])
         if payload.get("optimizer") is not None:
             self.make_optimizer().load_state_dict(payload["optimizer"])
+        self.replay = list(payload.get("replay") or [])
 
     @classmethod
     def from_state(cls, path: str | os.PathLike) -> LocalPolicy:

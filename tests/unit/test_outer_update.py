@@ -13,8 +13,11 @@ from metarl.outer_update import (
     Datum,
     build_datum,
     collate,
+    datum_from_record,
+    datum_record,
     filter_stale,
     importance_sampling_loss,
+    kept_batches,
     local_outer_step,
     to_tinker_datum,
 )
@@ -255,3 +258,27 @@ def test_local_step_skips_without_signal():
     metrics = local_outer_step(policy, None, sampled_datums(policy, [0.0, 0.0]), ratio_cap=2.0, lr=1e-2)
     assert metrics["skipped"] == 1.0
     assert all(torch.equal(v, policy.net.state_dict()[k]) for k, v in state.items())
+
+
+def test_a_datum_round_trips_through_its_record_in_a_weights_only_state(tmp_path):
+    policy = LocalPolicy()
+    datums = sampled_datums(policy, [1.0, -0.5])
+    policy.replay = [[datum_record(d) for d in datums]]
+    path = tmp_path / "policy.pt"
+    policy.save_state(path)
+    restored = LocalPolicy.from_state(path)
+    assert [datum_from_record(record) for record in restored.replay[0]] == datums
+    record = datum_record(datums[0])
+    with pytest.raises(ValueError, match="lacks mask"):
+        datum_from_record({key: value for key, value in record.items() if key != "mask"})
+    with pytest.raises(ValueError, match="same length"):
+        datum_from_record({**record, "mask": record["mask"][:-1]})
+
+
+def test_kept_batches_put_the_latest_first_and_keep_at_most_the_given_number():
+    a, b, c = [{"x": [1]}], [{"x": [2]}], [{"x": [3]}]
+    assert kept_batches(c, [b, a], 2) == [c, b]
+    assert kept_batches(c, [], 3) == [c]
+    assert kept_batches(c, [b, a], 0) == []
+    with pytest.raises(ValueError, match="keep"):
+        kept_batches(c, [], -1)

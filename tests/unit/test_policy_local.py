@@ -195,3 +195,53 @@ def test_a_floored_update_has_finite_gradients():
     loss = -policy.logprobs(sample.prompt_tokens, sample.job_tokens, floor=0.1).sum()
     loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in policy.parameters() if p.grad is not None)
+
+
+def outer_batch(policy: LocalPolicy, rewards: list[float], first_episode: int) -> list:
+    """A batch of one group: episodes sampled by `policy` with the given rewards."""
+    from metarl.interfaces import OuterBatchEpisode, PolicySample
+
+    batch = []
+    for index, reward in enumerate(rewards):
+        sample = policy.sample(CTX, seed=first_episode + index)
+        episode = OuterBatchEpisode(
+            episode_id=first_episode + index,
+            group_id=first_episode,
+            policy_version=0,
+            reward=reward,
+            samples=[PolicySample(tokens=sample.tokens, logprobs=sample.logprobs, prompt_length=sample.prompt_length)],
+        )
+        batch.append(episode)
+    return batch
+
+
+@pytest.mark.parametrize("replay_batches", [0, 1])
+def test_the_local_update_trains_again_on_the_kept_batches_of_the_steps_before(tmp_path, replay_batches):
+    from metarl.backends.local.agent import LocalOuter
+    from schemas.run_config import RunConfig
+
+    data = load_toml_model(RunConfig, REPO / "examples" / "local.toml").model_dump(mode="json", exclude_none=True)
+    data["artifacts"]["root"] = str(tmp_path)
+    data["backends"]["outer"]["replay_batches"] = replay_batches
+    config = RunConfig.model_validate(data)
+    outer = LocalOuter(config.backends.outer, config.backends.agent)
+    state = outer.initial_state("run", config)
+    first = outer.update("run", 1, 1, outer_batch(LocalPolicy.from_state(state), [1.0, 0.0, 0.5, -0.5], 1), config, state)
+    assert first.metrics["replayed_datums"] == 0 and first.metrics["datums"] == 4
+    second_batch = outer_batch(LocalPolicy.from_state(first.state_uri), [0.2, 0.9, -0.3], 5)
+    second = outer.update("run", 2, 2, second_batch, config, first.state_uri)
+    assert second.metrics["replayed_datums"] == 4 * replay_batches
+    assert second.metrics["datums"] == 3 + 4 * replay_batches
+    kept = LocalPolicy.from_state(second.state_uri).replay
+    assert len(kept) == replay_batches  # only the latest batch is kept for the next step
+    if replay_batches:
+        assert [record["model_input"][len(CTX) - 1 :] for record in kept[0]] == [episode.samples[0].tokens[len(CTX) - 1 : -1] for episode in second_batch]
+
+
+def test_a_state_saved_before_replay_was_kept_loads_with_none(tmp_path):
+    policy = LocalPolicy()
+    payload = policy.state_dict()
+    del payload["replay"]
+    path = tmp_path / "old.pt"
+    torch.save(payload, path)
+    assert LocalPolicy.from_state(path).replay == []

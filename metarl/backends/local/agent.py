@@ -226,7 +226,8 @@ class LocalAgent:
 
 
 class LocalOuter:
-    """One importance-sampling GRPO step per outer step; the new version is saved before it is used."""
+    """One importance-sampling GRPO step per outer step, on its batch and (`replay_batches`) the batches of the steps before
+    kept in the policy state; the new version is saved before it is used."""
 
     name = "local"
     simulated = False
@@ -250,7 +251,7 @@ class LocalOuter:
         import torch
 
         from metarl.domain.advantages import group_advantages
-        from metarl.outer_update import build_datum, local_outer_step
+        from metarl.outer_update import build_datum, datum_from_record, datum_record, kept_batches, local_outer_step
         from metarl.policy.local_policy import LocalPolicy
 
         if base_state_uri is None:
@@ -266,10 +267,11 @@ class LocalOuter:
             for episode, advantage in zip(members, group_advantage):
                 for sample in episode.samples:
                     datums.append(build_datum(sample.tokens[: sample.prompt_length], sample.tokens[sample.prompt_length :], sample.logprobs, advantage))
+        replayed = [datum_from_record(record) for batch in policy.replay[: self.config.replay_batches] for record in batch]
         metrics = local_outer_step(
             policy,
             None,
-            datums,
+            datums + replayed,
             ratio_cap=config.outer.ratio_cap,
             lr=config.outer.learning_rate,
             max_grad_norm=self.config.max_grad_norm,
@@ -277,5 +279,7 @@ class LocalOuter:
             floor=self.agent.exploration_floor,
             entropy_coef=self.config.entropy_coef,
         )
+        metrics["replayed_datums"] = float(len(replayed))
+        policy.replay = kept_batches([datum_record(datum) for datum in datums], policy.replay, self.config.replay_batches)
         state_uri = save_policy_state(policy, config.artifacts.root, run_id, version, attempt=uuid.uuid4().hex[:12])
         return OuterResult(state_uri=state_uri, metrics={key: float(value) for key, value in metrics.items()})

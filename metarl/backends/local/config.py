@@ -88,6 +88,13 @@ class LocalOuterBackend(OuterBackendConfig):
         le=1.0,
         description="Entropy bonus of the outer step: weight of the policy's entropy over the job tokens against the importance-sampling term (0 = none)",
     )
+    replay_batches: int = Field(
+        default=0,
+        ge=0,
+        le=8,
+        description="Batches of the previous outer steps that each step trains on again beside its own (importance-weighted against the"
+        " policy that sampled them, ratios capped by outer.ratio_cap; 0 = each batch is used once)",
+    )
 
     def combination_problem(self, backends: Mapping[StageName, BackendConfig]) -> str | None:
         """The local policy and its update come together."""
