@@ -142,10 +142,10 @@ SETTINGS = (
     Setting("lr 3e-2, floor 0.05 (examples/local.toml)", learning_rate=3e-2, temperature=1.0, default_bias=1.0, floor=0.05),
     Setting("lr 5e-2, floor 0.05", learning_rate=5e-2, temperature=1.0, default_bias=1.0, floor=0.05),
     Setting("lr 3e-2, floor 0.05, entropy 0.01", learning_rate=3e-2, temperature=1.0, default_bias=1.0, floor=0.05, entropy_coef=0.01),
-    Setting("lr 3e-2, floor 0.05, std-normalised", learning_rate=3e-2, temperature=1.0, default_bias=1.0, floor=0.05, normalize_std=True),
     Setting("lr 3e-2, floor 0.05, replay 1", learning_rate=3e-2, temperature=1.0, default_bias=1.0, floor=0.05, replay_batches=1),
-    Setting("lr 3e-2, floor 0.05, replay 2", learning_rate=3e-2, temperature=1.0, default_bias=1.0, floor=0.05, replay_batches=2),
-    Setting("lr 2e-2, floor 0.05, replay 1", learning_rate=2e-2, temperature=1.0, default_bias=1.0, floor=0.05, replay_batches=1),
+    Setting("lr 3e-2, floor 0.05, T 0.7", learning_rate=3e-2, temperature=0.7, default_bias=1.0, floor=0.05),
+    Setting("lr 3e-2, floor 0.05, T 0.5", learning_rate=3e-2, temperature=0.5, default_bias=1.0, floor=0.05),
+    Setting("lr 3e-2, floor 0.05, T 0.7, replay 1", learning_rate=3e-2, temperature=0.7, default_bias=1.0, floor=0.05, replay_batches=1),
 )
 
 
