@@ -23,7 +23,7 @@ staleness). It prints, per setting, the mean reward of the first outer step, of 
 with the worst seed. It does not show that the real loop reaches these numbers.
 
     python -m bench.outer_landscape [--episodes 176] [--seeds 8]     # about a minute
-    python -m bench.outer_landscape --landscape bench/results/versus-search-2026-12-05/versus_search-full.csv
+    python -m bench.outer_landscape --landscape bench/results/versus-search-2026-12-06/versus_search-full.csv
 """
 
 from __future__ import annotations

@@ -784,7 +784,8 @@ def main(argv: list[str] | None = None) -> int:
     missing = (
         [] if provenance is not None else [f"trained agent: MISSING (no --policy given): {METHOD_LABELS['trained_agent']} rows are absent, not stood in for"]
     )
-    footer = [f"{meta['cost']}; budgets compared: {', '.join(map(str, BUDGETS))} jobs ({', '.join(sorted(SINGLE_JOB_METHODS))}: one job)"]
+    budgets = ", ".join(str(budget) for budget in BUDGETS if budget <= plan.jobs)
+    footer = [f"{meta['cost']}; budgets compared: {budgets} jobs ({', '.join(sorted(SINGLE_JOB_METHODS))}: one job)"]
     csv_path, png_path = write_outputs(out, plan.mode, rows, meta, header, missing, footer)
     problems = check_output(csv_path, png_path, plan, methods)
     for problem in problems:
