@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from metarl.report.tables import STAGES, Cell, Change, ReportData, Table, change, latency_table, series, step_table, to_csv
-from metarl.versus_search import BUDGETS, METHOD_LABELS, METHODS, SINGLE_JOB_METHODS, VersusRow, interval_text, summarize, zero_shot_lines
+from metarl.versus_search import METHOD_LABELS, METHODS, SINGLE_JOB_METHODS, VersusRow, interval_text, summarize, zero_shot_lines
 
 STEPS_CSV = "steps.csv"
 LATENCY_CSV = "latency.csv"
@@ -204,6 +204,7 @@ def draw_versus_search_plot(path: Path, rows: Sequence[VersusRow]) -> bool:
         return False
     held_out = {point.family: point.held_out for point in points}
     families = sorted(held_out, key=lambda family: (not held_out[family], family))
+    budgets = sorted({point.budget for point in points})
     fig = _figure(0.5 + 4.2 * len(families), 4.2)
     axes = fig.subplots(1, len(families), squeeze=False)[0]
     for ax, family in zip(axes, families):
@@ -224,7 +225,7 @@ def draw_versus_search_plot(path: Path, rows: Sequence[VersusRow]) -> bool:
             ax.fill_between(xs, lows, highs, alpha=0.15, color=drawn[0].get_color())
         ax.axhline(mine[0].floor, color="grey", linestyle=":", linewidth=1.0, label="floor: small base model")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(list(BUDGETS), [str(budget) for budget in BUDGETS])
+        ax.set_xticks(budgets, [str(budget) for budget in budgets])
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{family} (held out)" if held_out[family] else family)
         ax.set_xlabel("inner jobs spent")
