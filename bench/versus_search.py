@@ -1,7 +1,7 @@
 """Does the trained agent beat a tuner? Best hidden-eval score so far against inner jobs spent, on the local backends.
 
-    python -m bench.versus_search --policy PATH                          # the full plan: about 3 hours on 2 cores (arithmetic below)
-    python -m bench.versus_search --policy PATH --families addition      # one family of it (about 30 minutes)
+    python -m bench.versus_search --policy PATH                          # the full plan: 3 hours on 2 cores at worst (arithmetic below)
+    python -m bench.versus_search --policy PATH --families addition      # one family of it (14-21 minutes measured)
     python -m bench.versus_search --merge .metarl/versus-search/full-*/versus_search-full.csv   # the runs of one plan as one table
     python -m bench.versus_search --quick                                # 3-7 minutes: checks the machinery, numbers labelled QUICK
 
@@ -44,8 +44,8 @@ Budget of the full plan (2 cores, two jobs at once): 6 families x 3 seeds x (4 s
 its 60 s of training (`time_budget_s`) plus at most about 9 s of trainer start, model load and save,
 and scoring 200 hidden-eval items (6-8.5 s measured on a shared 2-core AMD EPYC, local-l the
 slower): 153 rounds of two jobs x 69 s = 176 min, plus about 5 minutes of base-model builds and
-floors: about 3 hours, so run it a family at a time (`--families`, about 30 minutes each) and merge
-the CSVs. At `--train-seconds 20`: 153 x 29 s = 74 min.
+floors: about 3 hours at worst (93 minutes measured, BENCHMARKS.md), so run it a family at a time
+(`--families`, 14-21 minutes each measured) and merge the CSVs. At `--train-seconds 20`: 153 x 29 s = 74 min.
 `--quick`: 2 families (date_format, addition) x 2 seeds x (4 x 4 + 1) = 68 jobs at worst of 3 s on
 base models pretrained at scale 0.04, scored on 48 items, 8-11 s each with start-up: 34 rounds x
 11 s = 6 min, plus about 40 s of builds: 7 minutes at worst (3.1 min measured without a trained
