@@ -103,13 +103,14 @@ def fit_landscape(measured: list[tuple[str, JobSpec, float]], ridge: float = 1.0
     if not measured:
         raise ValueError("no passed job with its settings to fit a landscape to")
     families = sorted({family for family, _, _ in measured})
-    names = sorted({name for _, job, _ in measured for name in job_features(job)})
+    features = [job_features(job) for _, job, _ in measured]
+    names = sorted({name for job_names in features for name in job_names})
     columns = {name: index for index, name in enumerate(families + names)}
     design = torch.zeros(len(measured), len(columns), dtype=torch.float64)
     target = torch.tensor([credit for _, _, credit in measured], dtype=torch.float64)
-    for row, (family, job, _) in enumerate(measured):
+    for row, ((family, _, _), job_names) in enumerate(zip(measured, features)):
         design[row, columns[family]] = 1.0
-        for name in job_features(job):
+        for name in job_names:
             design[row, columns[name]] = 1.0
     penalty = torch.full((len(columns),), ridge, dtype=torch.float64)
     penalty[: len(families)] = 1e-9

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
@@ -107,9 +107,6 @@ class Datum:
         return len(self.model_input)
 
 
-DATUM_FIELDS = ("model_input", "target_tokens", "logprobs", "advantages", "mask")
-
-
 def build_datum(prompt_tokens: Sequence[int], completion_tokens: Sequence[int], behaviour_logprobs: Sequence[float], advantage: float) -> Datum:
     """A datum for one sampled completion with one (sequence-level) advantage.
 
@@ -141,15 +138,16 @@ def build_datum(prompt_tokens: Sequence[int], completion_tokens: Sequence[int], 
 
 def datum_record(datum: Datum) -> dict[str, list]:
     """A datum as plain lists (what a saved local policy state may hold: `torch.load(weights_only=True)` reads it back)."""
-    return {name: list(getattr(datum, name)) for name in DATUM_FIELDS}
+    return asdict(datum)
 
 
 def datum_from_record(record: Mapping[str, Any]) -> Datum:
     """The datum `datum_record` wrote (ValueError when a field is missing or the lengths differ)."""
-    missing = [name for name in DATUM_FIELDS if name not in record]
+    names = [field.name for field in fields(Datum)]
+    missing = [name for name in names if name not in record]
     if missing:
         raise ValueError(f"a replayed datum lacks {', '.join(missing)}")
-    return Datum(**{name: list(record[name]) for name in DATUM_FIELDS})
+    return Datum(**{name: list(record[name]) for name in names})
 
 
 def kept_batches(latest: list[dict[str, list]], earlier: Sequence[list[dict[str, list]]], keep: int) -> list[list[dict[str, list]]]:
