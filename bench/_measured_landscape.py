@@ -130,7 +130,7 @@ def cross_validated_r2(measured: list[tuple[str, JobSpec, float]], ridge: float 
     how much of a new job's credit the fit predicts (0 = no better than the mean, negative = worse)."""
     if len(measured) < 2 * folds:
         raise ValueError(f"{len(measured)} measured jobs are too few for {folds}-fold cross-validation")
-    errors = []
+    errors: list[float] = []
     for fold in range(folds):
         train = [item for index, item in enumerate(measured) if index % folds != fold]
         fitted = fit_landscape(train, ridge)

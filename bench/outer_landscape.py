@@ -23,7 +23,10 @@ staleness). It prints, per setting, the mean reward of the first outer step, of 
 with the worst seed. It does not show that the real loop reaches these numbers.
 
     python -m bench.outer_landscape [--episodes 176] [--seeds 8]     # about a minute
-    python -m bench.outer_landscape --landscape bench/results/versus-search-2026-12-06/versus_search-full.csv
+    python -m bench.outer_landscape --landscape bench/results/versus-search-2026-12-06/versus_search-full.csv [--reference]
+
+`--reference` adds rows for a learner that is not the product's: linear Thompson sampling that knows the measured
+landscape's form (bench/_bandit_reference.py), an upper reference for what 80 episodes can reach at this noise.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from bench._bandit_reference import candidate_pool, thompson_rewards
 from bench._measured_landscape import MeasuredLandscape, cross_validated_r2, fit_landscape, measured_jobs
 from metarl.domain.advantages import group_advantages
 from metarl.learning.eval_secret import install_tool_eval_secret
@@ -149,6 +153,31 @@ SETTINGS = (
 )
 
 
+REFERENCE_STEP = 8
+"""Episodes the reference rows count as one outer step (the settings' group_size x groups_per_batch)."""
+
+
+def reference_setting(text: str) -> tuple[float, float]:
+    """A `--reference` value `PRECISION:SCALE` as (prior precision, posterior scale)."""
+    precision, _, scale = text.partition(":")
+    try:
+        return float(precision), float(scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not PRECISION:SCALE (for example 30:0.3)") from None
+
+
+def print_row(name: str, runs: list[list[float]], per_step: int, tail: int, seconds: float) -> None:
+    """One table row: mean reward of step 1, of steps 6-10 (worst seed, share of seeds at 0.5) and of the last episodes."""
+    first = statistics.fmean(statistics.fmean(r[:per_step]) for r in runs)
+    by_ten = [statistics.fmean(r[5 * per_step : 10 * per_step]) for r in runs]
+    tails = [statistics.fmean(r[-tail:]) for r in runs]
+    print(
+        f"{name:44} {first:7.3f} {statistics.fmean(by_ten):10.3f} {min(by_ten):6.3f} {sum(b >= 0.5 for b in by_ten) / len(by_ten):6.0%}"
+        f" {statistics.fmean(tails):8.3f} {min(tails):6.3f} {seconds:5.0f}",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -158,9 +187,20 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=None, help="std of the credit noise (default 0.3, or the measured fit's residual spread)")
     parser.add_argument("--landscape", nargs="+", type=Path, default=None, help="bench.versus_search CSVs whose passed jobs the credit is fitted to")
     parser.add_argument("--ridge", type=float, default=3.0, help="ridge penalty of the measured fit")
+    parser.add_argument(
+        "--reference",
+        nargs="*",
+        type=reference_setting,
+        default=None,
+        metavar="PRECISION:SCALE",
+        help="with --landscape: add linear Thompson sampling rows (bench/_bandit_reference.py), one per prior precision and posterior"
+        " scale (default 3:1 and 30:0.3)",
+    )
     parser.add_argument("--tail", type=int, default=40, help="episodes averaged at the end")
     parser.add_argument("--artifacts", default=".metarl", help="artifacts root holding the hidden-eval secret the family features need (default .metarl)")
     args = parser.parse_args()
+    if args.reference is not None and not args.landscape:
+        parser.error("--reference needs --landscape: the reference learner knows the measured landscape's form")
     install_tool_eval_secret(args.artifacts)
     torch.set_num_threads(1)
     tasks = {}
@@ -182,16 +222,17 @@ def main() -> None:
     for setting in SETTINGS:
         started = time.perf_counter()
         runs = [run_setting(setting, tasks, args.episodes, seed, noise, landscape) for seed in range(args.seeds)]
-        per_step = setting.group_size * setting.groups_per_batch
-        first = statistics.fmean(statistics.fmean(r[:per_step]) for r in runs)
-        by_ten = [statistics.fmean(r[5 * per_step : 10 * per_step]) for r in runs]
-        tails = [statistics.fmean(r[-args.tail :]) for r in runs]
-        print(
-            f"{setting.name:44} {first:7.3f} {statistics.fmean(by_ten):10.3f} {min(by_ten):6.3f} {sum(b >= 0.5 for b in by_ten) / len(by_ten):6.0%}"
-            f" {statistics.fmean(tails):8.3f} {min(tails):6.3f}"
-            f" {time.perf_counter() - started:5.0f}",
-            flush=True,
-        )
+        print_row(setting.name, runs, setting.group_size * setting.groups_per_batch, args.tail, time.perf_counter() - started)
+    if args.reference is None or landscape is None:
+        return
+    pool = candidate_pool(tasks, LocalPolicy(PolicyConfig(init_seed=0, default_bias=1.0)), per_family=600)
+    for precision, scale in args.reference or [(3.0, 1.0), (30.0, 0.3)]:
+        started = time.perf_counter()
+        runs = [
+            thompson_rewards(pool, landscape, episodes=args.episodes, seed=seed, noise=noise, prior_precision=precision, posterior_scale=scale)
+            for seed in range(args.seeds)
+        ]
+        print_row(f"reference: Thompson sampling {precision:g}:{scale:g}", runs, REFERENCE_STEP, args.tail, time.perf_counter() - started)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from bench._bandit_reference import PASSING_REWARD, candidate_pool, thompson_rewards
 from bench._measured_landscape import cross_validated_r2, fit_landscape, job_features, measured_jobs, parse_job_cell
 from bench.outer_landscape import Setting, run_setting, synthetic_credit
 from bench.versus_search import job_description
 from metarl.domain.reward import job_credit
 from metarl.policy import job_language as jl
+from metarl.policy.local_policy import LocalPolicy, PolicyConfig
 from schemas.base import dump_toml_model, load_toml_model
 from schemas.job import JobModel, JobReward, JobSpec, JobTraining
 from schemas.task_spec import TaskSpec
@@ -113,3 +115,20 @@ def test_only_passed_jobs_with_settings_are_measured_and_an_empty_set_is_refused
     assert credit == pytest.approx(job_credit(rows[0].base_score, 0.6))
     with pytest.raises(ValueError, match="no passed job"):
         fit_landscape([])
+
+
+# --- the reference learner (bench/_bandit_reference.py) -------------------------------------------------------
+
+
+def test_thompson_sampling_finds_the_best_jobs_of_a_planted_landscape() -> None:
+    tasks = {family: load_toml_model(TaskSpec, REPO / "tasks_specs" / f"{family}.toml") for family in ("addition", "sorting")}
+    landscape = fit_landscape(planted(), ridge=0.1)
+    pool = candidate_pool(tasks, LocalPolicy(PolicyConfig(init_seed=0, default_bias=1.0)), per_family=150)
+    best = {family: max(landscape.credit(family, candidate.job) for candidate in candidates) for family, candidates in pool.items()}
+    mean_best = sum(best.values()) / len(best)
+    rewards = thompson_rewards(pool, landscape, episodes=60, seed=1, noise=0.05, prior_precision=1.0, posterior_scale=0.3)
+    assert len(rewards) == 60
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-20:]) / 20
+    assert last - PASSING_REWARD > mean_best - 0.1 and last > first + 0.2
+    with pytest.raises(ValueError, match="noise"):
+        thompson_rewards(pool, landscape, episodes=1, seed=1, noise=0.0, prior_precision=1.0, posterior_scale=0.3)
