@@ -161,9 +161,12 @@ def reference_setting(text: str) -> tuple[float, float]:
     """A `--reference` value `PRECISION:SCALE` as (prior precision, posterior scale)."""
     precision, _, scale = text.partition(":")
     try:
-        return float(precision), float(scale)
+        values = float(precision), float(scale)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not PRECISION:SCALE (for example 30:0.3)") from None
+    if not (values[0] > 0.0 and values[1] >= 0.0):
+        raise argparse.ArgumentTypeError(f"{text!r}: the prior precision must be > 0 and the posterior scale >= 0 (for example 30:0.3)")
+    return values
 
 
 def print_row(name: str, runs: list[list[float]], per_step: int, tail: int, seconds: float) -> None:

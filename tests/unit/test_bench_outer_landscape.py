@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from bench._bandit_reference import PASSING_REWARD, candidate_pool, thompson_rewards
 from bench._measured_landscape import cross_validated_r2, fit_landscape, job_features, measured_jobs, parse_job_cell
-from bench.outer_landscape import Setting, run_setting, synthetic_credit
+from bench.outer_landscape import Setting, reference_setting, run_setting, synthetic_credit
 from bench.versus_search import job_description
 from metarl.domain.reward import job_credit
 from metarl.policy import job_language as jl
@@ -132,3 +133,10 @@ def test_thompson_sampling_finds_the_best_jobs_of_a_planted_landscape() -> None:
     assert last - PASSING_REWARD > mean_best - 0.1 and last > first + 0.2
     with pytest.raises(ValueError, match="noise"):
         thompson_rewards(pool, landscape, episodes=1, seed=1, noise=0.0, prior_precision=1.0, posterior_scale=0.3)
+
+
+def test_a_reference_setting_is_checked_before_any_simulation() -> None:
+    assert reference_setting("30:0.3") == (30.0, 0.3)
+    for bad in ("30", "x:1", "0:1", "3:-1", "nan:1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="PRECISION:SCALE|precision"):
+            reference_setting(bad)
