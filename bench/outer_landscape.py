@@ -17,8 +17,9 @@ unless `--noise` is given.
 
 A passing job adds the episode reward's validation (0.2) and efficiency (0.05) credits; a job the
 probe rejects ends with reward 0 (no retries are simulated). Each outer step samples
-`groups_per_batch` groups of `group_size` episodes on training families, synchronously (no
-staleness). It prints, per setting, the mean reward of the first outer step, of outer steps 6-10
+`groups_per_batch` groups of `group_size` episodes on training families, synchronously (`window.batches_ahead = 0`)
+unless the setting's `policy_lag` samples them with the policy of that many steps before (the real loop's async
+window ran about 1.5 behind). It prints, per setting, the mean reward of the first outer step, of outer steps 6-10
 (issue 43's target: 0.5 by step 10; with the share of seeds that reach it) and of the last episodes, over several seeds,
 with the worst seed. It does not show that the real loop reaches these numbers.
 
@@ -32,6 +33,7 @@ landscape's form (bench/_bandit_reference.py), an upper reference for what 80 ep
 from __future__ import annotations
 
 import argparse
+import copy
 import random
 import statistics
 import time
@@ -74,6 +76,8 @@ class Setting:
     floor: float = 0.0
     entropy_coef: float = 0.0
     replay_batches: int = 0
+    policy_lag: int = 0
+    """Outer steps between the version that samples a batch and the one it updates (the real loop's async window: about 1.5)."""
 
 
 def synthetic_credit(choice: jl.JobChoice) -> float:
@@ -95,6 +99,8 @@ def run_setting(
     """Rewards of every episode, in order, for one seed (credits from `landscape` when given, else the synthetic one)."""
     rng = random.Random(seed)
     policy = LocalPolicy(PolicyConfig(init_seed=seed, default_bias=setting.default_bias))
+    versions = [copy.deepcopy(policy)]
+    behaviour = policy
     families = sorted(tasks)
     rewards: list[float] = []
     while len(rewards) < episodes:
@@ -102,7 +108,7 @@ def run_setting(
         for _ in range(setting.groups_per_batch):
             family = rng.choice(families)
             context = jl.context_for_task(tasks[family])
-            samples = policy.sample_batch(
+            samples = behaviour.sample_batch(
                 [context] * setting.group_size, [rng.getrandbits(62) for _ in range(setting.group_size)], setting.temperature, setting.floor
             )
             group = []
@@ -138,6 +144,8 @@ def run_setting(
                 entropy_coef=setting.entropy_coef,
             )
         policy.replay = kept_batches([datum_record(datum) for datum in datums], policy.replay, setting.replay_batches)
+        versions = [*versions, copy.deepcopy(policy)][-(setting.policy_lag + 1) :]
+        behaviour = policy if setting.policy_lag == 0 else versions[0]
     return rewards[:episodes]
 
 
@@ -150,6 +158,8 @@ SETTINGS = (
     Setting("lr 3e-2, floor 0.05, T 0.7", learning_rate=3e-2, temperature=0.7, default_bias=1.0, floor=0.05),
     Setting("lr 3e-2, floor 0.05, T 0.5", learning_rate=3e-2, temperature=0.5, default_bias=1.0, floor=0.05),
     Setting("lr 3e-2, floor 0.05, T 0.7, replay 1", learning_rate=3e-2, temperature=0.7, default_bias=1.0, floor=0.05, replay_batches=1),
+    Setting("lr 3e-2, floor 0.05, sampled 1 step behind", learning_rate=3e-2, temperature=1.0, default_bias=1.0, floor=0.05, policy_lag=1),
+    Setting("lr 3e-2, floor 0.05, sampled 2 steps behind", learning_rate=3e-2, temperature=1.0, default_bias=1.0, floor=0.05, policy_lag=2),
 )
 
 

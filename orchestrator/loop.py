@@ -15,7 +15,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError as BrokerUnreachable
 
 from metarl.artifact_store import ArtifactStore, is_remote_root
-from metarl.domain.batching import GroupView, groups_to_open, oldest_fresh_version, plan_batch, tasks_to_open, window_failure_cause
+from metarl.domain.batching import GroupView, groups_allowed_ahead, groups_to_open, oldest_fresh_version, plan_batch, tasks_to_open, window_failure_cause
 from metarl.errors import HiddenEvalSecretFault
 from metarl.learning.eval_secret import install_eval_secret, installed_fingerprint
 from metarl.messaging.dispatch import send_outer, send_stage
@@ -323,7 +323,8 @@ class Orchestrator:
             return [], counts
         needed = (config.run.max_outer_steps - counts.outer_steps) * config.outer.groups_per_batch - counts.waiting_groups
         window = groups_to_open(counts.active_episodes, config.window.in_flight, config.outer.group_size)
-        count = max(0, min(needed, window))
+        ahead = groups_allowed_ahead(counts.waiting_groups, counts.outer_busy, config.outer.groups_per_batch, config.window.batches_ahead)
+        count = max(0, min(needed, window, window if ahead is None else ahead))
         task_ids = tasks_to_open(count, resample_tasks, trainable, counts.trainable_groups)
         dispatches = self._new_groups(tick, config, task_ids, held_out=False)
         counts = counts.after_opening(len(task_ids), len(dispatches), trainable=True)

@@ -108,6 +108,15 @@ class WindowConfig(StrictModel):
 
     in_flight: int = Field(default=8, ge=1, le=100_000, description="Episodes kept in flight (rounded up to whole groups)")
     tick_s: float = Field(default=0.5, ge=0.01, le=60, description="Orchestrator loop period in seconds")
+    batches_ahead: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description=(
+            "Open training groups at most this many outer batches ahead of the step that trains on them (None: no limit, "
+            "in_flight alone decides; 0: synchronous, each group trained on by the policy version that sampled it)"
+        ),
+    )
 
 
 class OuterConfig(StrictModel):

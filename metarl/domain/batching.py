@@ -58,6 +58,22 @@ def groups_to_open(in_flight_episodes: int, window: int, group_size: int) -> int
     return -(-free // group_size)
 
 
+def groups_allowed_ahead(waiting_groups: int, outer_busy: int, groups_per_batch: int, batches_ahead: int | None) -> int | None:
+    """How many more trainable groups may open so that groups are sampled at most `batches_ahead` batches ahead of the
+    outer step that will train on them; None when `batches_ahead` is None (no limit: the in-flight window alone decides).
+
+    `waiting_groups` are the trainable groups open or complete but not batched; `outer_busy` the outer steps dispatched
+    and not applied (each holds one batch of groups). With 0 (synchronous) the next batch's groups open only after the
+    previous step is applied, so every group is trained on by the version that sampled it.
+    """
+    if batches_ahead is None:
+        return None
+    if batches_ahead < 0 or groups_per_batch < 1:
+        raise ValueError(f"batches_ahead is {batches_ahead} and groups_per_batch {groups_per_batch}; they must be >= 0 and >= 1")
+    pending = waiting_groups + outer_busy * groups_per_batch
+    return max(0, groups_per_batch * (batches_ahead + 1) - pending)
+
+
 def group_complete(n_finished: int, size: int) -> bool:
     return n_finished >= size
 

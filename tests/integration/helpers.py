@@ -30,6 +30,7 @@ def sim_config(
     redispatch_after_s: float = 3.0,
     in_flight: int = 8,
     held_out_group_size: int | None = None,
+    batches_ahead: int | None = None,
     extra: str = "",
 ) -> Path:
     """Write a fast simulator run config and return its path."""
@@ -64,6 +65,7 @@ duration = {{ median_s = 0.05, sigma = 0.1, max_s = 1.0 }}
 [window]
 in_flight = {in_flight}
 tick_s = 0.2
+{f"batches_ahead = {batches_ahead}" if batches_ahead is not None else ""}
 
 [outer]
 group_size = 2

@@ -47,6 +47,14 @@ def test_a_short_run_returns_one_reward_per_episode_and_is_seeded() -> None:
     assert run_setting(setting, tasks, episodes=10, seed=3, noise=0.3) == first
 
 
+def test_a_policy_lag_samples_with_an_earlier_version() -> None:
+    tasks = {"addition": load_toml_model(TaskSpec, REPO / "tasks_specs" / "addition.toml")}
+    on_policy = run_setting(Setting("sync", learning_rate=5e-2, groups_per_batch=1), tasks, episodes=24, seed=3, noise=0.0)
+    lagged = run_setting(Setting("lag", learning_rate=5e-2, groups_per_batch=1, policy_lag=1), tasks, episodes=24, seed=3, noise=0.0)
+    assert lagged[:4] == on_policy[:4]  # a step is one group of 4: both runs sample step 1 with the initial policy
+    assert lagged[4:] != on_policy[4:]
+
+
 # --- the landscape fitted to measured jobs (bench/_measured_landscape.py) ---------------------------------------
 
 

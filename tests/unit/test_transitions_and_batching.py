@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metarl.domain.batching import GroupView, groups_to_open, is_stale, oldest_fresh_version, plan_batch, staleness, tasks_to_open
+from metarl.domain.batching import GroupView, groups_allowed_ahead, groups_to_open, is_stale, oldest_fresh_version, plan_batch, staleness, tasks_to_open
 from metarl.domain.transitions import after_agent, after_eval, after_probe, after_train
 from metarl.store.records import Stage
 from metarl.store.tick_counts import TickCounts
@@ -72,6 +73,21 @@ def test_window_opens_whole_groups():
     assert groups_to_open(6, 8, 4) == 1
     assert groups_to_open(8, 8, 4) == 0
     assert groups_to_open(12, 8, 4) == 0
+
+
+def test_batches_ahead_caps_the_groups_sampled_before_the_step_that_trains_on_them():
+    assert groups_allowed_ahead(waiting_groups=5, outer_busy=3, groups_per_batch=2, batches_ahead=None) is None
+    # synchronous: the next batch's groups open only once no step is in flight, and no more than one batch of them
+    assert groups_allowed_ahead(0, 0, 2, 0) == 2
+    assert groups_allowed_ahead(1, 0, 2, 0) == 1
+    assert groups_allowed_ahead(2, 0, 2, 0) == 0
+    assert groups_allowed_ahead(0, 1, 2, 0) == 0
+    # one batch ahead: the batch being filled plus the next, an outer step in flight counting as one batch
+    assert groups_allowed_ahead(0, 1, 2, 1) == 2
+    assert groups_allowed_ahead(3, 0, 2, 1) == 1
+    assert groups_allowed_ahead(6, 1, 2, 1) == 0
+    with pytest.raises(ValueError, match="batches_ahead"):
+        groups_allowed_ahead(0, 0, 2, -1)
 
 
 def test_reconciler_runs_a_quarter_lease_apart_but_never_more_often_than_ticks() -> None:
