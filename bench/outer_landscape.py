@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from bench._bandit_reference import candidate_pool, thompson_rewards
+from bench._bandit_reference import PASSING_REWARD, candidate_pool, thompson_rewards
 from bench._measured_landscape import MeasuredLandscape, cross_validated_r2, fit_landscape, measured_jobs
 from metarl.domain.advantages import group_advantages
 from metarl.learning.eval_secret import install_tool_eval_secret
@@ -99,7 +99,7 @@ def run_setting(
     """Rewards of every episode, in order, for one seed (credits from `landscape` when given, else the synthetic one)."""
     rng = random.Random(seed)
     policy = LocalPolicy(PolicyConfig(init_seed=seed, default_bias=setting.default_bias))
-    versions = [copy.deepcopy(policy)]
+    earlier = [copy.deepcopy(policy)] if setting.policy_lag else []  # up to policy_lag + 1 versions, oldest first
     behaviour = policy
     families = sorted(tasks)
     rewards: list[float] = []
@@ -121,7 +121,7 @@ def run_setting(
                         credit = synthetic_credit(jl.decode_job(sample.job_tokens))
                     else:
                         credit = landscape.credit(family, JobSpec.model_validate(tomllib.loads(text)))
-                    reward = 0.25 + credit + rng.gauss(0.0, noise)
+                    reward = PASSING_REWARD + credit + rng.gauss(0.0, noise)
                 group.append((sample, reward))
             groups.append(group)
         rewards.extend(r for group in groups for _, r in group)
@@ -144,8 +144,9 @@ def run_setting(
                 entropy_coef=setting.entropy_coef,
             )
         policy.replay = kept_batches([datum_record(datum) for datum in datums], policy.replay, setting.replay_batches)
-        versions = [*versions, copy.deepcopy(policy)][-(setting.policy_lag + 1) :]
-        behaviour = policy if setting.policy_lag == 0 else versions[0]
+        if setting.policy_lag:
+            earlier = [*earlier, copy.deepcopy(policy)][-setting.policy_lag - 1 :]
+            behaviour = earlier[0]
     return rewards[:episodes]
 
 
