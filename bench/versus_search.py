@@ -858,6 +858,15 @@ def read_part_meta(csv_path: Path, mode: str) -> dict[str, Any]:
     return meta
 
 
+def part_label(path: Path) -> str:
+    """How a merged table names one of its parts: the path from the current folder when under it, else its folder and file name
+    (a part written under /tmp is named by the run's folder, not by where it happened to lie)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return f"{path.parent.name}/{path.name}"
+
+
 def merge_main(paths: Sequence[Path], out: Path | None) -> int:
     """Merge the CSVs of bench runs of one plan into one CSV, plot and summary (with the acceptance lines); 0 when the result has its shape."""
     try:
@@ -872,8 +881,9 @@ def merge_main(paths: Sequence[Path], out: Path | None) -> int:
         return 2
     mode, plan = rows[0].mode, metas[0][1]["plan"]
     out = out or Path(".metarl") / "versus-search" / f"{mode}-merged"
-    meta = {"mode": mode, "merged_from": [{"csv": source, **part} for source, part in metas], "commit": git_commit()}
-    header = [f"# versus search, {mode} run, merged from {len(parts)} CSVs: {', '.join(source for source, _rows in parts)}"]
+    labels = [part_label(Path(source)) for source, _rows in parts]
+    meta = {"mode": mode, "merged_from": [{"csv": label, **part} for label, (_source, part) in zip(labels, metas)], "commit": git_commit()}
+    header = [f"# versus search, {mode} run, merged from {len(parts)} CSVs: {', '.join(labels)}"]
     csv_path, png_path = write_outputs(out, mode, rows, meta, header)
     families = list(dict.fromkeys(row.family for row in rows))
     methods = [method for method in METHOD_LABELS if any(row.method == method for row in rows)]

@@ -37,7 +37,18 @@ def episode_seed(run_seed: int, episode_id: int) -> int:
 
 def start_set_seed(task_id: str, index_in_group: int) -> int:
     """The seed of a start-set episode: from its task and place in the group only, so every run's start set is the same."""
-    digest = hashlib.sha256(f"start-set:{task_id}:{index_in_group}".encode()).digest()
+    return fixed_set_seed("start-set", task_id, index_in_group)
+
+
+def held_out_seed(task_id: str, index_in_group: int) -> int:
+    """The seed of a held-out evaluation episode: from its task and place in the group only, the same at every policy
+    version and in every run, so two evaluations differ by the policy alone (paired draws)."""
+    return fixed_set_seed("held-out", task_id, index_in_group)
+
+
+def fixed_set_seed(kind: str, task_id: str, index_in_group: int) -> int:
+    """A seed that depends on the kind of evaluation set, the task and the place in the group, not on the run or episode id."""
+    digest = hashlib.sha256(f"{kind}:{task_id}:{index_in_group}".encode()).digest()
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
@@ -73,10 +84,17 @@ class StageRow:
     index_in_group: int = 0
     start_set: bool = False
     """An episode of the run's fixed start set: its seed comes from its task and index, not the run's seed, and it keeps its task's cap."""
+    held_out: bool = False
+    """An evaluation-only episode (the start set's, or a held-out family's)."""
 
     def seed(self, run_seed: int) -> int:
-        """The episode's seed: a start-set episode's is the same in every run (`start_set_seed`), any other's depends on the run's seed."""
-        return start_set_seed(self.task_id, self.index_in_group) if self.start_set else episode_seed(run_seed, self.episode_id)
+        """The episode's seed: a start-set or held-out evaluation episode's is the same in every run (`start_set_seed`,
+        `held_out_seed`); a training episode's depends on the run's seed and its id."""
+        if self.start_set:
+            return start_set_seed(self.task_id, self.index_in_group)
+        if self.held_out:
+            return held_out_seed(self.task_id, self.index_in_group)
+        return episode_seed(run_seed, self.episode_id)
 
     @property
     def passed_attempt_and_tokens(self) -> tuple[int | None, int]:
@@ -90,7 +108,7 @@ STAGE_ROW_SQL = f"""
 SELECT e.id, e.run_id, r.status, e.stage, e.probe_attempt, e.task_id, e.policy_version,
        pv.state_uri, cur.workspace_uri, cur.job_toml, prev.errors, r.config, r.task_specs -> e.task_id, cur.passed,
        (SELECT coalesce(sum(a.agent_tokens), 0) FROM probe_attempts a WHERE a.episode_id = e.id AND a.attempt <= e.probe_attempt), e.group_id,
-       e.index_in_group, g.start_set,
+       e.index_in_group, g.start_set, e.held_out,
        {", ".join(f"ij.{column} AS inner_{column}" for column in INNER_JOB_COLUMNS)}
 FROM episodes e
 JOIN runs r ON r.id = e.run_id
@@ -157,8 +175,8 @@ def open_groups(
 def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
     """A StageRow from the columns of STAGE_ROW_SQL."""
     (eid, run_id, run_status, stage, attempt, task_id, version, state_uri, workspace_uri, job_toml, errors, config, task_spec, passed, tokens) = columns[:15]
-    group_id, index_in_group, start_set = columns[15:18]
-    inner_job = inner_job_row(columns[18:])
+    group_id, index_in_group, start_set, held_out = columns[15:19]
+    inner_job = inner_job_row(columns[19:])
     return StageRow(
         eid,
         run_id,
@@ -179,6 +197,7 @@ def stage_row_of(columns: tuple[Any, ...]) -> StageRow:
         int(group_id),
         int(index_in_group),
         bool(start_set),
+        bool(held_out),
     )
 
 

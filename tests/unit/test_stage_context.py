@@ -140,3 +140,24 @@ def test_a_start_set_episode_has_the_same_seed_in_every_run_and_keeps_its_tasks_
     _, task = config_and_task(start)
     assert task.budget.max_train_seconds == specs["addition"].budget.max_train_seconds
     assert stage_context(start, *config_and_task(start)).seed == start_set_seed("addition", 1)
+
+
+def test_a_held_out_episode_has_the_same_seed_at_every_version_and_in_every_run() -> None:
+    import dataclasses
+
+    from metarl.store.episodes import held_out_seed, start_set_seed
+
+    config, specs = load_run(REPO / "examples" / "local.toml")
+    held = dataclasses.replace(
+        row(1, None),
+        task_id="date_format",
+        run_config=config.model_dump(mode="json"),
+        task_spec=specs["date_format"].model_dump(mode="json"),
+        held_out=True,
+        index_in_group=3,
+    )
+    later = dataclasses.replace(held, episode_id=912, policy_version=12)
+    assert held.seed(0) == held.seed(5) == later.seed(0) == held_out_seed("date_format", 3)
+    assert held_out_seed("date_format", 3) not in {held_out_seed("date_format", 2), start_set_seed("date_format", 3)}
+    assert stage_context(later, *config_and_task(later)).seed == held_out_seed("date_format", 3)
+    assert dataclasses.replace(held, held_out=False).seed(0) == episode_seed(0, 17)

@@ -80,7 +80,8 @@ def test_merge_writes_one_table_with_its_summary_and_plot(tmp_path: Path, capsys
     assert "over 2 families: first job at or above the sensible preset on 2; best of 4 above Optuna TPE's on 1" in summary
     assert "zero-shot on date_format" in summary
     assert (out / "versus_search-full.png").read_bytes()[:4] == b"\x89PNG"
-    assert len(json.loads((out / "meta-full.json").read_text(encoding="utf-8"))["merged_from"]) == 2
+    merged_from = json.loads((out / "meta-full.json").read_text(encoding="utf-8"))["merged_from"]
+    assert [part["csv"] for part in merged_from] == [f"{a.parent.name}/{a.name}", f"{b.parent.name}/{b.name}"]  # tmp_path is outside the cwd
     assert "merged output checked" in capsys.readouterr().out
 
 
