@@ -21,7 +21,8 @@ probe rejects ends with reward 0 (no retries are simulated). Each outer step sam
 unless the setting's `policy_lag` samples them with the policy of that many steps before (the real loop's async
 window ran about 1.5 behind). It prints, per setting, the mean reward of the first outer step, of outer steps 6-10
 (issue 43's target: 0.5 by step 10; with the share of seeds that reach it) and of the last episodes, over several seeds,
-with the worst seed. It does not show that the real loop reaches these numbers.
+with the worst seed. Rows without "no lean" start from a policy with `prior_default_bias = 1.0` (a third of its settings
+left to defaults); "no lean" is 0.0, an even pick of every setting. It does not show that the real loop reaches these numbers.
 
     python -m bench.outer_landscape [--episodes 176] [--seeds 8]     # about a minute
     python -m bench.outer_landscape --landscape bench/results/versus-search-2026-12-06/versus_search-full.csv [--reference]
@@ -152,7 +153,10 @@ def run_setting(
 
 SETTINGS = (
     Setting("lr 2e-2, no floor (before issue 43)", learning_rate=2e-2, temperature=1.0, default_bias=1.0),
-    Setting("lr 3e-2, floor 0.05 (examples/local.toml)", learning_rate=3e-2, temperature=1.0, default_bias=1.0, floor=0.05),
+    Setting("lr 3e-2, floor 0.05, default lean 1.0", learning_rate=3e-2, temperature=1.0, default_bias=1.0, floor=0.05),
+    Setting("lr 3e-2, floor 0.05, no lean", learning_rate=3e-2, temperature=1.0, default_bias=0.0, floor=0.05),
+    Setting("lr 4e-2, floor 0.05, no lean (local.toml)", learning_rate=4e-2, temperature=1.0, default_bias=0.0, floor=0.05),
+    Setting("lr 5e-2, floor 0.05, no lean", learning_rate=5e-2, temperature=1.0, default_bias=0.0, floor=0.05),
     Setting("lr 5e-2, floor 0.05", learning_rate=5e-2, temperature=1.0, default_bias=1.0, floor=0.05),
     Setting("lr 3e-2, floor 0.05, entropy 0.01", learning_rate=3e-2, temperature=1.0, default_bias=1.0, floor=0.05, entropy_coef=0.01),
     Setting("lr 3e-2, floor 0.05, replay 1", learning_rate=3e-2, temperature=1.0, default_bias=1.0, floor=0.05, replay_batches=1),
