@@ -40,8 +40,9 @@ SELECT spent, active, job_id FROM metarl_create_inner_job(
     %(max_usd)s::double precision, %(capacity)s::integer)
 """
 """The run's spend, the backend's active jobs and the new inner job's id (NULL when a cap stopped it): one statement.
-The function (migration 0005) takes the backend's advisory lock first and counts its `launching` and `running` jobs; in autocommit it is released when the insert is
-visible, so the next caller's count sees it."""
+The function (migrations 0005, 0008, 0014) takes the backend's advisory lock first and counts its `launching` and `running` jobs of runs
+that are `running` or `stopping` (an interrupted or ended run's left-over jobs hold no slot); in autocommit the lock is released when the
+insert is visible, so the next caller's count sees it."""
 LAUNCHED_SQL = """
 UPDATE inner_jobs
 SET external_id = %(external_id)s, backend_state = %(state)s, status = %(running)s, launched_at = now(), launch_count = launch_count + 1, error = NULL
@@ -143,8 +144,8 @@ def poll_record(episode_id: int, polled: PollResult, ended: InnerJobStatus | Non
 
 def lost_record(episode_id: int, error: str) -> StageRecord:
     """The episode's unfinished inner job (launching or running) marked `lost` with `error`, written only with the move that
-    fails the episode at train: its backend's capacity count (`metarl_create_inner_job`) no longer counts it (it counts every
-    run's jobs, so a left-over one would hold its slot for good), and the Runpod reaper terminates its pod as an orphan. A job
+    fails the episode at train: its backend's capacity count (`metarl_create_inner_job`) no longer counts it (it counts the jobs
+    of every live run, so a left-over one would hold its slot for good), and the Runpod reaper terminates its pod as an orphan. A job
     that already ended keeps its outcome."""
     params = {
         "lost": InnerJobStatus.lost.value,

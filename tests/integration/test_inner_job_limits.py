@@ -15,7 +15,7 @@ from metarl.domain.transitions import Transition
 from metarl.store.db import session_scope, sql_transaction
 from metarl.store.episodes import finish_and_move, stage_row_and_claim
 from metarl.store.inner_jobs import create_within_limits, lost_record
-from metarl.store.records import RUN_ROW_LOCK, ClaimStatus, CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, Run, Stage
+from metarl.store.records import RUN_ROW_LOCK, ClaimStatus, CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, Run, RunStatus, Stage
 from tests.integration.helpers import race
 
 pytestmark = pytest.mark.integration
@@ -62,6 +62,27 @@ def test_capacity_is_per_backend_across_runs(pg_url):
     with session_scope(pg_url) as session:
         session.execute(InnerJob.__table__.update().where(InnerJob.episode_id == a1).values(status=InnerJobStatus.succeeded))
     assert not isinstance(create(pg_url, run_a, a2, capacity=2), str), "a finished job frees its slot"
+
+
+def set_run_status(url: str, run_id: str, status: RunStatus) -> None:
+    with session_scope(url) as session:
+        session.execute(Run.__table__.update().where(Run.id == run_id).values(status=status))
+
+
+@pytest.mark.parametrize("status", [RunStatus.interrupted, RunStatus.paused, RunStatus.stopped, RunStatus.failed, RunStatus.finished])
+def test_an_interrupted_or_ended_runs_left_over_job_holds_no_slot_until_it_is_resumed(pg_url, status):
+    backend = f"local-{status.value}-{uuid.uuid4().hex[:6]}"
+    old, (held,) = make_run(pg_url, 1)
+    new, (first, second) = make_run(pg_url, 2)
+    assert not isinstance(create(pg_url, old, held, capacity=1, backend=backend), str)
+    assert create(pg_url, new, first, capacity=1, backend=backend) == "capacity", "a live run's job holds the slot"
+    set_run_status(pg_url, old, status)
+    assert not isinstance(create(pg_url, new, first, capacity=1, backend=backend), str), f"a job of a run left {status.value} held the slot"
+    assert create(pg_url, new, second, capacity=1, backend=backend) == "capacity", "the new run's own job counts"
+    with session_scope(pg_url) as session:
+        session.execute(InnerJob.__table__.update().where(InnerJob.episode_id == first).values(status=InnerJobStatus.succeeded))
+    set_run_status(pg_url, old, RunStatus.running)
+    assert create(pg_url, new, second, capacity=1, backend=backend) == "capacity", "the resumed run's job counts again"
 
 
 def test_budget_is_checked_before_capacity(pg_url):
