@@ -27,6 +27,10 @@ ENDED_RUN_STATUSES: tuple[RunStatus, ...] = (RunStatus.stopped, RunStatus.finish
 """The statuses of a run that has ended: no tick, stage or outer step works for it any more (`metarl resume`
 may start a stopped, paused or failed one again). The one definition of "run ended", for Python and SQL alike."""
 
+DRIVEN_RUN_STATUSES: tuple[RunStatus, ...] = (RunStatus.running, RunStatus.stopping)
+"""The statuses of a run an orchestrator is driving: only such a run can be marked interrupted, and only its inner jobs
+hold a train backend's slots (`metarl_create_inner_job`, migration 0014)."""
+
 RESUMABLE_RUN_STATUSES: tuple[RunStatus, ...] = (RunStatus.running, RunStatus.stopping, RunStatus.interrupted, RunStatus.paused)
 """The statuses of an unfinished run that `metarl run CONFIG` takes up again instead of starting a second run of the same name."""
 

@@ -23,6 +23,7 @@ from metarl.store.records import PolicyVersion, Run, RunStatus
 from metarl.store.report_data import episode_report, list_runs
 from metarl.store.run_ids import resolve_run_id
 from metarl.store.status import run_status
+from schemas.states import DRIVEN_RUN_STATUSES
 
 if TYPE_CHECKING:
     from metarl.report.tables import ReportData
@@ -138,7 +139,7 @@ class RunsTransaction:
         """A run whose orchestrator was stopped (Ctrl-C, SIGTERM) shows `interrupted`; False when it had already ended."""
         marked = self._session.execute(
             update(Run)
-            .where(Run.id == run_id, Run.status.in_((RunStatus.running, RunStatus.stopping)))
+            .where(Run.id == run_id, Run.status.in_(DRIVEN_RUN_STATUSES))
             .values(status=RunStatus.interrupted, status_message=message)
             .returning(Run.id)
         ).scalar_one_or_none()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+import re
+
 from metarl.store.episodes import ENDED_ARRAY
-from schemas.states import ENDED_RUN_STATUSES, RESUMABLE_RUN_STATUSES, RunStatus
+from metarl.store.migration_head import MIGRATIONS_DIR
+from schemas.states import DRIVEN_RUN_STATUSES, ENDED_RUN_STATUSES, RESUMABLE_RUN_STATUSES, RunStatus
 
 
 def test_a_run_has_ended_when_stopped_finished_failed_or_paused() -> None:
@@ -16,6 +20,18 @@ def test_a_run_has_ended_when_stopped_finished_failed_or_paused() -> None:
 def test_run_config_again_continues_exactly_the_unfinished_statuses() -> None:
     assert set(RESUMABLE_RUN_STATUSES) == {RunStatus.running, RunStatus.stopping, RunStatus.interrupted, RunStatus.paused}
     assert not {RunStatus.finished, RunStatus.stopped, RunStatus.failed} & set(RESUMABLE_RUN_STATUSES)
+
+
+def test_the_capacity_count_takes_the_jobs_of_exactly_the_driven_runs() -> None:
+    """Migration 0014's frozen SQL names the statuses of DRIVEN_RUN_STATUSES, and no ended or interrupted one."""
+    spec = importlib.util.spec_from_file_location("migration_0014", MIGRATIONS_DIR / "versions" / "0014_capacity_counts_live_runs.py")
+    assert spec is not None and spec.loader is not None
+    migration = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(migration)
+    counted = re.search(r"r\.status IN \(([^)]*)\)", migration.CREATE_INNER_JOB)
+    assert counted is not None
+    assert set(re.findall(r"'([a-z]+)'", counted.group(1))) == {status.value for status in DRIVEN_RUN_STATUSES}
+    assert not (set(DRIVEN_RUN_STATUSES) & (set(ENDED_RUN_STATUSES) | {RunStatus.interrupted}))
 
 
 def test_the_stage_claim_sql_refuses_exactly_the_ended_statuses() -> None:

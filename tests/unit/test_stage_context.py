@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pydantic
 import pytest
 
 from metarl.runconfig import load_run
-from metarl.store.episodes import StageRow, config_and_task, episode_seed, stage_context
+from metarl.store.episodes import StageRow, config_and_task, episode_seed, held_out_seed, stage_context, start_set_seed
 from metarl.store.records import RunStatus, Stage
 from tests.conftest import REPO
 
@@ -127,10 +129,6 @@ def test_a_time_cap_above_a_tasks_own_is_refused_at_load_naming_the_entry(tmp_pa
 
 
 def test_a_start_set_episode_has_the_same_seed_in_every_run_and_keeps_its_tasks_cap() -> None:
-    import dataclasses
-
-    from metarl.store.episodes import start_set_seed
-
     config, specs = load_run(REPO / "examples" / "local.toml")
     stored = config.model_dump(mode="json")
     stored["run"]["episode_train_seconds"] = [20.0]
@@ -143,10 +141,6 @@ def test_a_start_set_episode_has_the_same_seed_in_every_run_and_keeps_its_tasks_
 
 
 def test_a_held_out_episode_has_the_same_seed_at_every_version_and_in_every_run() -> None:
-    import dataclasses
-
-    from metarl.store.episodes import held_out_seed, start_set_seed
-
     config, specs = load_run(REPO / "examples" / "local.toml")
     held = dataclasses.replace(
         row(1, None),
