@@ -31,12 +31,26 @@ def display_due(now: float, last_shown: float | None, live: bool, finished: bool
     return finished or now - last_shown >= LINE_EVERY_S
 
 
+def train_text(snap: dict[str, Any]) -> str | None:
+    """The train backend's slots as shown (pure), only while some episode waits for one: how many of the run's jobs run,
+    how many episodes wait, and how many slots other runs' jobs hold (a run waiting behind another run says so)."""
+    if not snap["train_waiting"]:
+        return None
+    elsewhere = snap["slots_held_elsewhere"]
+    held = f" ({elsewhere} slot{'s' if elsewhere != 1 else ''} held by other runs)" if elsewhere else ""
+    return f"{snap['train_running']} training, {snap['train_waiting']} waiting for a slot{held}"
+
+
 def progress_line(snap: dict[str, Any]) -> str:
     """The progress as one log line (pure); the held-out reward, once there is one, names its policy version."""
     held_out = held_out_text(snap["held_out"], snap["held_out_version"], digits=3)
+    train = train_text(snap)
     return (
         f"[{snap['status']}] episodes {snap['episodes_done']}/{snap['episodes_total']} outer step {snap['outer_step']}/{snap['max_outer_steps']} "
-        f"reward {snap['reward']}" + ("" if held_out is None else f" held-out {held_out}") + f" cost ${snap['cost_usd']:.4f}"
+        f"reward {snap['reward']}"
+        + ("" if held_out is None else f" held-out {held_out}")
+        + ("" if train is None else f" train {train}")
+        + f" cost ${snap['cost_usd']:.4f}"
     )
 
 
@@ -60,7 +74,7 @@ class ProgressDisplay:
 
     def render(self, snap: dict[str, Any]) -> Table:
         table = Table(title=f"metarl run {self.run_id}", title_justify="left")
-        for column in ("status", "episodes done", "outer step", "reward", "held-out", "cost $"):
+        for column in ("status", "episodes done", "outer step", "reward", "held-out", "train", "cost $"):
             table.add_column(column)
         table.add_row(
             snap["status"],
@@ -68,6 +82,7 @@ class ProgressDisplay:
             f"{snap['outer_step']}/{snap['max_outer_steps']}",
             "-" if snap["reward"] is None else f"{snap['reward']:.3f}",
             held_out_text(snap["held_out"], snap["held_out_version"], digits=3) or "-",
+            train_text(snap) or "-",
             f"{snap['cost_usd']:.4f}",
         )
         return table

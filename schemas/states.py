@@ -112,3 +112,8 @@ class InnerJobStatus(str, enum.Enum):
     failed = "failed"
     lost = "lost"
     terminated = "terminated"
+
+
+SLOT_HOLDING_JOB_STATUSES: tuple[InnerJobStatus, ...] = (InnerJobStatus.launching, InnerJobStatus.running)
+"""The statuses of an inner job that holds one of its train backend's slots, while its run is driven (`metarl_create_inner_job`,
+migration 0014; the progress display's train slots, metarl/store/progress.py)."""

@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from metarl.domain.transitions import TERMINAL_STAGES
 from metarl.store.db import session_scope
 from metarl.store.ledger import run_total_usd
-from metarl.store.records import Episode, OuterStatus, OuterStep, Run
+from metarl.store.records import Episode, InnerJob, OuterStatus, OuterStep, Run, Stage
 from metarl.store.status import newest_held_out
 from metarl.store.step_metrics import held_out_reward_by_version
+from schemas.states import DRIVEN_RUN_STATUSES, SLOT_HOLDING_JOB_STATUSES
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,33 @@ class ProgressSnapshot:
     """Mean reward of the held-out groups of `held_out_version`, the newest policy version with evaluated ones."""
     held_out_version: int | None
     cost_usd: float
+    train_running: int = 0
+    """The run's inner jobs that hold a slot of its train backend (launching or running)."""
+    train_waiting: int = 0
+    """The run's episodes at the train stage with no inner job yet: the backend's capacity was full when they asked."""
+    slots_held_elsewhere: int = 0
+    """Slots of the run's train backend held by the inner jobs of other runs being driven (0 unless some episode waits)."""
+
+
+def train_slots(session: Session, run: Run) -> tuple[int, int, int]:
+    """(running, waiting, held elsewhere) of `ProgressSnapshot` for the run's train backend."""
+    has_job = select(InnerJob.id).where(InnerJob.episode_id == Episode.id).exists()
+    waiting = session.scalar(select(func.count()).where(Episode.run_id == run.id, Episode.stage == Stage.train, ~has_job)) or 0
+    running = session.scalar(select(func.count()).where(InnerJob.run_id == run.id, InnerJob.status.in_(SLOT_HOLDING_JOB_STATUSES))) or 0
+    backend = (run.config.get("backends") or {}).get("train", {}).get("type")
+    if not waiting or backend is None:
+        return running, waiting, 0
+    elsewhere = session.scalar(
+        select(func.count())
+        .select_from(InnerJob)
+        .join(Run, Run.id == InnerJob.run_id)
+        .where(InnerJob.backend == backend, InnerJob.status.in_(SLOT_HOLDING_JOB_STATUSES), Run.status.in_(DRIVEN_RUN_STATUSES), Run.id != run.id)
+    )
+    return running, waiting, elsewhere or 0
 
 
 def read_progress(database_url: str, run_id: str) -> ProgressSnapshot:
-    """The run's status, episodes ended, newest done outer step, rewards and cost."""
+    """The run's status, episodes ended, newest done outer step, rewards, cost and its train backend's slots."""
     with session_scope(database_url) as session:
         run = session.get(Run, run_id)
         total, done = session.execute(select(func.count(), func.count().filter(Episode.stage.in_(TERMINAL_STAGES))).where(Episode.run_id == run_id)).one()
@@ -41,6 +66,7 @@ def read_progress(database_url: str, run_id: str) -> ProgressSnapshot:
             select(OuterStep).where(OuterStep.run_id == run_id, OuterStep.status == OuterStatus.done).order_by(OuterStep.step.desc()).limit(1)
         ).scalar_one_or_none()
         held_out = newest_held_out(held_out_reward_by_version(session, run_id))  # as `metarl status` reads it
+        running, waiting, elsewhere = train_slots(session, run) if run else (0, 0, 0)
         return ProgressSnapshot(
             status=run.status.value if run else "?",
             episodes_done=done,
@@ -51,4 +77,7 @@ def read_progress(database_url: str, run_id: str) -> ProgressSnapshot:
             held_out=held_out["reward"] if held_out else None,
             held_out_version=held_out["policy_version"] if held_out else None,
             cost_usd=run_total_usd(session, run_id),
+            train_running=running,
+            train_waiting=waiting,
+            slots_held_elsewhere=elsewhere,
         )

@@ -8,7 +8,7 @@ from sqlalchemy import update
 from metarl.interfaces import CostItem
 from metarl.store.db import session_scope, sql_transaction
 from metarl.store.episodes import record_costs
-from metarl.store.records import Episode, EpisodeGroup, GroupStatus, OuterStatus, OuterStep, Reward, Run, Stage
+from metarl.store.records import Episode, EpisodeGroup, GroupStatus, InnerJob, InnerJobStatus, OuterStatus, OuterStep, Reward, Run, RunStatus, Stage
 from metarl_cli.progress import ProgressDisplay, progress_line
 from orchestrator.loop import TickReport
 from tests.integration.helpers import new_episode
@@ -56,6 +56,9 @@ def test_the_snapshot_is_the_run_s_records(pg_url: str) -> None:
         "held_out": None,
         "held_out_version": None,
         "cost_usd": 2.0,
+        "train_running": 0,
+        "train_waiting": 1,  # the second episode is at train with no inner job
+        "slots_held_elsewhere": 0,
     }
 
 
@@ -112,3 +115,29 @@ def test_off_a_terminal_a_line_is_printed_at_the_start_every_five_seconds_and_at
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
     assert reads == [1000.0, 1005.0, 1005.6]
     assert len(lines) == 3 and lines[0] == "[running] episodes 0/1 outer step 0/2 reward None cost $0.0000"
+
+
+def test_a_run_waiting_for_train_slots_says_so_and_names_the_slots_other_runs_hold(pg_url: str) -> None:
+    holder, holder_episode = new_episode(pg_url, Stage.train, name="holder")
+    waiter, _ = new_episode(pg_url, Stage.train, name="waiter")
+    elsewhere, elsewhere_episode = new_episode(pg_url, Stage.train, name="another-backend")
+    with session_scope(pg_url) as session:
+        for run_id, backend in ((holder, "local"), (waiter, "local"), (elsewhere, "sim")):
+            config = {"run": {"max_outer_steps": 3}, "backends": {"train": {"type": backend}}}
+            session.execute(update(Run).where(Run.id == run_id).values(config=config))
+        session.add(InnerJob(run_id=holder, episode_id=holder_episode, name=f"job-{holder_episode}", backend="local", status=InnerJobStatus.running))
+        session.add(InnerJob(run_id=elsewhere, episode_id=elsewhere_episode, name=f"job-{elsewhere_episode}", backend="sim", status=InnerJobStatus.running))
+    waiting = ProgressDisplay(pg_url, waiter).snapshot()
+    assert (waiting["train_running"], waiting["train_waiting"], waiting["slots_held_elsewhere"]) == (0, 1, 1)
+    assert (
+        progress_line(waiting)
+        == "[running] episodes 0/1 outer step 0/3 reward None train 0 training, 1 waiting for a slot (1 slot held by other runs) cost $0.0000"
+    )
+    holding = ProgressDisplay(pg_url, holder).snapshot()
+    assert (holding["train_running"], holding["train_waiting"]) == (1, 0)
+    assert " train " not in progress_line(holding)  # nothing waits: the line stays as it was
+    with session_scope(pg_url) as session:
+        session.execute(update(Run).where(Run.id == holder).values(status=RunStatus.interrupted))
+    after = ProgressDisplay(pg_url, waiter).snapshot()
+    assert after["slots_held_elsewhere"] == 0  # an interrupted run's left-over job holds no slot (migration 0014)
+    assert progress_line(after).endswith("train 0 training, 1 waiting for a slot cost $0.0000")

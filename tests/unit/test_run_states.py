@@ -7,7 +7,7 @@ import re
 
 from metarl.store.episodes import ENDED_ARRAY
 from metarl.store.migration_head import MIGRATIONS_DIR
-from schemas.states import DRIVEN_RUN_STATUSES, ENDED_RUN_STATUSES, RESUMABLE_RUN_STATUSES, RunStatus
+from schemas.states import DRIVEN_RUN_STATUSES, ENDED_RUN_STATUSES, RESUMABLE_RUN_STATUSES, SLOT_HOLDING_JOB_STATUSES, InnerJobStatus, RunStatus
 
 
 def test_a_run_has_ended_when_stopped_finished_failed_or_paused() -> None:
@@ -23,7 +23,7 @@ def test_run_config_again_continues_exactly_the_unfinished_statuses() -> None:
 
 
 def test_the_capacity_count_takes_the_jobs_of_exactly_the_driven_runs() -> None:
-    """Migration 0014's frozen SQL names the statuses of DRIVEN_RUN_STATUSES, and no ended or interrupted one."""
+    """Migration 0014's frozen SQL names the statuses of DRIVEN_RUN_STATUSES (no ended or interrupted one) and of SLOT_HOLDING_JOB_STATUSES."""
     spec = importlib.util.spec_from_file_location("migration_0014", MIGRATIONS_DIR / "versions" / "0014_capacity_counts_live_runs.py")
     assert spec is not None and spec.loader is not None
     migration = importlib.util.module_from_spec(spec)
@@ -32,6 +32,10 @@ def test_the_capacity_count_takes_the_jobs_of_exactly_the_driven_runs() -> None:
     assert counted is not None
     assert set(re.findall(r"'([a-z]+)'", counted.group(1))) == {status.value for status in DRIVEN_RUN_STATUSES}
     assert not (set(DRIVEN_RUN_STATUSES) & (set(ENDED_RUN_STATUSES) | {RunStatus.interrupted}))
+    held = re.search(r"j\.status IN \(([^)]*)\)", migration.CREATE_INNER_JOB)
+    assert held is not None
+    assert set(re.findall(r"'([a-z]+)'", held.group(1))) == {status.value for status in SLOT_HOLDING_JOB_STATUSES}
+    assert InnerJobStatus.succeeded not in SLOT_HOLDING_JOB_STATUSES
 
 
 def test_the_stage_claim_sql_refuses_exactly_the_ended_statuses() -> None:
