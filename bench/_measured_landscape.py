@@ -23,6 +23,7 @@ from metarl.domain.reward import job_credit
 from metarl.policy import job_language as jl
 from metarl.versus_search import VersusRow
 from schemas.job import JobSpec
+from schemas.run_config import EpisodeRewardWeights
 
 TRAINING_SLOT_KEYS = {f"{slot.section}.{slot.key}": slot for slot in jl.TRAINING_SLOTS}
 CROSSED_WITH_MODEL = ("training.learning_rate", "training.max_steps")
@@ -94,7 +95,7 @@ def measured_jobs(rows: Iterable[VersusRow]) -> list[tuple[str, JobSpec, float]]
     measured = []
     for row in rows:
         if row.outcome == "passed" and row.score is not None and row.job:
-            measured.append((row.family, parse_job_cell(row.job), job_credit(row.base_score, row.score)))
+            measured.append((row.family, parse_job_cell(row.job), job_credit(row.base_score, row.score, EpisodeRewardWeights().min_headroom)))
     return measured
 
 

@@ -181,6 +181,12 @@ class EpisodeRewardWeights(StrictModel):
     speed: float = Field(default=0.02, ge=0.0, le=100.0, description="Weight of fast training (only when the job improved)")
     validation_decay: float = Field(default=0.5, ge=0.0, le=1.0, description="Validation credit multiplier per extra attempt")
     token_scale: int = Field(default=4000, ge=1, le=10**9, description="Agent tokens at which efficiency credit is halved")
+    min_headroom: float = Field(
+        default=0.1,
+        ge=1e-6,
+        le=1.0,
+        description="Least headroom (1 - base score) the job credit divides by: on a family the base nearly solves, one eval item is not worth +-1",
+    )
 
     @model_validator(mode="after")
     def _speed_is_small(self) -> EpisodeRewardWeights:

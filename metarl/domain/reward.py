@@ -34,9 +34,12 @@ class RewardBreakdown(BaseModel):
     raw_improvement: float | None = Field(default=None, ge=-1.0, le=1.0, description="trained - base on the hidden eval")
 
 
-def job_credit(base_score: float, trained_score: float) -> float:
-    """Share of the base model's headroom the job closed: 1 = solved, 0 = no change, negative = worse."""
-    headroom = max(1.0 - base_score, 1e-6)
+def job_credit(base_score: float, trained_score: float, min_headroom: float) -> float:
+    """Share of the base model's headroom the job closed: 1 = solved, 0 = no change, negative = worse.
+
+    The headroom is at least `min_headroom`: on a family the base model nearly solves, a change of one or two eval items
+    would otherwise be worth +-1."""
+    headroom = max(1.0 - base_score, min_headroom)
     return max(-1.0, min(1.0, (trained_score - base_score) / headroom))
 
 
@@ -66,7 +69,7 @@ def compute_reward(inputs: RewardInputs, weights: EpisodeRewardWeights) -> Rewar
     passed = inputs.passed_on_attempt is not None
     trained = passed and inputs.base_score is not None and inputs.trained_score is not None
     raw = (inputs.trained_score - inputs.base_score) if trained else None  # type: ignore[operator]
-    job = job_credit(inputs.base_score, inputs.trained_score) if trained else 0.0  # type: ignore[arg-type]
+    job = job_credit(inputs.base_score, inputs.trained_score, weights.min_headroom) if trained else 0.0  # type: ignore[arg-type]
     validation = validation_credit(inputs.passed_on_attempt, weights.validation_decay)
     efficiency = efficiency_credit(inputs.agent_tokens, weights.token_scale, passed)
     speed = speed_credit(inputs.train_seconds, inputs.train_budget_seconds, improved=raw is not None and raw > 0)

@@ -17,6 +17,7 @@ from metarl.policy import job_language as jl
 from metarl.policy.local_policy import LocalPolicy, PolicyConfig
 from schemas.base import dump_toml_model, load_toml_model
 from schemas.job import JobModel, JobReward, JobSpec, JobTraining
+from schemas.run_config import EpisodeRewardWeights
 from schemas.task_spec import TaskSpec
 from tests.unit.test_versus_search import series_rows
 
@@ -121,7 +122,7 @@ def test_only_passed_jobs_with_settings_are_measured_and_an_empty_set_is_refused
     rows = [row.model_copy(update={"job": job}) for row in rows]
     [(family, parsed, credit)] = measured_jobs(rows)
     assert family == "addition" and parsed.training.learning_rate == 1e-4
-    assert credit == pytest.approx(job_credit(rows[0].base_score, 0.6))
+    assert credit == pytest.approx(job_credit(rows[0].base_score, 0.6, EpisodeRewardWeights().min_headroom))
     with pytest.raises(ValueError, match="no passed job"):
         fit_landscape([])
 

@@ -21,10 +21,22 @@ def inputs(**overrides):
 
 
 def test_job_credit_is_share_of_headroom():
-    assert job_credit(0.2, 0.6) == pytest.approx(0.5)
-    assert job_credit(0.2, 1.0) == pytest.approx(1.0)
-    assert job_credit(0.5, 0.5) == 0.0
-    assert job_credit(0.5, 0.25) == pytest.approx(-0.5)
+    assert job_credit(0.2, 0.6, 0.1) == pytest.approx(0.5)
+    assert job_credit(0.2, 1.0, 0.1) == pytest.approx(1.0)
+    assert job_credit(0.5, 0.5, 0.1) == 0.0
+    assert job_credit(0.5, 0.25, 0.1) == pytest.approx(-0.5)
+
+
+def test_a_family_the_base_nearly_solves_earns_by_the_floor_not_by_its_last_items():
+    # seed 1 of the 2026-12-07 benchmark, episode 340: base 0.995, trained 0.985 on 200 items
+    assert job_credit(0.995, 0.985, min_headroom=1e-6) == -1.0  # without a floor one item is worth the whole range
+    assert job_credit(0.995, 0.985, min_headroom=0.1) == pytest.approx(-0.1)
+    assert job_credit(0.995, 1.0, min_headroom=0.1) == pytest.approx(0.05)
+    assert job_credit(0.2, 0.6, min_headroom=0.1) == pytest.approx(0.5)  # a base at 0.9 or less is unaffected
+    assert job_credit(0.9, 1.0, min_headroom=0.1) == pytest.approx(1.0)
+    weights = EpisodeRewardWeights()
+    inputs = RewardInputs(passed_on_attempt=1, max_probe_attempts=3, agent_tokens=0, base_score=0.995, trained_score=0.985, train_budget_seconds=60.0)
+    assert compute_reward(inputs, weights).job == pytest.approx(-0.1)
 
 
 def test_validation_decays_per_attempt_and_is_zero_at_cap():
