@@ -93,9 +93,10 @@ class MeasuredLandscape:
 def measured_jobs(rows: Iterable[VersusRow]) -> list[tuple[str, JobSpec, float]]:
     """(family, job, credit) of every passed job of the rows."""
     measured = []
+    min_headroom = EpisodeRewardWeights().min_headroom
     for row in rows:
         if row.outcome == "passed" and row.score is not None and row.job:
-            measured.append((row.family, parse_job_cell(row.job), job_credit(row.base_score, row.score, EpisodeRewardWeights().min_headroom)))
+            measured.append((row.family, parse_job_cell(row.job), job_credit(row.base_score, row.score, min_headroom)))
     return measured
 
 

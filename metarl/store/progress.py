@@ -40,33 +40,37 @@ class ProgressSnapshot:
     """Slots of the run's train backend held by the inner jobs of other runs being driven (0 unless some episode waits)."""
 
 
-def train_slots(session: Session, run: Run) -> tuple[int, int, int]:
-    """(running, waiting, held elsewhere) of `ProgressSnapshot` for the run's train backend."""
-    has_job = select(InnerJob.id).where(InnerJob.episode_id == Episode.id).exists()
-    waiting = session.scalar(select(func.count()).where(Episode.run_id == run.id, Episode.stage == Stage.train, ~has_job)) or 0
+def train_slots(session: Session, run: Run, waiting: int) -> tuple[int, int]:
+    """(running, held elsewhere) of `ProgressSnapshot` for the run's train backend; other runs are counted only while
+    some of the run's episodes wait (`waiting` > 0)."""
     running = session.scalar(select(func.count()).where(InnerJob.run_id == run.id, InnerJob.status.in_(SLOT_HOLDING_JOB_STATUSES))) or 0
     backend = (run.config.get("backends") or {}).get("train", {}).get("type")
     if not waiting or backend is None:
-        return running, waiting, 0
+        return running, 0
     elsewhere = session.scalar(
         select(func.count())
         .select_from(InnerJob)
         .join(Run, Run.id == InnerJob.run_id)
         .where(InnerJob.backend == backend, InnerJob.status.in_(SLOT_HOLDING_JOB_STATUSES), Run.status.in_(DRIVEN_RUN_STATUSES), Run.id != run.id)
     )
-    return running, waiting, elsewhere or 0
+    return running, elsewhere or 0
 
 
 def read_progress(database_url: str, run_id: str) -> ProgressSnapshot:
     """The run's status, episodes ended, newest done outer step, rewards, cost and its train backend's slots."""
     with session_scope(database_url) as session:
         run = session.get(Run, run_id)
-        total, done = session.execute(select(func.count(), func.count().filter(Episode.stage.in_(TERMINAL_STAGES))).where(Episode.run_id == run_id)).one()
+        has_job = select(InnerJob.id).where(InnerJob.episode_id == Episode.id).exists()
+        total, done, waiting = session.execute(
+            select(func.count(), func.count().filter(Episode.stage.in_(TERMINAL_STAGES)), func.count().filter(Episode.stage == Stage.train, ~has_job)).where(
+                Episode.run_id == run_id
+            )
+        ).one()
         last = session.execute(
             select(OuterStep).where(OuterStep.run_id == run_id, OuterStep.status == OuterStatus.done).order_by(OuterStep.step.desc()).limit(1)
         ).scalar_one_or_none()
         held_out = newest_held_out(held_out_reward_by_version(session, run_id))  # as `metarl status` reads it
-        running, waiting, elsewhere = train_slots(session, run) if run else (0, 0, 0)
+        running, elsewhere = train_slots(session, run, waiting) if run else (0, 0)
         return ProgressSnapshot(
             status=run.status.value if run else "?",
             episodes_done=done,
