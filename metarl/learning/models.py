@@ -2,7 +2,8 @@
 
 ``ensure_base_model`` builds a model deterministically on first use (supervised next-token
 training on a mix of the enabled families' formats; a family sits out while its validation
-accuracy is at the recipe's target, so every family starts weak but not hopeless), saves it
+accuracy is at the recipe's target, and the checkpoint kept is the one nearest the recipe's accuracy
+band, so every family starts weak but not hopeless), saves it
 with ``save_pretrained`` next to the tokenizer files, and reuses it afterwards. The cache key
 is a content hash of the architecture, the pretraining recipe, ``RECIPE_VERSION`` and the
 enabled families' content (``family_set_content``: a digest of each family's name, description
@@ -27,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from metarl.learning.families import Example, TaskFamily
 from metarl.learning.registry import FAMILIES
@@ -78,6 +79,9 @@ class PretrainRecipe(BaseModel):
     steps: int = Field(ge=1, le=100_000, description="Most optimizer steps at scale 1.")
     check_every: int = Field(ge=1, le=10_000, description="Steps between checks of per-family validation accuracy.")
     target_accuracy: float = Field(gt=0.0, le=1.0, description="A family leaves the mix while its validation accuracy is at or above this.")
+    ceiling_accuracy: float = Field(
+        gt=0.0, le=1.0, description="Highest validation accuracy a family may keep: the build keeps the checkpoint nearest [target, ceiling] for every family."
+    )
     validation_items: int = Field(ge=8, le=1024, description="Validation items per family (training partition).")
     batch_size: int = Field(ge=1, le=4096, description="Sequences per step.")
     learning_rate: float = Field(gt=0.0, le=1.0, description="Peak AdamW learning rate.")
@@ -88,6 +92,12 @@ class PretrainRecipe(BaseModel):
     difficulty_high: float = Field(ge=0.0, le=1.0, description="Highest item difficulty in the mix.")
     family_weights: dict[str, float] = Field(description="Relative share of each family in the mix.")
     seed: int = Field(ge=0, le=2**31 - 1, description="Seed of weights init and data order.")
+
+    @model_validator(mode="after")
+    def _ceiling_not_below_target(self) -> PretrainRecipe:
+        if self.ceiling_accuracy < self.target_accuracy:
+            raise ValueError(f"ceiling_accuracy ({self.ceiling_accuracy}) is below target_accuracy ({self.target_accuracy}); set it at or above the target")
+        return self
 
 
 class BaseModelSpec(BaseModel):
@@ -119,6 +129,7 @@ BASE_MODELS: dict[str, BaseModelSpec] = {
             steps=1500,
             check_every=10,
             target_accuracy=0.12,
+            ceiling_accuracy=0.4,
             validation_items=64,
             batch_size=64,
             learning_rate=2e-3,
@@ -146,6 +157,7 @@ BASE_MODELS: dict[str, BaseModelSpec] = {
             steps=1500,
             check_every=10,
             target_accuracy=0.2,
+            ceiling_accuracy=0.5,
             validation_items=32,
             batch_size=64,
             learning_rate=1e-3,
@@ -365,16 +377,52 @@ class PretrainReport(BaseModel):
     """What a pretraining run did."""
 
     steps: int = Field(ge=0, description="Optimizer steps taken.")
-    validation_accuracy: dict[str, float] = Field(description="Final per-family validation accuracy.")
+    kept_step: int = Field(ge=0, description="Optimizer steps of the checkpoint kept (nearest the accuracy band).")
+    within_band: bool = Field(description="Every family's validation accuracy of the kept checkpoint is within [target, ceiling].")
+    validation_accuracy: dict[str, float] = Field(description="Per-family validation accuracy of the kept checkpoint.")
+
+
+def distance_outside_band(accuracy: Mapping[str, float], low: float, high: float) -> float:
+    """How far the families' accuracies lie outside [low, high], summed: 0 when every family is inside."""
+    return sum(max(0.0, low - value) + max(0.0, value - high) for value in accuracy.values())
+
+
+def families_below_target(accuracy: Mapping[str, float], target: float) -> list[str]:
+    """The families still in the pretraining mix: those whose accuracy is below ``target``."""
+    return [name for name in sorted(accuracy) if accuracy[name] < target]
+
+
+class _Checkpoint(BaseModel):
+    """The best pretraining checkpoint so far: its weights, step, accuracy and distance from the band."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    state: dict[str, torch.Tensor] = Field(description="A copy of the model's state dict.")
+    step: int = Field(ge=0, description="Optimizer steps taken when it was saved.")
+    accuracy: dict[str, float] = Field(description="Per-family validation accuracy at that step.")
+    distance: float = Field(ge=0.0, description="distance_outside_band of that accuracy.")
+
+
+def _checkpoint(model, tokenizer, validation: dict[str, list[Example]], families: Mapping[str, TaskFamily], recipe: PretrainRecipe, step: int) -> _Checkpoint:
+    """Measure the model's validation accuracy and copy its weights."""
+    accuracy = validation_accuracy(model, tokenizer, validation, families)
+    return _Checkpoint(
+        state={name: tensor.detach().clone() for name, tensor in model.state_dict().items()},
+        step=step,
+        accuracy=accuracy,
+        distance=distance_outside_band(accuracy, recipe.target_accuracy, recipe.ceiling_accuracy),
+    )
 
 
 def pretrain(spec: BaseModelSpec, recipe: PretrainRecipe, tokenizer, families: Mapping[str, TaskFamily] = FAMILIES, byte_fallback: bool = False):
     """Initialise the model from its seed and pretrain it on the recipe's families; returns (model, report).
 
     Every ``check_every`` steps each family's validation accuracy is measured; families at or
-    above ``target_accuracy`` sit out until they drop below it, and training stops when all
-    families are at target (or after ``steps``). This lands every family near the target
-    however fast it learns.
+    above ``target_accuracy`` sit out until they drop below it. Accuracy swings widely between
+    checks (a family can go from 0.03 to 0.98 in ten steps), so the build keeps the checkpoint
+    whose accuracies lie nearest [target, ceiling] (``distance_outside_band``; the later one on a
+    tie) and stops at the first check where every family is inside it, when no family is below
+    target, or after ``steps``.
     """
     from transformers import Qwen3ForCausalLM
 
@@ -385,13 +433,15 @@ def pretrain(spec: BaseModelSpec, recipe: PretrainRecipe, tokenizer, families: M
     rng = random.Random(f"pretrain\x1f{recipe.seed}")
     validation = validation_sets(recipe, families)
     active_families = sorted(recipe.family_weights)
-    accuracy: dict[str, float] = {}
+    best: _Checkpoint | None = None
+    latest: _Checkpoint | None = None
     step = 0
     while step < recipe.steps:
         if step > 0 and step % recipe.check_every == 0:
-            accuracy = validation_accuracy(model, tokenizer, validation, families)
-            active_families = [name for name in sorted(accuracy) if accuracy[name] < recipe.target_accuracy]
-            if not active_families:
+            latest = _checkpoint(model, tokenizer, validation, families, recipe, step)
+            best = latest if best is None or latest.distance <= best.distance else best
+            active_families = families_below_target(latest.accuracy, recipe.target_accuracy)
+            if latest.distance == 0.0 or not active_families:
                 break
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(step, recipe)
@@ -402,9 +452,14 @@ def pretrain(spec: BaseModelSpec, recipe: PretrainRecipe, tokenizer, families: M
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         step += 1
-    accuracy = validation_accuracy(model, tokenizer, validation, families)
+    if latest is None or latest.step != step:
+        latest = _checkpoint(model, tokenizer, validation, families, recipe, step)
+        best = latest if best is None or latest.distance <= best.distance else best
+    kept = best if best is not None else latest
+    model.load_state_dict(kept.state)
     model.eval()
-    return model, PretrainReport(steps=step, validation_accuracy=accuracy)
+    report = PretrainReport(steps=step, kept_step=kept.step, within_band=kept.distance == 0.0, validation_accuracy=kept.accuracy)
+    return model, report
 
 
 @contextmanager

@@ -352,3 +352,42 @@ def test_threads_per_job_splits_the_cores_between_concurrent_trainers() -> None:
     assert threads_per_job(4, cores=2) == 1  # never below one thread
     assert threads_per_job(2, requested=2, cores=2) == 2  # an explicit setting wins
     assert threads_per_job(1, requested=16, cores=2) == 2  # ... capped at the usable cores
+
+
+def test_distance_outside_band_sums_each_familys_shortfall_and_overshoot() -> None:
+    assert models_module.distance_outside_band({"a": 0.2, "b": 0.3}, 0.12, 0.4) == 0.0
+    assert models_module.distance_outside_band({"a": 0.02, "b": 0.9}, 0.12, 0.4) == pytest.approx(0.1 + 0.5)
+    assert models_module.families_below_target({"b": 0.05, "a": 0.12, "c": 0.0}, 0.12) == ["b", "c"]
+
+
+def test_a_recipe_with_its_ceiling_below_its_target_is_refused() -> None:
+    recipe = BASE_MODELS["local-s"].recipe.model_dump()
+    with pytest.raises(ValueError, match="ceiling_accuracy"):
+        models_module.PretrainRecipe(**{**recipe, "target_accuracy": 0.3, "ceiling_accuracy": 0.2})
+
+
+def _scripted_pretrain(monkeypatch: pytest.MonkeyPatch, steps: int, accuracies: list[dict[str, float]]):
+    """Pretrain a small local-s for ``steps`` steps with the validation accuracies of its checks scripted."""
+    scripted = iter(accuracies)
+    monkeypatch.setattr(models_module, "validation_accuracy", lambda *args, **kwargs: next(scripted))
+    spec = BASE_MODELS["local-s"]
+    recipe = spec.recipe.model_copy(update={"steps": steps, "check_every": 2, "batch_size": 4, "warmup_steps": 0})
+    return models_module.pretrain(spec, recipe, build_tokenizer())
+
+
+def test_pretraining_keeps_the_checkpoint_nearest_the_band_when_a_family_overshoots_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    low = {name: 0.05 for name in FAMILIES}
+    near = {**low, "addition": 0.3}
+    overshot = {**near, "date_format": 0.95}
+    model, report = _scripted_pretrain(monkeypatch, 6, [low, near, overshot])
+    reference, reference_report = _scripted_pretrain(monkeypatch, 4, [low, near])
+    assert (report.steps, report.kept_step, report.within_band) == (6, 4, False)
+    assert report.validation_accuracy == near == reference_report.validation_accuracy
+    kept, expected = model.state_dict(), reference.state_dict()
+    assert all(torch.equal(kept[name], expected[name]) for name in expected)
+
+
+def test_pretraining_stops_at_the_first_check_with_every_family_in_the_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    in_band = {name: 0.2 for name in FAMILIES}
+    _model, report = _scripted_pretrain(monkeypatch, 20, [{**in_band, "sorting": 0.0}, in_band])
+    assert (report.steps, report.kept_step, report.within_band) == (4, 4, True)
