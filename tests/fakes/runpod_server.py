@@ -258,6 +258,17 @@ class FakeRunpod:
                 except ProcessLookupError:
                     pod.hung = False
 
+    def thaw(self, pod_id: str) -> None:
+        """Let a pod frozen by ``hang`` run on (SIGCONT)."""
+        with self.lock:
+            pod = self.pods[pod_id]
+            if pod.hung and pod.process is not None and pod.process.poll() is None:
+                pod.hung = False
+                try:
+                    os.killpg(pod.process.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+
     # HTTP
 
     def _handle(self, handler: BaseHTTPRequestHandler) -> None:

@@ -32,6 +32,7 @@ from metarl.backends.runpod.eval import (
     hidden_items,
 )
 from metarl.backends.runpod.pod.eval_server import REQUEST_FILE, EvalRequest, EvalResult, TargetOutput, items_digest
+from metarl.backends.runpod.pod.manifest import EXIT_FILE
 from metarl.backends.runpod.pod.protocol import ExitReport
 from metarl.backends.runpod.pods import pod_charges
 from metarl.backends.runpod.provider import PodState
@@ -351,20 +352,30 @@ def test_backend_publishes_the_eval_after_training_and_the_pod_scores_it(cloud: 
     with pytest.raises(PermanentBackendError, match="no pod has scored"):
         evaluator.score_base(task, "Qwen/Qwen3-0.6B")
 
-    polled = []
+    polled, adopted = [], []
     for episode in (1, 2, 3, 4):
         ctx = EpisodeContext(run_id=RUN_ID, episode_id=episode, task=task, policy_version=0, probe_attempt=1, seed=1, artifacts_root=artifacts)
         launched = backend.launch(ctx, job, f"metarl-0a1b2c3d-{episode}")
         state, deadline = launched.state, time.monotonic() + 150
+        attempt_dir = Path(artifacts) / "runpod" / "jobs" / f"metarl-0a1b2c3d-{episode}" / "a0"
         while time.monotonic() < deadline:
+            # the poll after training may publish the eval request: the pod is frozen over it and the re-poll below,
+            # so that it cannot answer (and delete the request) in between
+            frozen = state.get("eval_requested_at") is None and (attempt_dir / EXIT_FILE).exists() and state.get("pod_id") is not None
+            if frozen:
+                cloud.hang(state["pod_id"])
             result = backend.poll(ctx, job, launched.external_id, state)
             ledger.extend((episode, item) for item in result.costs)
             if state.get("eval_requested_at") is None and result.state.get("eval_requested_at") is not None:
+                assert frozen, "the eval request was published before the pod's exit report was written"
                 # a worker that published and died before recording it: the next poll adopts the request, never writes another
-                request_file = Path(artifacts) / "runpod" / "jobs" / f"metarl-0a1b2c3d-{episode}" / "a0" / REQUEST_FILE
+                request_file = attempt_dir / REQUEST_FILE
                 written = request_file.stat().st_mtime_ns
                 again = backend.poll(ctx, job, launched.external_id, state)
                 assert again.state["eval_requested_at"] == result.state["eval_requested_at"] and request_file.stat().st_mtime_ns == written
+                adopted.append(episode)
+            if frozen:
+                cloud.thaw(state["pod_id"])
             state = result.state
             if result.status != "running":
                 break
@@ -372,6 +383,7 @@ def test_backend_publishes_the_eval_after_training_and_the_pod_scores_it(cloud: 
         polled.append((ctx, result))
 
     assert [outcome.status for _, outcome in polled] == ["succeeded"] * 3 + ["failed"], [outcome.error for _, outcome in polled]
+    assert adopted == [1, 2, 4]  # every job whose eval was requested (job 3 needed none)
     (first_ctx, first), (second_ctx, second), (third_ctx, third), (_, fourth) = polled
     # job 4's pod could not check its scoring stack: no completions, the job fails, and the pod takes no next job
     assert "on-pod eval failed" in (fourth.error or "") and "cannot check the scoring stack" in (fourth.error or "")
