@@ -393,7 +393,7 @@ def families_below_target(accuracy: Mapping[str, float], target: float) -> list[
 
 
 class _Checkpoint(BaseModel):
-    """The best pretraining checkpoint so far: its weights, step, accuracy and distance from the band."""
+    """A pretraining checkpoint: its weights, step, validation accuracy and distance from the band."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
