@@ -434,14 +434,13 @@ def pretrain(spec: BaseModelSpec, recipe: PretrainRecipe, tokenizer, families: M
     validation = validation_sets(recipe, families)
     active_families = sorted(recipe.family_weights)
     best: _Checkpoint | None = None
-    latest: _Checkpoint | None = None
     step = 0
-    while step < recipe.steps:
-        if step > 0 and step % recipe.check_every == 0:
+    while True:
+        if step == recipe.steps or (step > 0 and step % recipe.check_every == 0):
             latest = _checkpoint(model, tokenizer, validation, families, recipe, step)
             best = latest if best is None or latest.distance <= best.distance else best
             active_families = families_below_target(latest.accuracy, recipe.target_accuracy)
-            if latest.distance == 0.0 or not active_families:
+            if step == recipe.steps or latest.distance == 0.0 or not active_families:
                 break
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(step, recipe)
@@ -452,13 +451,10 @@ def pretrain(spec: BaseModelSpec, recipe: PretrainRecipe, tokenizer, families: M
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         step += 1
-    if latest is None or latest.step != step:
-        latest = _checkpoint(model, tokenizer, validation, families, recipe, step)
-        best = latest if best is None or latest.distance <= best.distance else best
-    kept = best if best is not None else latest
-    model.load_state_dict(kept.state)
+    assert best is not None  # the loop ends at a check
+    model.load_state_dict(best.state)
     model.eval()
-    report = PretrainReport(steps=step, kept_step=kept.step, within_band=kept.distance == 0.0, validation_accuracy=kept.accuracy)
+    report = PretrainReport(steps=step, kept_step=best.step, within_band=best.distance == 0.0, validation_accuracy=best.accuracy)
     return model, report
 
 
