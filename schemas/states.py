@@ -28,8 +28,8 @@ ENDED_RUN_STATUSES: tuple[RunStatus, ...] = (RunStatus.stopped, RunStatus.finish
 may start a stopped, paused or failed one again). The one definition of "run ended", for Python and SQL alike."""
 
 DRIVEN_RUN_STATUSES: tuple[RunStatus, ...] = (RunStatus.running, RunStatus.stopping)
-"""The statuses of a run an orchestrator is driving: only such a run can be marked interrupted, and only its inner jobs
-hold a train backend's slots (`metarl_create_inner_job`, migration 0014)."""
+"""The statuses of a run an orchestrator is driving: only such a run can be marked interrupted, and its inner jobs
+hold a train backend's slots (`metarl_inner_job_holds_slot`, migration 0015; so does a job a worker still polls)."""
 
 RESUMABLE_RUN_STATUSES: tuple[RunStatus, ...] = (RunStatus.running, RunStatus.stopping, RunStatus.interrupted, RunStatus.paused)
 """The statuses of an unfinished run that `metarl run CONFIG` takes up again instead of starting a second run of the same name."""
@@ -115,5 +115,5 @@ class InnerJobStatus(str, enum.Enum):
 
 
 SLOT_HOLDING_JOB_STATUSES: tuple[InnerJobStatus, ...] = (InnerJobStatus.launching, InnerJobStatus.running)
-"""The statuses of an inner job that holds one of its train backend's slots, while its run is driven (`metarl_create_inner_job`,
-migration 0014; the progress display's train slots, metarl/store/progress.py)."""
+"""The statuses of an inner job that holds one of its train backend's slots, while its run is driven or a worker polls it
+(`metarl_inner_job_holds_slot`, migration 0015; the progress display's train slots, metarl/store/progress.py)."""

@@ -40,9 +40,10 @@ SELECT spent, active, job_id FROM metarl_create_inner_job(
     %(max_usd)s::double precision, %(capacity)s::integer)
 """
 """The run's spend, the backend's active jobs and the new inner job's id (NULL when a cap stopped it): one statement.
-The function (migrations 0005, 0008, 0014) takes the backend's advisory lock first and counts its `launching` and `running` jobs of runs
-that are `running` or `stopping` (an interrupted or ended run's left-over jobs hold no slot); in autocommit the lock is released when the
-insert is visible, so the next caller's count sees it."""
+The function (migrations 0005, 0008, 0014, 0015) takes the backend's advisory lock first and counts its `launching` and `running` jobs
+that hold a slot (`metarl_inner_job_holds_slot`: the run is `running` or `stopping`, or a worker still polls the job, its train claim's
+heartbeat younger than the run's lease; a left-over job nobody polls holds none); in autocommit the lock is released when the insert is
+visible, so the next caller's count sees it."""
 LAUNCHED_SQL = """
 UPDATE inner_jobs
 SET external_id = %(external_id)s, backend_state = %(state)s, status = %(running)s, launched_at = now(), launch_count = launch_count + 1, error = NULL

@@ -13,7 +13,7 @@ from metarl.store.ledger import run_total_usd
 from metarl.store.records import Episode, InnerJob, OuterStatus, OuterStep, Run, Stage
 from metarl.store.status import newest_held_out
 from metarl.store.step_metrics import held_out_reward_by_version
-from schemas.states import DRIVEN_RUN_STATUSES, SLOT_HOLDING_JOB_STATUSES
+from schemas.states import SLOT_HOLDING_JOB_STATUSES
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,13 @@ class ProgressSnapshot:
     train_waiting: int = 0
     """The run's episodes at the train stage with no inner job yet: the backend's capacity was full when they asked."""
     slots_held_elsewhere: int = 0
-    """Slots of the run's train backend held by the inner jobs of other runs being driven (0 unless some episode waits)."""
+    """Slots of the run's train backend held by other runs' inner jobs (0 unless some episode waits)."""
 
 
 def train_slots(session: Session, run: Run, waiting: int) -> tuple[int, int]:
     """(running, held elsewhere) of `ProgressSnapshot` for the run's train backend; other runs are counted only while
-    some of the run's episodes wait (`waiting` > 0)."""
+    some of the run's episodes wait (`waiting` > 0), by the capacity count's own rule (`metarl_inner_job_holds_slot`,
+    migration 0015: a job of a driven run, or one a worker still polls)."""
     running = session.scalar(select(func.count()).where(InnerJob.run_id == run.id, InnerJob.status.in_(SLOT_HOLDING_JOB_STATUSES))) or 0
     backend = (run.config.get("backends") or {}).get("train", {}).get("type")
     if not waiting or backend is None:
@@ -50,8 +51,12 @@ def train_slots(session: Session, run: Run, waiting: int) -> tuple[int, int]:
     elsewhere = session.scalar(
         select(func.count())
         .select_from(InnerJob)
-        .join(Run, Run.id == InnerJob.run_id)
-        .where(InnerJob.backend == backend, InnerJob.status.in_(SLOT_HOLDING_JOB_STATUSES), Run.status.in_(DRIVEN_RUN_STATUSES), Run.id != run.id)
+        .where(
+            InnerJob.backend == backend,
+            InnerJob.status.in_(SLOT_HOLDING_JOB_STATUSES),
+            InnerJob.run_id != run.id,
+            func.metarl_inner_job_holds_slot(InnerJob.id),
+        )
     )
     return running, elsewhere or 0
 

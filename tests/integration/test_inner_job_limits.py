@@ -7,25 +7,27 @@ import threading
 import uuid
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from metarl.domain.transitions import Transition
 from metarl.store.db import session_scope, sql_transaction
 from metarl.store.episodes import finish_and_move, stage_row_and_claim
 from metarl.store.inner_jobs import create_within_limits, lost_record
+from metarl.store.progress import train_slots
 from metarl.store.records import RUN_ROW_LOCK, ClaimStatus, CostEntry, Episode, EpisodeGroup, InnerJob, InnerJobStatus, Run, RunStatus, Stage
 from tests.integration.helpers import race
 
 pytestmark = pytest.mark.integration
 
 
-def make_run(url: str, episodes: int) -> tuple[str, list[int]]:
+def make_run(url: str, episodes: int, config: dict[str, Any] | None = None) -> tuple[str, list[int]]:
     """A run with one group of `episodes` episodes at the train stage."""
     run_id = str(uuid.uuid4())
     with session_scope(url) as session:
-        session.add(Run(id=run_id, name="limits", config={}, task_specs={}))
+        session.add(Run(id=run_id, name="limits", config=config or {}, task_specs={}))
         session.flush()
         group = EpisodeGroup(run_id=run_id, task_id="addition", policy_version=0, size=episodes)
         session.add(group)
@@ -83,6 +85,40 @@ def test_an_interrupted_or_ended_runs_left_over_job_holds_no_slot_until_it_is_re
         session.execute(InnerJob.__table__.update().where(InnerJob.episode_id == first).values(status=InnerJobStatus.succeeded))
     set_run_status(pg_url, old, RunStatus.running)
     assert create(pg_url, new, second, capacity=1, backend=backend) == "capacity", "the resumed run's job counts again"
+
+
+def age_train_heartbeat(url: str, episode_id: int, seconds: float) -> None:
+    with session_scope(url) as session:
+        session.execute(
+            text("UPDATE stage_claims SET heartbeat_at = now() - make_interval(secs => :age) WHERE episode_id = :episode AND stage = 'train'"),
+            {"age": seconds, "episode": episode_id},
+        )
+
+
+def slots_held_elsewhere(url: str, run_id: str) -> int:
+    with session_scope(url) as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        return train_slots(session, run, waiting=1)[1]
+
+
+def test_an_interrupted_runs_job_that_a_worker_still_polls_holds_its_slot_until_the_polls_stop(pg_url):
+    """Pools on other hosts go on polling an interrupted run's pod: it holds its slot while its train claim's heartbeat is younger
+    than the run's lease plus its poll interval (30 + 5 s here), and frees it once older (migration 0015)."""
+    backend = f"runpod-{uuid.uuid4().hex[:6]}"
+    old, (polled,) = make_run(pg_url, 1, {"retries": {"lease_s": 30.0}, "backends": {"train": {"type": backend, "poll_interval_s": 5.0}}})
+    new, (first,) = make_run(pg_url, 1, {"backends": {"train": {"type": backend}}})
+    with sql_transaction(pg_url, autocommit=True) as sql:
+        _, claim = stage_row_and_claim(sql, episode_id=polled, stage=Stage.train, probe_attempt=1, worker="w", token=None)
+    assert claim is not None and not isinstance(create(pg_url, old, polled, capacity=1, backend=backend), str)
+    set_run_status(pg_url, old, RunStatus.interrupted)
+    assert create(pg_url, new, first, capacity=1, backend=backend) == "capacity", "a worker polls the interrupted run's job"
+    assert slots_held_elsewhere(pg_url, new) == 1
+    age_train_heartbeat(pg_url, polled, 33.0)
+    assert create(pg_url, new, first, capacity=1, backend=backend) == "capacity", "a poll interval late is not yet stale"
+    age_train_heartbeat(pg_url, polled, 40.0)
+    assert slots_held_elsewhere(pg_url, new) == 0
+    assert not isinstance(create(pg_url, new, first, capacity=1, backend=backend), str), "nobody polls it any more: the slot is free"
 
 
 def test_budget_is_checked_before_capacity(pg_url):

@@ -22,19 +22,23 @@ def test_run_config_again_continues_exactly_the_unfinished_statuses() -> None:
     assert not {RunStatus.finished, RunStatus.stopped, RunStatus.failed} & set(RESUMABLE_RUN_STATUSES)
 
 
-def test_the_capacity_count_takes_the_jobs_of_exactly_the_driven_runs() -> None:
-    """Migration 0014's frozen SQL names the statuses of DRIVEN_RUN_STATUSES (no ended or interrupted one) and of SLOT_HOLDING_JOB_STATUSES."""
-    spec = importlib.util.spec_from_file_location("migration_0014", MIGRATIONS_DIR / "versions" / "0014_capacity_counts_live_runs.py")
+def test_the_capacity_count_takes_the_jobs_of_exactly_the_driven_runs_and_the_polled_ones() -> None:
+    """Migration 0015's frozen SQL names the statuses of DRIVEN_RUN_STATUSES (no ended or interrupted one) and of SLOT_HOLDING_JOB_STATUSES,
+    and the capacity count filters on the job statuses before it asks the per-job rule (the index on status serves it)."""
+    spec = importlib.util.spec_from_file_location("migration_0015", MIGRATIONS_DIR / "versions" / "0015_capacity_counts_polled_jobs.py")
     assert spec is not None and spec.loader is not None
     migration = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(migration)
-    counted = re.search(r"r\.status IN \(([^)]*)\)", migration.CREATE_INNER_JOB)
+    counted = re.search(r"r\.status IN \(([^)]*)\)", migration.HOLDS_SLOT)
     assert counted is not None
     assert set(re.findall(r"'([a-z]+)'", counted.group(1))) == {status.value for status in DRIVEN_RUN_STATUSES}
     assert not (set(DRIVEN_RUN_STATUSES) & (set(ENDED_RUN_STATUSES) | {RunStatus.interrupted}))
-    held = re.search(r"j\.status IN \(([^)]*)\)", migration.CREATE_INNER_JOB)
-    assert held is not None
-    assert set(re.findall(r"'([a-z]+)'", held.group(1))) == {status.value for status in SLOT_HOLDING_JOB_STATUSES}
+    slot_holding = {status.value for status in SLOT_HOLDING_JOB_STATUSES}
+    for sql in (migration.HOLDS_SLOT, migration.CREATE_INNER_JOB):
+        held = re.search(r"j\.status IN \(([^)]*)\)", sql)
+        assert held is not None
+        assert set(re.findall(r"'([a-z]+)'", held.group(1))) == slot_holding
+    assert "metarl_inner_job_holds_slot(j.id)" in migration.CREATE_INNER_JOB
     assert InnerJobStatus.succeeded not in SLOT_HOLDING_JOB_STATUSES
 
 
