@@ -13,6 +13,8 @@ heartbeat younger than its run's lease plus its train backend's poll interval (`
 (the embedded default's workers stop with its orchestrator) frees its slot once that time has passed.
 """
 
+from importlib import import_module
+
 from alembic import op
 
 revision = "0015"
@@ -36,26 +38,15 @@ $fn$
 """Whether the inner job holds a slot of its train backend: the one definition (the capacity count below, the progress display's
 slots held elsewhere in metarl/store/progress.py)."""
 
-CREATE_INNER_JOB = """
-CREATE OR REPLACE FUNCTION metarl_create_inner_job(
-    p_run_id text, p_episode_id bigint, p_name text, p_backend text, p_simulated boolean, p_model_name text,
-    p_max_usd double precision, p_capacity integer,
-    OUT spent double precision, OUT active bigint, OUT job_id bigint)
-LANGUAGE plpgsql VOLATILE AS $fn$
-BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('metarl:inner-job-capacity:' || p_backend, 0));
-    SELECT coalesce((SELECT amount_usd FROM run_spend WHERE run_id = p_run_id), 0)::double precision INTO spent;
-    SELECT count(*) INTO active FROM inner_jobs j
-    WHERE j.backend = p_backend AND j.status IN ('launching', 'running') AND metarl_inner_job_holds_slot(j.id);
-    job_id := NULL;
-    IF spent < p_max_usd AND active < p_capacity THEN
-        INSERT INTO inner_jobs (run_id, episode_id, name, backend, simulated, status, launch_count, backend_state, model_name, created_at)
-        VALUES (p_run_id, p_episode_id, p_name, p_backend, p_simulated, 'launching', 0, '{}', p_model_name, now())
-        RETURNING id INTO job_id;
-    END IF;
-END
-$fn$
-"""
+CREATE_INNER_JOB_0014 = import_module("migrations.versions.0014_capacity_counts_live_runs").CREATE_INNER_JOB
+COUNT_0014 = """    SELECT count(*) INTO active FROM inner_jobs j JOIN runs r ON r.id = j.run_id
+    WHERE j.backend = p_backend AND j.status IN ('launching', 'running') AND r.status IN ('running', 'stopping');"""
+COUNT = """    SELECT count(*) INTO active FROM inner_jobs j
+    WHERE j.backend = p_backend AND j.status IN ('launching', 'running') AND metarl_inner_job_holds_slot(j.id);"""
+if COUNT_0014 not in CREATE_INNER_JOB_0014:
+    raise ImportError("migration 0014's capacity count is not the one 0015 replaces")
+CREATE_INNER_JOB = CREATE_INNER_JOB_0014.replace(COUNT_0014, COUNT)
+"""Migration 0014's function with the count of slot-holding jobs replaced (the lock, the budget and the insert are unchanged)."""
 
 
 def upgrade() -> None:
@@ -64,7 +55,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    from importlib import import_module
-
-    op.execute(import_module("migrations.versions.0014_capacity_counts_live_runs").CREATE_INNER_JOB)
+    op.execute(CREATE_INNER_JOB_0014)
     op.execute("DROP FUNCTION metarl_inner_job_holds_slot(bigint)")
