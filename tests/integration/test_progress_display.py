@@ -139,5 +139,5 @@ def test_a_run_waiting_for_train_slots_says_so_and_names_the_slots_other_runs_ho
     with session_scope(pg_url) as session:
         session.execute(update(Run).where(Run.id == holder).values(status=RunStatus.interrupted))
     after = ProgressDisplay(pg_url, waiter).snapshot()
-    assert after["slots_held_elsewhere"] == 0  # an interrupted run's left-over job holds no slot (migration 0014)
+    assert after["slots_held_elsewhere"] == 0  # an interrupted run's left-over job that nobody polls holds no slot (migration 0015)
     assert progress_line(after).endswith("train 0 training, 1 waiting for a slot cost $0.0000")
