@@ -42,7 +42,7 @@ SELECT spent, active, job_id FROM metarl_create_inner_job(
 """The run's spend, the backend's active jobs and the new inner job's id (NULL when a cap stopped it): one statement.
 The function (migrations 0005, 0008, 0014, 0015) takes the backend's advisory lock first and counts its `launching` and `running` jobs
 that hold a slot (`metarl_inner_job_holds_slot`: the run is `running` or `stopping`, or a worker still polls the job, its train claim's
-heartbeat younger than the run's lease; a left-over job nobody polls holds none); in autocommit the lock is released when the insert is
+heartbeat younger than the run's lease plus its poll interval; a left-over job nobody polls holds none); in autocommit the lock is released when the insert is
 visible, so the next caller's count sees it."""
 LAUNCHED_SQL = """
 UPDATE inner_jobs
