@@ -17,8 +17,8 @@ score, and the summary counts each method's jobs lost to rejections). Methods:
   `<artifacts>/policy/<run>/v00040-<attempt>.pt`), with its provenance (run id, commit, seed,
   outer version) from `PATH.provenance.json` beside it, else from the path and `--policy-commit`,
   `--policy-seed`. No policy given: the method is reported MISSING, never stood in for. Shipped states of
-  the current job language: `bench/results/local-meta-rl-2026-12-07-band-seed2/v00013-7c319fb2cb91.pt` (banded base
-  models), `bench/results/local-meta-rl-2026-12-06-seed2/v00023-ac87bfe67b8d.pt` and
+  the current job language: `bench/results/local-meta-rl-2026-12-07-partition-seed0/v00018-71c4d33f7db6.pt` (the
+  benchmark partition, BENCHMARKS.md), `bench/results/local-meta-rl-2026-12-07-band-seed2/v00013-7c319fb2cb91.pt`, `bench/results/local-meta-rl-2026-12-06-seed2/v00023-ac87bfe67b8d.pt` and
   `bench/results/local-meta-rl-2026-12-06-seed1/v00040-355c39ce2b39.pt`, each with its provenance.
 - untrained agent: the policy a run starts from (`LocalPolicy` with the run config's init seed and
   prior). Both agents sample as in the run (its temperature, `sample_seed`, the job's seed in
@@ -55,7 +55,7 @@ policy). `worst_case_wall_s` holds this arithmetic; the bench prints it first.
 Output (in `--out`, every file name and the CSV's mode column saying quick or full):
 `versus_search-<mode>.csv` (one row per method, family, seed and job: score, best so far, CPU and
 wall seconds, cost, probe outcome), `versus_search-<mode>.png`, `summary-<mode>.txt` (the table
-and the zero-shot lines) and `meta-<mode>.json` (plan, machine, date, commit, provenance). The
+and the zero-shot lines) and `meta-<mode>.json` (plan, machine, date, commit, the hidden-eval partition's fingerprint, provenance). The
 run then reads its CSV back and checks its shape (rows per method, family and seed, monotone best
 so far, ordered CI bounds, the plot written) and exits 1 when something is off.
 `metarl report RUN_ID --versus-search CSV` draws the CSV beside a run's plots.
@@ -90,7 +90,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bench._versus_jobs import SMALL_MODEL, InnerJobRequest, InnerJobResult, base_score, build_base_model, run_inner_job, worker_setup
 from metarl.backends.local.agent import sample_seed
 from metarl.backends.local.train import local_compile_problems
-from metarl.learning.eval_secret import EvalSecretMissing, add_artifacts_argument, install_tool_eval_secret
+from metarl.learning.eval_secret import EvalSecretMissing, add_artifacts_argument, install_tool_eval_secret, installed_fingerprint
 from metarl.policy import job_language as jl
 from metarl.policy.job_limits import job_limits
 from metarl.probe.job import ProbeVerdict, probe_job_text
@@ -777,11 +777,16 @@ def main(argv: list[str] | None = None) -> int:
         "started": date_started.isoformat(timespec="seconds"),
         "wall_s": round(wall, 1),
         "commit": commit,
+        "eval_partition": installed_fingerprint(),
         "trained_agent": provenance.model_dump() if provenance is not None else "missing: no --policy given",
         "floor": "best so far starts at the local-s base model's hidden-eval score; rejected and failed jobs are spent and add no score",
         "cost": "local backends are not billed (metarl/dry_run.py): cost_usd 0, CPU seconds are the cost",
     }
-    header = [f"# versus search, {label}", f"# {meta['machine']}; {meta['started']}; commit {meta['commit']}; {wall / 60:.1f} min wall", f"# {meta['floor']}"]
+    header = [
+        f"# versus search, {label}",
+        f"# {meta['machine']}; {meta['started']}; commit {meta['commit']}; hidden-eval partition {meta['eval_partition']}; {wall / 60:.1f} min wall",
+        f"# {meta['floor']}",
+    ]
     missing = (
         [] if provenance is not None else [f"trained agent: MISSING (no --policy given): {METHOD_LABELS['trained_agent']} rows are absent, not stood in for"]
     )
@@ -827,7 +832,7 @@ PLAN_KEYS_TO_MATCH = ("mode", "seeds", "jobs", "train_seconds", "eval_items", "m
 
 
 def merge_plan_problems(metas: Sequence[tuple[str, dict[str, Any]]]) -> list[FieldProblem]:
-    """Where the plans (and trained policies) of the runs to merge differ from the first one's, a problem naming the file and the key."""
+    """Where the plans, trained policies or hidden-eval partitions of the runs to merge differ from the first one's, a problem naming the file and the key."""
     problems = []
     first_source, first = metas[0]
     for source, meta in metas[1:]:
@@ -840,6 +845,14 @@ def merge_plan_problems(metas: Sequence[tuple[str, dict[str, Any]]]) -> list[Fie
                         fix="merge runs of one plan (rerun the odd one with the same --seeds, --jobs and --train-seconds)",
                     )
                 )
+        if meta.get("eval_partition") != first.get("eval_partition"):
+            problems.append(
+                FieldProblem(
+                    field=f"{source}: eval_partition",
+                    message=f"hidden-eval partition {meta.get('eval_partition')!r} here, {first.get('eval_partition')!r} in {first_source}: other base models and hidden items",
+                    fix="merge runs made with the same METARL_EVAL_SECRET (BENCHMARKS.md names the benchmark's)",
+                )
+            )
         if meta.get("trained_agent") != first.get("trained_agent"):
             problems.append(FieldProblem(field=f"{source}: trained_agent", message=f"another policy than {first_source}'s", fix="merge runs of one --policy"))
     return problems
@@ -884,6 +897,7 @@ def merge_main(paths: Sequence[Path], out: Path | None) -> int:
     out = out or Path(".metarl") / "versus-search" / f"{mode}-merged"
     labels = [part_label(Path(source)) for source, _rows in parts]
     meta = {"mode": mode, "merged_from": [{"csv": label, **part} for label, (_source, part) in zip(labels, metas)], "commit": git_commit()}
+    meta["eval_partition"] = metas[0][1].get("eval_partition")
     header = [f"# versus search, {mode} run, merged from {len(parts)} CSVs: {', '.join(labels)}"]
     csv_path, png_path = write_outputs(out, mode, rows, meta, header)
     families = list(dict.fromkeys(row.family for row in rows))

@@ -69,6 +69,21 @@ def test_plans_that_differ_are_named_by_file_and_key() -> None:
     assert "20.0 here, 60.0 in a.csv" in problems[0].message
 
 
+def test_parts_on_another_hidden_eval_partition_are_refused() -> None:
+    problems = merge_plan_problems(
+        [
+            ("a.csv", {"plan": PLAN, "trained_agent": POLICY, "eval_partition": "0123456789ab"}),
+            ("b.csv", {"plan": PLAN, "trained_agent": POLICY, "eval_partition": "ba9876543210"}),
+        ]
+    )
+    assert [problem.field for problem in problems] == ["b.csv: eval_partition"]
+    assert "METARL_EVAL_SECRET" in problems[0].fix and "'0123456789ab' in a.csv" in problems[0].message
+    unrecorded = merge_plan_problems(
+        [("a.csv", {"plan": PLAN, "trained_agent": POLICY, "eval_partition": "0123456789ab"}), ("old.csv", {"plan": PLAN, "trained_agent": POLICY})]
+    )
+    assert [problem.field for problem in unrecorded] == ["old.csv: eval_partition"]
+
+
 def test_merge_writes_one_table_with_its_summary_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = write_part(tmp_path / "a", family_rows("date_format", [0.9, 0.5, 0.5, 0.5], [0.3, 0.3, 0.6, 0.7], 0.8, held_out=True))
     b = write_part(tmp_path / "b", family_rows("addition", [0.5, 0.5, 0.5, 0.5], [0.2, 0.3, 0.4, 0.6], 0.4))
