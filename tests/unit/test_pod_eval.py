@@ -359,15 +359,17 @@ def test_backend_publishes_the_eval_after_training_and_the_pod_scores_it(cloud: 
         state, deadline = launched.state, time.monotonic() + 150
         attempt_dir = Path(artifacts) / "runpod" / "jobs" / f"metarl-0a1b2c3d-{episode}" / "a0"
         while time.monotonic() < deadline:
-            # the poll after training may publish the eval request: the pod is frozen over it and the re-poll below,
-            # so that it cannot answer (and delete the request) in between
-            frozen = state.get("eval_requested_at") is None and (attempt_dir / EXIT_FILE).exists() and state.get("pod_id") is not None
+            # any poll before the request may publish it: the pod is frozen over that poll and the re-poll below, so that it
+            # cannot answer (and delete the request) in between, and its exit report is read only once it is frozen (the
+            # pod cannot write it between this read and the poll)
+            frozen = state.get("eval_requested_at") is None and state.get("pod_id") is not None
             if frozen:
                 cloud.hang(state["pod_id"])
+            exit_written = (attempt_dir / EXIT_FILE).exists()
             result = backend.poll(ctx, job, launched.external_id, state)
             ledger.extend((episode, item) for item in result.costs)
             if state.get("eval_requested_at") is None and result.state.get("eval_requested_at") is not None:
-                assert frozen, "the eval request was published before the pod's exit report was written"
+                assert frozen and exit_written, "the eval request was published before the pod's exit report was written"
                 # a worker that published and died before recording it: the next poll adopts the request, never writes another
                 request_file = attempt_dir / REQUEST_FILE
                 written = request_file.stat().st_mtime_ns
