@@ -18,7 +18,8 @@ score, and the summary counts each method's jobs lost to rejections). Methods:
   outer version) from `PATH.provenance.json` beside it, else from the path and `--policy-commit`,
   `--policy-seed`. No policy given: the method is reported MISSING, never stood in for. Shipped states of
   the current job language: `bench/results/local-meta-rl-2026-12-07-partition-seed0/v00018-71c4d33f7db6.pt` (the
-  benchmark partition, BENCHMARKS.md), `bench/results/local-meta-rl-2026-12-07-band-seed2/v00013-7c319fb2cb91.pt`, `bench/results/local-meta-rl-2026-12-06-seed2/v00023-ac87bfe67b8d.pt` and
+  benchmark partition, BENCHMARKS.md), `bench/results/local-meta-rl-2026-12-07-band-seed2/v00013-7c319fb2cb91.pt`,
+  `bench/results/local-meta-rl-2026-12-06-seed2/v00023-ac87bfe67b8d.pt` and
   `bench/results/local-meta-rl-2026-12-06-seed1/v00040-355c39ce2b39.pt`, each with its provenance.
 - untrained agent: the policy a run starts from (`LocalPolicy` with the run config's init seed and
   prior). Both agents sample as in the run (its temperature, `sample_seed`, the job's seed in
@@ -55,8 +56,8 @@ policy). `worst_case_wall_s` holds this arithmetic; the bench prints it first.
 Output (in `--out`, every file name and the CSV's mode column saying quick or full):
 `versus_search-<mode>.csv` (one row per method, family, seed and job: score, best so far, CPU and
 wall seconds, cost, probe outcome), `versus_search-<mode>.png`, `summary-<mode>.txt` (the table
-and the zero-shot lines) and `meta-<mode>.json` (plan, machine, date, commit, the hidden-eval partition's fingerprint, provenance). The
-run then reads its CSV back and checks its shape (rows per method, family and seed, monotone best
+and the zero-shot lines) and `meta-<mode>.json` (plan, machine, date, commit, the hidden-eval partition's
+fingerprint, provenance). The run then reads its CSV back and checks its shape (rows per method, family and seed, monotone best
 so far, ordered CI bounds, the plot written) and exits 1 when something is off.
 `metarl report RUN_ID --versus-search CSV` draws the CSV beside a run's plots.
 """
@@ -896,8 +897,12 @@ def merge_main(paths: Sequence[Path], out: Path | None) -> int:
     mode, plan = rows[0].mode, metas[0][1]["plan"]
     out = out or Path(".metarl") / "versus-search" / f"{mode}-merged"
     labels = [part_label(Path(source)) for source, _rows in parts]
-    meta = {"mode": mode, "merged_from": [{"csv": label, **part} for label, (_source, part) in zip(labels, metas)], "commit": git_commit()}
-    meta["eval_partition"] = metas[0][1].get("eval_partition")
+    meta = {
+        "mode": mode,
+        "merged_from": [{"csv": label, **part} for label, (_source, part) in zip(labels, metas)],
+        "commit": git_commit(),
+        "eval_partition": metas[0][1].get("eval_partition"),
+    }
     header = [f"# versus search, {mode} run, merged from {len(parts)} CSVs: {', '.join(labels)}"]
     csv_path, png_path = write_outputs(out, mode, rows, meta, header)
     families = list(dict.fromkeys(row.family for row in rows))
