@@ -12,7 +12,7 @@ import resource
 import shutil
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -110,6 +110,15 @@ def build_base_model(model: str, task: TaskSpec, scale: float, cache_dir: str | 
     started = time.monotonic()
     ensure_base_model(model, cache_dir, scale=scale, families=model_families(task))
     return time.monotonic() - started
+
+
+def base_model_records(task: TaskSpec, scale: float, cache_dir: str | None) -> dict[str, dict[str, Any]]:
+    """Each base model's build record (`bench.base_models.build_record`: build key, weight digest, kept step) for the task's families."""
+    from bench.base_models import build_record
+    from metarl.learning.data_families import model_families
+    from metarl.learning.models import BASE_MODELS, ensure_base_model
+
+    return {model: build_record(ensure_base_model(model, cache_dir, scale=scale, families=model_families(task))) for model in BASE_MODELS}
 
 
 def base_score(task: TaskSpec, scale: float, cache_dir: str | None) -> float:

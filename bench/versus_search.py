@@ -57,7 +57,7 @@ Output (in `--out`, every file name and the CSV's mode column saying quick or fu
 `versus_search-<mode>.csv` (one row per method, family, seed and job: score, best so far, CPU and
 wall seconds, cost, probe outcome), `versus_search-<mode>.png`, `summary-<mode>.txt` (the table
 and the zero-shot lines) and `meta-<mode>.json` (plan, machine, date, commit, the hidden-eval partition's
-fingerprint, provenance). The run then reads its CSV back and checks its shape (rows per method, family and seed, monotone best
+fingerprint, the base models' builds and weight digests, provenance; `--merge` refuses parts whose differ). The run then reads its CSV back and checks its shape (rows per method, family and seed, monotone best
 so far, ordered CI bounds, the plot written) and exits 1 when something is off.
 `metarl report RUN_ID --versus-search CSV` draws the CSV beside a run's plots.
 """
@@ -69,12 +69,9 @@ import hashlib
 import json
 import math
 import multiprocessing
-import os
-import platform
 import random
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -88,7 +85,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bench._versus_jobs import SMALL_MODEL, InnerJobRequest, InnerJobResult, base_score, build_base_model, run_inner_job, worker_setup
+from bench._provenance import git_commit, machine
+from bench._versus_jobs import SMALL_MODEL, InnerJobRequest, InnerJobResult, base_model_records, base_score, build_base_model, run_inner_job, worker_setup
 from metarl.backends.local.agent import sample_seed
 from metarl.backends.local.train import local_compile_problems
 from metarl.learning.eval_secret import EvalSecretMissing, add_artifacts_argument, install_tool_eval_secret, installed_fingerprint
@@ -560,25 +558,6 @@ def bench_task(spec: TaskSpec, plan: BenchPlan) -> TaskSpec:
     return spec.model_copy(update=update)
 
 
-def git_commit() -> str:
-    """The short commit of the checkout, `+dirty` when it has changes; `unknown` outside git."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return commit + ("+dirty" if dirty else "")
-
-
-def machine() -> str:
-    """Cores, CPU model and kernel, in a line."""
-    model = ""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")), "")
-    return f"{os.cpu_count()} cores, {model or platform.processor() or platform.machine()}, {platform.system()} {platform.release()}"
-
-
 def check_output(csv_path: Path, png_path: Path, plan: BenchPlan, methods: Sequence[Method]) -> list[str]:
     """What is wrong with the written output: the CSV read back (columns, rows, best so far, CIs) and the plot."""
     try:
@@ -761,6 +740,8 @@ def main(argv: list[str] | None = None) -> int:
         with ProcessPoolExecutor(max_workers=plan.workers, mp_context=spawn, initializer=worker_setup) as pool:
             builds = [pool.submit(build_base_model, model, families[0].task, plan.model_scale, args.cache_dir) for model in ("local-s", "local-l")]
             print(f"# base models ready ({', '.join(f'{future.result():.0f} s' for future in builds)})", flush=True)
+            bases = base_model_records(families[0].task, plan.model_scale, args.cache_dir)
+            print(f"# base models: {json.dumps(bases)}", flush=True)
             floors = [pool.submit(base_score, family.task, plan.model_scale, args.cache_dir) for family in families]
             for family, future in zip(families, floors):
                 family.floor = future.result()
@@ -779,6 +760,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(wall, 1),
         "commit": commit,
         "eval_partition": installed_fingerprint(),
+        "base_models": bases,
         "trained_agent": provenance.model_dump() if provenance is not None else "missing: no --policy given",
         "floor": "best so far starts at the local-s base model's hidden-eval score; rejected and failed jobs are spent and add no score",
         "cost": "local backends are not billed (metarl/dry_run.py): cost_usd 0, CPU seconds are the cost",
@@ -832,8 +814,22 @@ PLAN_KEYS_TO_MATCH = ("mode", "seeds", "jobs", "train_seconds", "eval_items", "m
 """What the bench runs merged into one table must share (their families differ)."""
 
 
+META_KEYS_TO_MATCH = {
+    "eval_partition": (
+        "another hidden-eval partition (other hidden items)",
+        "merge runs made with the same METARL_EVAL_SECRET (BENCHMARKS.md names the benchmark's)",
+    ),
+    "base_models": (
+        "other base-model weights (a build can differ between CPUs)",
+        "install the shipped base models first on every machine (`python -m bench.base_models install`, BENCHMARKS.md) and rerun the odd part",
+    ),
+    "trained_agent": ("another trained policy", "merge runs of one --policy"),
+}
+"""Meta entries the merged runs must share: what a difference means, and the fix."""
+
+
 def merge_plan_problems(metas: Sequence[tuple[str, dict[str, Any]]]) -> list[FieldProblem]:
-    """Where the plans, trained policies or hidden-eval partitions of the runs to merge differ from the first one's, a problem naming the file and the key."""
+    """Where the plans, or the meta entries of `META_KEYS_TO_MATCH`, of the runs to merge differ from the first one's, a problem naming the file and the key."""
     problems = []
     first_source, first = metas[0]
     for source, meta in metas[1:]:
@@ -846,16 +842,15 @@ def merge_plan_problems(metas: Sequence[tuple[str, dict[str, Any]]]) -> list[Fie
                         fix="merge runs of one plan (rerun the odd one with the same --seeds, --jobs and --train-seconds)",
                     )
                 )
-        if meta.get("eval_partition") != first.get("eval_partition"):
-            problems.append(
-                FieldProblem(
-                    field=f"{source}: eval_partition",
-                    message=f"hidden-eval partition {meta.get('eval_partition')!r} here, {first.get('eval_partition')!r} in {first_source}: other base models and hidden items",
-                    fix="merge runs made with the same METARL_EVAL_SECRET (BENCHMARKS.md names the benchmark's)",
+        for key, (meaning, fix) in META_KEYS_TO_MATCH.items():
+            if meta.get(key) != first.get(key):
+                problems.append(
+                    FieldProblem(
+                        field=f"{source}: {key}",
+                        message=f"{meaning}: {json.dumps(meta.get(key))} here, {json.dumps(first.get(key))} in {first_source}",
+                        fix=fix,
+                    )
                 )
-            )
-        if meta.get("trained_agent") != first.get("trained_agent"):
-            problems.append(FieldProblem(field=f"{source}: trained_agent", message=f"another policy than {first_source}'s", fix="merge runs of one --policy"))
     return problems
 
 
@@ -902,6 +897,7 @@ def merge_main(paths: Sequence[Path], out: Path | None) -> int:
         "merged_from": [{"csv": label, **part} for label, (_source, part) in zip(labels, metas)],
         "commit": git_commit(),
         "eval_partition": metas[0][1].get("eval_partition"),
+        "base_models": metas[0][1].get("base_models"),
     }
     header = [f"# versus search, {mode} run, merged from {len(parts)} CSVs: {', '.join(labels)}"]
     csv_path, png_path = write_outputs(out, mode, rows, meta, header)

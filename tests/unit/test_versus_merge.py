@@ -77,11 +77,25 @@ def test_parts_on_another_hidden_eval_partition_are_refused() -> None:
         ]
     )
     assert [problem.field for problem in problems] == ["b.csv: eval_partition"]
-    assert "METARL_EVAL_SECRET" in problems[0].fix and "'0123456789ab' in a.csv" in problems[0].message
+    assert "METARL_EVAL_SECRET" in problems[0].fix and '"0123456789ab" in a.csv' in problems[0].message
     unrecorded = merge_plan_problems(
         [("a.csv", {"plan": PLAN, "trained_agent": POLICY, "eval_partition": "0123456789ab"}), ("old.csv", {"plan": PLAN, "trained_agent": POLICY})]
     )
     assert [problem.field for problem in unrecorded] == ["old.csv: eval_partition"]
+
+
+def test_parts_on_other_base_model_weights_are_refused_with_the_install_command() -> None:
+    bases = {"local-s": {"build": "local-s-k", "weights": "aaaa", "kept_step": 340}}
+    other = {"local-s": {"build": "local-s-k", "weights": "bbbb", "kept_step": 550}}
+    problems = merge_plan_problems(
+        [
+            ("a.csv", {"plan": PLAN, "trained_agent": POLICY, "eval_partition": "p", "base_models": bases}),
+            ("b.csv", {"plan": PLAN, "trained_agent": POLICY, "eval_partition": "p", "base_models": other}),
+            ("c.csv", {"plan": PLAN, "trained_agent": POLICY, "eval_partition": "p", "base_models": dict(bases)}),
+        ]
+    )
+    assert [problem.field for problem in problems] == ["b.csv: base_models"]
+    assert '"bbbb"' in problems[0].message and "bench.base_models install" in problems[0].fix
 
 
 def test_merge_writes_one_table_with_its_summary_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
