@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from metarl.artifact_store import ArtifactStore
 from metarl.backends.local.config import LocalEvalBackend, LocalTrainBackend
+from metarl.backends.local.processes import process_alive, process_identity
 from metarl.errors import PermanentBackendError
 from metarl.graders import REWARD_COMPONENTS
 from metarl.interfaces import BackendServices, BaseModelIdentity, EpisodeContext, LaunchResult, PollResult, Score
@@ -154,20 +153,6 @@ def dataset_text(family_or_name: str | TaskFamily, size: int, difficulty: float,
     return "\n".join(lines) + "\n"
 
 
-def process_alive(pid: int, create_time: float) -> bool:
-    """True while the trainer process with this pid and start time runs (zombies count as ended)."""
-    try:
-        process = psutil.Process(pid)
-        if abs(process.create_time() - create_time) > 1.0:
-            return False
-        if process.status() == psutil.STATUS_ZOMBIE:
-            os.waitpid(pid, os.WNOHANG)
-            return False
-        return True
-    except (psutil.NoSuchProcess, ChildProcessError):
-        return False
-
-
 def last_log_line(path: Path) -> str:
     """The last non-empty line of a log (a trainer's exception), or a note that there is none."""
     if not path.exists():
@@ -263,7 +248,7 @@ class LocalTrain:
         state = {
             "job_dir": str(job_dir),
             "pid": process.pid,
-            "create_time": psutil.Process(process.pid).create_time(),
+            **process_identity(process.pid),
             "launched_at": now,
             "host": self.store.host,
             "seen_at": now,
@@ -288,7 +273,7 @@ class LocalTrain:
             return PollResult(
                 status="failed", state=state, metrics_uri=metrics, train_seconds=status.get("train_seconds"), error=status.get("error", "trainer failed")
             )
-        if process_alive(int(state["pid"]), float(state["create_time"])):
+        if process_alive(state):
             return PollResult(status="running", state=state)
         if status_file.exists():
             return self.poll(ctx, job, external_id, state)
