@@ -50,7 +50,12 @@ def weights_digest(model_dir: Path) -> str:
 
 def build_record(model_dir: Path) -> dict[str, Any]:
     """What identifies a built base model: its build key (folder name), weight digest and kept pretraining step."""
-    info = json.loads((model_dir / BUILD_INFO_FILE).read_text(encoding="utf-8"))
+    try:
+        info = json.loads((model_dir / BUILD_INFO_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(
+            str(model_dir), [FieldProblem(field=BUILD_INFO_FILE, message=f"unreadable: {err}", fix="rebuild it (`bench.base_models build`)")]
+        ) from None
     return {"build": model_dir.name, "weights": weights_digest(model_dir), "kept_step": info.get("pretrain", {}).get("kept_step")}
 
 
@@ -145,11 +150,18 @@ def build_main(args: argparse.Namespace) -> int:
 def install_main(args: argparse.Namespace) -> int:
     """Copy the shipped builds in ``--from`` into the model cache (see the module docstring)."""
     cache_dir = args.cache_dir or default_cache()
-    shipped = {folder.name: build_record(folder) for folder in sorted(args.source.iterdir()) if (folder / BUILD_INFO_FILE).is_file()}
+    if not args.source.is_dir():
+        print(f"error: --from {args.source}: no such folder; give the folder `build` wrote (BENCHMARKS.md names the shipped one)", file=sys.stderr)
+        return 2
+    shipped = {
+        folder.name: build_record(folder)
+        for folder in sorted(args.source.iterdir())
+        if (folder / BUILD_INFO_FILE).is_file() and (folder / WEIGHTS_FILE).is_file()
+    }
     if not shipped:
         print(f"error: no build folder (one holding {BUILD_INFO_FILE}) in {args.source}", file=sys.stderr)
         return 2
-    cached = {name: build_record(cache_dir / name) for name in shipped if (cache_dir / name / BUILD_INFO_FILE).is_file()}
+    cached = {name: build_record(cache_dir / name) for name in shipped if (cache_dir / name / WEIGHTS_FILE).is_file()}
     problems = install_problems(shipped, expected_builds(args.specs), cached, args.replace)
     if problems:
         print(f"error: {ConfigError(str(args.source), problems)}", file=sys.stderr)

@@ -62,3 +62,5 @@ def test_install_refuses_builds_of_another_secret(tmp_path: Path, benchmark_key:
     make_build(tmp_path / "shipped" / "local-s-0000000000000000", b"w", 1)
     assert main(["install", "--from", str(tmp_path / "shipped"), "--cache-dir", str(tmp_path / "cache"), *benchmark_key]) == 2
     assert "local-s-0000000000000000" in capsys.readouterr().err and not (tmp_path / "cache" / "local-s-0000000000000000").exists()
+    assert main(["install", "--from", str(tmp_path / "nowhere"), "--cache-dir", str(tmp_path / "cache"), *benchmark_key]) == 2
+    assert "--from" in capsys.readouterr().err
