@@ -59,36 +59,30 @@ def build_record(model_dir: Path) -> dict[str, Any]:
     return {"build": model_dir.name, "weights": weights_digest(model_dir), "kept_step": info.get("pretrain", {}).get("kept_step")}
 
 
-def expected_builds(specs_dir: Path, scale: float = 1.0) -> dict[str, str]:
-    """The build folder names this checkout and secret use for the task specs in ``specs_dir``, each mapped to its model name."""
+def spec_family_sets(specs_dir: Path) -> list[dict[str, Any]]:
+    """The family set a base model is pretrained on for each task spec in ``specs_dir`` (ConfigError when there is none)."""
     from metarl.learning.data_families import model_families
-    from metarl.learning.models import BASE_MODELS, base_model_build
     from metarl.runconfig import load_task_spec
 
     spec_paths = sorted(specs_dir.glob("*.toml"))
     if not spec_paths:
         raise ConfigError(str(specs_dir), [FieldProblem(field="--specs", message="no task spec (*.toml) in it", fix="give the folder of the task specs")])
-    builds: dict[str, str] = {}
-    for path in spec_paths:
-        families = model_families(load_task_spec(path))
-        for model in BASE_MODELS:
-            builds[base_model_build(model, scale, families)] = model
-    return builds
+    return [model_families(load_task_spec(path)) for path in spec_paths]
+
+
+def expected_builds(specs_dir: Path, scale: float = 1.0) -> dict[str, str]:
+    """The build folder names this checkout and secret use for the task specs in ``specs_dir``, each mapped to its model name."""
+    from metarl.learning.models import BASE_MODELS, base_model_build
+
+    return {base_model_build(model, scale, families): model for families in spec_family_sets(specs_dir) for model in BASE_MODELS}
 
 
 def cached_builds(cache_dir: Path, specs_dir: Path) -> dict[str, Path]:
     """Build each base model the task specs need (or find it in ``cache_dir``); its folder by build name."""
-    from metarl.learning.data_families import model_families
     from metarl.learning.models import BASE_MODELS, ensure_base_model
-    from metarl.runconfig import load_task_spec
 
-    folders: dict[str, Path] = {}
-    for path in sorted(specs_dir.glob("*.toml")):
-        families = model_families(load_task_spec(path))
-        for model in BASE_MODELS:
-            folder = ensure_base_model(model, cache_dir, families=families)
-            folders[folder.name] = folder
-    return folders
+    folders = [ensure_base_model(model, cache_dir, families=families) for families in spec_family_sets(specs_dir) for model in BASE_MODELS]
+    return {folder.name: folder for folder in folders}
 
 
 def copy_build(source: Path, target: Path) -> None:
