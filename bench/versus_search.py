@@ -66,11 +66,9 @@ so far, ordered CI bounds, the plot written) and exits 1 when something is off.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import multiprocessing
-import random
 import re
 import shutil
 import sys
@@ -82,17 +80,16 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bench._provenance import git_commit, machine
-from bench._versus_jobs import SMALL_MODEL, InnerJobRequest, InnerJobResult, base_model_records, base_score, build_base_model, run_inner_job, worker_setup
-from metarl.backends.local.agent import sample_seed
+from bench._versus_jobs import InnerJobRequest, InnerJobResult, base_model_records, base_score, build_base_model, run_inner_job, worker_setup
+from bench._versus_methods import AgentProposer, Proposer, RandomProposer, SensibleProposer, TpeProposer
+from bench._versus_output import merge_main, write_outputs
 from metarl.backends.local.train import local_compile_problems
 from metarl.learning.eval_secret import EvalSecretMissing, add_artifacts_argument, install_tool_eval_secret, installed_fingerprint
-from metarl.policy import job_language as jl
-from metarl.policy.job_limits import job_limits
 from metarl.probe.job import ProbeVerdict, probe_job_text
 from metarl.versus_search import (
     BUDGETS,
@@ -101,18 +98,10 @@ from metarl.versus_search import (
     Method,
     Mode,
     VersusRow,
-    acceptance_lines,
-    merge_versus_parts,
     read_versus_csv,
-    rejections_line,
-    rows_to_csv,
     shape_problems,
-    summarize,
-    summary_table,
-    zero_shot_lines,
 )
-from schemas.base import ConfigError, FieldProblem, dump_toml_model
-from schemas.job import JobSpec
+from schemas.base import ConfigError, FieldProblem
 from schemas.task_spec import TaskSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,9 +109,6 @@ DEFAULT_CONFIG = REPO / "examples" / "local.toml"
 DEFAULT_TRAINING_FAMILIES = ("addition", "sorting")
 QUICK_TRAINING_FAMILIES = ("addition",)
 SEARCHING_METHODS: tuple[Method, ...] = ("trained_agent", "untrained_agent", "random_search", "optuna_tpe")
-TPE_STARTUP_TRIALS = 3
-REJECTED_OBJECTIVE = 0.0
-"""What Optuna is told for a job that added no score (rejected by the probe or failed): the lowest score there is."""
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PROVENANCE_SUFFIX = ".provenance.json"
 
@@ -168,189 +154,6 @@ def worst_case_wall_s(plan: BenchPlan, searching_methods: int, overhead_s: float
     """Wall seconds when every job passes: rounds of `workers` jobs, each its training budget plus the overhead, after the setup."""
     jobs = worst_case_jobs(searching_methods, len(plan.families), plan.seeds, plan.jobs)
     return setup_s + math.ceil(jobs / plan.workers) * (plan.train_seconds + overhead_s)
-
-
-def job_seed(seed: int, family: str, job_index: int) -> int:
-    """The seed of job `job_index` of a bench seed on a family (its data and training seed; the same for every method)."""
-    digest = hashlib.sha256(f"versus-search\x1f{seed}\x1f{family}\x1f{job_index}".encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
-
-
-# --- the job space of the searches: one categorical per slot of the job language ------------------
-
-ABSENT = "absent"
-"""The choice of a reward component that the job leaves out."""
-
-
-@dataclass(frozen=True)
-class Dimension:
-    """One slot of the job language as a search dimension: its name and its choices (job-language tokens)."""
-
-    name: str
-    choices: tuple[str, ...]
-
-
-def slot_name(slot: jl.Slot) -> str:
-    return f"{slot.section}.{slot.key}"
-
-
-def search_space() -> tuple[Dimension, ...]:
-    """The job language's grids as categorical dimensions: model, the seven hyperparameters (their `default` token
-    included), each reward component (absent or one weight; all absent is `reward=default`), dataset size and difficulty."""
-    weights = (ABSENT, *(jl.weight_token(weight) for weight in jl.REWARD_WEIGHTS))
-    return (
-        Dimension("model.name", jl.MODEL_SLOT.tokens),
-        *(Dimension(slot_name(slot), slot.tokens) for slot in jl.TRAINING_SLOTS),
-        *(Dimension(f"reward.{name}", weights) for name in jl.REWARD_COMPONENTS),
-        *(Dimension(slot_name(slot), slot.tokens) for slot in jl.DATASET_SLOTS),
-    )
-
-
-def point_tokens(point: Mapping[str, str]) -> list[int]:
-    """The job sequence (after `<sep>`) of one choice per dimension of `search_space` (KeyError for a missing one)."""
-    tokens = [point["model.name"], *(point[slot_name(slot)] for slot in jl.TRAINING_SLOTS)]
-    components = [(name, point[f"reward.{name}"]) for name in jl.REWARD_COMPONENTS if point[f"reward.{name}"] != ABSENT]
-    if components:
-        tokens += [token for name, weight in components for token in (jl.component_token(name), weight)] + [jl.REWARD_END]
-    else:
-        tokens.append(jl.REWARD_DEFAULT)
-    tokens += [point[slot_name(slot)] for slot in jl.DATASET_SLOTS] + [jl.END]
-    return jl.token_ids(tokens)
-
-
-def fitted_point(point: Mapping[str, str], rules: jl.ContextRules) -> dict[str, str]:
-    """The point with each choice the grammar refuses under `rules` replaced by the allowed choice nearest to it in its slot's
-    order (a refused model by the first allowed one), and `correctness` given weight 1.0 when no rewarding component has a positive weight."""
-    fitted = dict(point)
-    state = jl.GrammarState(rules=rules)
-    for slot in (jl.MODEL_SLOT, *jl.TRAINING_SLOTS):
-        name, tokens = slot_name(slot) if slot is not jl.MODEL_SLOT else "model.name", list(slot.tokens)
-        allowed = [token for token in tokens if jl.TOKEN_ID[token] in state.allowed()]
-        if fitted[name] not in allowed:
-            wanted = tokens.index(fitted[name])
-            fitted[name] = min(allowed, key=lambda token: abs(tokens.index(token) - wanted))
-        state = state.advance(jl.TOKEN_ID[fitted[name]])
-    weights = [fitted[f"reward.{name}"] for name in jl.REWARD_COMPONENTS]
-    rewarding = [fitted[f"reward.{name}"] for name in jl.REWARD_COMPONENTS if name not in jl.PENALTY_COMPONENTS]
-    if any(weight != ABSENT for weight in weights) and not any(weight != ABSENT and float(weight.removeprefix("w=")) > 0 for weight in rewarding):
-        fitted[f"reward.{jl.REWARD_COMPONENTS[0]}"] = jl.weight_token(1.0)
-    return fitted
-
-
-# --- methods ---------------------------------------------------------------------------------------
-
-
-class Proposer(Protocol):
-    """A method: writes the next job.toml, then hears how it went."""
-
-    def propose(self, job_index: int) -> str: ...
-
-    def observe(self, verdict: ProbeVerdict, score: float | None) -> None: ...
-
-
-class AgentProposer:
-    """A local policy writing jobs as the run's agent does: attempts of an episode, each conditioned on the previous one's probe feedback."""
-
-    def __init__(self, policy: Any, task: TaskSpec, family: str, seed: int, temperature: float, max_attempts: int):
-        self.policy, self.task, self.family, self.seed = policy, task, family, seed
-        self.temperature, self.max_attempts = temperature, max_attempts
-        self.attempt, self.episode_seed = 1, 0
-        self.feedback: list[FieldProblem] = []
-
-    def propose(self, job_index: int) -> str:
-        if self.attempt == 1:
-            self.episode_seed = job_seed(self.seed, self.family, job_index)
-        context = jl.context_for_task(self.task, self.attempt, self.feedback)
-        sample = self.policy.sample(context, seed=sample_seed(self.episode_seed, self.attempt), temperature=self.temperature)
-        return str(sample.render(seed=self.episode_seed, limits=job_limits(self.task)))
-
-    def observe(self, verdict: ProbeVerdict, score: float | None) -> None:
-        if verdict.passed or self.attempt >= self.max_attempts:
-            self.attempt, self.feedback = 1, []
-        else:
-            self.attempt, self.feedback = self.attempt + 1, list(verdict.errors)
-
-
-def point_job_toml(point: Mapping[str, str], task: TaskSpec, seed: int) -> str:
-    """The job.toml of a search point, kept to the task's limits as the agent's jobs are (`fitted_point`, the dataset moved into range)."""
-    limits = job_limits(task)
-    return jl.render_job_toml(point_tokens(fitted_point(point, jl.context_rules(jl.context_for_task(task)))), seed=seed, limits=limits)
-
-
-class RandomProposer:
-    """Uniform random search over the job language's grids (each point kept to the task's limits)."""
-
-    def __init__(self, task: TaskSpec, family: str, seed: int):
-        self.task, self.family, self.seed = task, family, seed
-        self.rng = random.Random(f"random-search\x1f{seed}\x1f{family}")
-        self.space = search_space()
-
-    def propose(self, job_index: int) -> str:
-        point = {dimension.name: self.rng.choice(dimension.choices) for dimension in self.space}
-        return point_job_toml(point, self.task, job_seed(self.seed, self.family, job_index))
-
-    def observe(self, verdict: ProbeVerdict, score: float | None) -> None:
-        return None
-
-
-class TpeProposer:
-    """Optuna's TPE sampler over the job language's grids (ask/tell, categorical distributions, maximising the score; each point kept to the task's limits)."""
-
-    def __init__(self, task: TaskSpec, family: str, seed: int):
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.task, self.family, self.seed = task, family, seed
-        self.space = search_space()
-        sampler = optuna.samplers.TPESampler(seed=job_seed(seed, family, 0), n_startup_trials=TPE_STARTUP_TRIALS)
-        self.study = optuna.create_study(direction="maximize", sampler=sampler)
-        self.distributions: dict[str, optuna.distributions.BaseDistribution] = {
-            dimension.name: optuna.distributions.CategoricalDistribution(list(dimension.choices)) for dimension in self.space
-        }
-        self.trial: Any = None
-
-    def propose(self, job_index: int) -> str:
-        self.trial = self.study.ask(self.distributions)
-        point = {name: str(self.trial.params[name]) for name in self.distributions}
-        return point_job_toml(point, self.task, job_seed(self.seed, self.family, job_index))
-
-    def observe(self, verdict: ProbeVerdict, score: float | None) -> None:
-        self.study.tell(self.trial, score if score is not None else REJECTED_OBJECTIVE)
-
-
-class SensibleProposer:
-    """The small model's sensible preset (`metarl/learning/presets.py`) written as a job.toml: one job."""
-
-    def __init__(self, task: TaskSpec, family: str, seed: int):
-        self.task, self.family, self.seed = task, family, seed
-
-    def propose(self, job_index: int) -> str:
-        return sensible_job_toml(self.task, job_seed(self.seed, self.family, job_index))
-
-    def observe(self, verdict: ProbeVerdict, score: float | None) -> None:
-        return None
-
-
-def sensible_job_toml(task: TaskSpec, seed: int) -> str:
-    """The sensible preset of the small model as job.toml (its batch of prompts x group = the job's rollouts per step)."""
-    from metarl.learning.data_families import family_for
-    from metarl.learning.models import BASE_MODELS
-    from metarl.learning.presets import sensible_config
-
-    config = sensible_config(SMALL_MODEL, family_for(task), seed=seed)
-    job = {
-        "model": {"name": BASE_MODELS[SMALL_MODEL].stands_in_for},
-        "training": {
-            "learning_rate": config.learning_rate,
-            "max_steps": config.max_steps,
-            "batch_size": config.batch_size * config.group_size,
-            "group_size": config.group_size,
-            "kl_coef": config.kl_coef,
-            "seed": seed,
-        },
-        "rollout": {"temperature": config.temperature, "max_tokens": config.max_tokens},
-    }
-    return dump_toml_model(JobSpec.model_validate(job))
 
 
 # --- the trained policy and its provenance ----------------------------------------------------------
@@ -784,131 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if problems else 0
 
 
-def write_outputs(
-    out: Path, mode: Mode, rows: Sequence[VersusRow], meta: Mapping[str, Any], header: Sequence[str], notes: Sequence[str] = (), footer: Sequence[str] = ()
-) -> tuple[Path, Path]:
-    """Write a bench table's CSV, plot, meta JSON and summary (table, zero-shot lines of its held-out families, `notes`,
-    rejections, acceptance lines, `footer`) into `out`, print the summary; the CSV's and the plot's paths."""
-    from metarl.report.html import draw_versus_search_plot
-
-    out.mkdir(parents=True, exist_ok=True)
-    csv_path, png_path = out / f"versus_search-{mode}.csv", out / f"versus_search-{mode}.png"
-    csv_path.write_text(rows_to_csv(rows), encoding="utf-8")
-    draw_versus_search_plot(png_path, list(rows))
-    (out / f"meta-{mode}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    points = summarize(rows)
-    lines = [*header, *summary_table(points)]
-    for family in dict.fromkeys(row.family for row in rows if row.held_out):
-        lines += zero_shot_lines(points, family)
-    lines += [*notes, rejections_line(rows), *acceptance_lines(points), *footer]
-    (out / f"summary-{mode}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines))
-    return csv_path, png_path
-
-
 def default_out(plan: BenchPlan, families_given: bool) -> Path:
     """`.metarl/versus-search/<mode>`, or `<mode>-<families>` when `--families` picked them (so runs split by family keep their own files)."""
     return Path(".metarl") / "versus-search" / (f"{plan.mode}-{'-'.join(plan.families)}" if families_given else plan.mode)
-
-
-PLAN_KEYS_TO_MATCH = ("mode", "seeds", "jobs", "train_seconds", "eval_items", "model_scale")
-"""What the bench runs merged into one table must share (their families differ)."""
-
-
-META_KEYS_TO_MATCH = {
-    "eval_partition": (
-        "another hidden-eval partition (other hidden items)",
-        "merge runs made with the same METARL_EVAL_SECRET (BENCHMARKS.md names the benchmark's)",
-    ),
-    "base_models": (
-        "other base-model weights (a build can differ between CPUs)",
-        "install the shipped base models first on every machine (`python -m bench.base_models install`, BENCHMARKS.md) and rerun the odd part",
-    ),
-    "trained_agent": ("another trained policy", "merge runs of one --policy"),
-}
-"""Meta entries the merged runs must share: what a difference means, and the fix."""
-
-
-def merge_plan_problems(metas: Sequence[tuple[str, dict[str, Any]]]) -> list[FieldProblem]:
-    """Where the plans, or the meta entries of `META_KEYS_TO_MATCH`, of the runs to merge differ from the first one's, a problem naming the file and the key."""
-    problems = []
-    first_source, first = metas[0]
-    for source, meta in metas[1:]:
-        for key in PLAN_KEYS_TO_MATCH:
-            if meta["plan"].get(key) != first["plan"].get(key):
-                problems.append(
-                    FieldProblem(
-                        field=f"{source}: plan.{key}",
-                        message=f"{meta['plan'].get(key)!r} here, {first['plan'].get(key)!r} in {first_source}",
-                        fix="merge runs of one plan (rerun the odd one with the same --seeds, --jobs and --train-seconds)",
-                    )
-                )
-        for key, (meaning, fix) in META_KEYS_TO_MATCH.items():
-            if meta.get(key) != first.get(key):
-                problems.append(
-                    FieldProblem(
-                        field=f"{source}: {key}",
-                        message=f"{meaning}: {json.dumps(meta.get(key))} here, {json.dumps(first.get(key))} in {first_source}",
-                        fix=fix,
-                    )
-                )
-    return problems
-
-
-def read_part_meta(csv_path: Path, mode: str) -> dict[str, Any]:
-    """The `meta-<mode>.json` the bench wrote beside a CSV (ConfigError naming the file when it is missing or unreadable)."""
-    path = csv_path.with_name(f"meta-{mode}.json")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(
-            str(csv_path), [FieldProblem(field=str(path), message=f"cannot read the run's plan: {err}", fix="keep the bench's meta file beside its CSV")]
-        ) from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("plan"), dict):
-        raise ConfigError(str(csv_path), [FieldProblem(field=str(path), message="no plan in it", fix="keep the meta file the bench wrote")])
-    return meta
-
-
-def part_label(path: Path) -> str:
-    """How a merged table names one of its parts: the path from the current folder when under it, else its folder and file name
-    (a part written under /tmp is named by the run's folder, not by where it happened to lie)."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return f"{path.parent.name}/{path.name}"
-
-
-def merge_main(paths: Sequence[Path], out: Path | None) -> int:
-    """Merge the CSVs of bench runs of one plan into one CSV, plot and summary (with the acceptance lines); 0 when the result has its shape."""
-    try:
-        parts = [(str(path), read_versus_csv(path)) for path in paths]
-        metas = [(source, read_part_meta(Path(source), rows[0].mode)) for source, rows in parts]
-        problems = merge_plan_problems(metas)
-        if problems:
-            raise ConfigError("--merge", problems)
-        rows = merge_versus_parts(parts)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    mode, plan = rows[0].mode, metas[0][1]["plan"]
-    out = out or Path(".metarl") / "versus-search" / f"{mode}-merged"
-    labels = [part_label(Path(source)) for source, _rows in parts]
-    meta = {
-        "mode": mode,
-        "merged_from": [{"csv": label, **part} for label, (_source, part) in zip(labels, metas)],
-        "commit": git_commit(),
-        "eval_partition": metas[0][1].get("eval_partition"),
-        "base_models": metas[0][1].get("base_models"),
-    }
-    header = [f"# versus search, {mode} run, merged from {len(parts)} CSVs: {', '.join(labels)}"]
-    csv_path, png_path = write_outputs(out, mode, rows, meta, header)
-    families = list(dict.fromkeys(row.family for row in rows))
-    methods = [method for method in METHOD_LABELS if any(row.method == method for row in rows)]
-    shape = shape_problems(rows, methods, families, list(range(int(plan["seeds"]))), int(plan["jobs"]), mode)
-    for problem in shape:
-        print(f"output check: {problem}", file=sys.stderr)
-    print(f"# merged output {'FAILED its shape check' if shape else 'checked'}: {csv_path}, {png_path}, {out / f'summary-{mode}.txt'}", flush=True)
-    return 1 if shape else 0
 
 
 def make_streams(

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.versus_search import main, merge_plan_problems
+from bench._versus_output import merge_plan_problems
+from bench.versus_search import main
 from metarl.versus_search import VersusRow, acceptance_lines, merge_versus_parts, read_versus_csv, rows_to_csv, summarize
 from schemas.base import ConfigError
 from tests.unit.test_versus_search import series_rows

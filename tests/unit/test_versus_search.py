@@ -10,25 +10,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench._versus_methods import ABSENT, AgentProposer, RandomProposer, TpeProposer, fitted_point, job_seed, point_tokens, search_space, sensible_job_toml
 from bench.versus_search import (
-    ABSENT,
     JOB_OVERHEAD_S,
     QUICK_JOB_OVERHEAD_S,
     SEARCHING_METHODS,
     SETUP_S,
     TARGET_WALL_S,
-    AgentProposer,
     PolicyProvenance,
-    RandomProposer,
-    TpeProposer,
     default_plan,
-    fitted_point,
     job_description,
-    job_seed,
-    point_tokens,
     resolve_provenance,
-    search_space,
-    sensible_job_toml,
     worst_case_jobs,
     worst_case_wall_s,
 )
