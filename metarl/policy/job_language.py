@@ -21,7 +21,8 @@ grid of explicit values. Reward components appear in a fixed canonical order, ea
 rules, so every sequence sampled under it is complete and keeps to what the probe checks without
 running it: an allowed model, group_size dividing batch_size, the rollout budget, a positive reward
 weight (see `GrammarState`). The dataset size and difficulty are moved into the task's range when
-the job is rendered. No search method or policy spends a job on a value the probe must refuse for
+the job is rendered, and a rollout length too short for the task's longest example answer is raised
+to hold it (with fewer steps where the rollout budget asks). No search method or policy spends a job on a value the probe must refuse for
 these reasons; the probe still catches everything else (and every hand-written job).
 """
 
@@ -427,12 +428,14 @@ class JobChoice:
 
     def to_dict(self, seed: int | None = None, limits: JobLimits | None = None) -> dict[str, Any]:
         """The job.toml mapping (defaults left out, as a trainer agent would write it); with `limits`, the dataset's
-        size and difficulty (a default one too) moved into the task's range."""
+        size and difficulty (a default one too) moved into the task's range and the rollout length raised to hold the task's answers."""
         data: dict[str, Any] = {"model": {"name": self.model}}
         for path, value in self.hyperparameters.items():
             if value is not None:
                 section, key = path.split(".")
                 data.setdefault(section, {})[key] = value
+        if limits is not None:
+            self._fit_max_tokens(data, limits)
         if seed is not None:
             data.setdefault("training", {})["seed"] = int(seed) % 2**31
         if self.reward is not None:
@@ -449,6 +452,20 @@ class JobChoice:
         if dataset:
             data["dataset"] = dataset
         return data
+
+    def _fit_max_tokens(self, data: dict[str, Any], limits: JobLimits) -> None:
+        """Raise the rollout length (a default one too) to what the task's answers need, and lower max_steps where the longer
+        rollouts would overrun the rollout budget."""
+        chosen = self.hyperparameters.get("rollout.max_tokens")
+        max_tokens = _fitted(chosen, DEFAULT_MAX_TOKENS, limits.max_tokens)
+        if max_tokens == chosen:
+            return
+        data.setdefault("rollout", {})["max_tokens"] = max_tokens
+        steps, batch = self.hyperparameters.get("training.max_steps"), self.hyperparameters.get("training.batch_size")
+        steps = DEFAULT_MAX_STEPS if steps is None else steps
+        fitted_steps = limits.max_steps_in_budget(steps, DEFAULT_BATCH_SIZE if batch is None else batch, max_tokens)
+        if fitted_steps != steps:
+            data.setdefault("training", {})["max_steps"] = fitted_steps
 
 
 JOB_DATASET_SIZE: int = JobDataset.model_fields["size"].default
@@ -501,7 +518,7 @@ def _job_part(tokens: Sequence[int]) -> list[int]:
 
 def render_job_toml(tokens: Sequence[int], seed: int | None = None, limits: JobLimits | None = None) -> str:
     """The job.toml text of a job sequence (a full sequence with its context, or only the job part); with `limits`,
-    its dataset size and difficulty are moved into the task's range (JobChoice.to_dict).
+    its dataset size and difficulty are moved into the task's range and its rollout length raised to hold the task's answers (JobChoice.to_dict).
 
     A job the schema accepts is written through `JobSpec` and `dump_toml_model`; one the schema
     rejects (e.g. no positive reward weight) is written as raw TOML so the probe sees and reports it.

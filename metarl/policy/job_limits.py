@@ -2,7 +2,7 @@
 
 TASK.md tells a trainer agent the training-time cap, the rollout budget, the allowed models and the
 dataset limits (``metarl/workspace/task_md.py``). :class:`JobLimits` holds the same values for one
-episode; :func:`limit_tokens` writes them into the policy's context as a few bucketed tokens, and
+episode, and the rollout length that holds the task's longest example answer (its examples are in TASK.md too); :func:`limit_tokens` writes them into the policy's context as a few bucketed tokens, and
 :func:`rules_from_context` reads back, from those tokens alone, what the grammar needs to keep every
 sampled job inside them (``metarl.policy.job_language``). The rollout budget's token is the largest
 power of two at or below the budget, so a job the grammar allows never exceeds the real budget
@@ -28,6 +28,10 @@ ROLLOUT_EXPONENTS: tuple[int, ...] = tuple(range(9, 31))
 SIZE_BOUNDS: tuple[int, ...] = (32, 64, 256, 1000, 4000, 20000, 50000)
 """Dataset-size marks of the limit tokens (the job language's size grid)."""
 
+LONGEST_ROLLOUT_TOKENS = 64
+"""The most rollout tokens an answer's minimum asks for: the job language's largest `max_tokens` and the local trainer's bound
+(`metarl/learning/grpo.py`, LocalTrainConfig.max_tokens)."""
+
 MODEL_NAMES: tuple[str, ...] = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B")
 """The base models the job language can write (the order of its model slot)."""
 
@@ -43,6 +47,12 @@ class JobLimits(BaseModel):
     min_dataset_size: int = Field(ge=1, le=1_000_000, description="Smallest dataset the job may ship")
     max_dataset_size: int = Field(ge=1, le=1_000_000, description="Largest dataset the job may ship")
     difficulty_range: tuple[float, float] = Field(description="Lowest and highest difficulty the job may ask for, within [0, 1]")
+    min_max_tokens: int = Field(
+        default=1,
+        ge=1,
+        le=LONGEST_ROLLOUT_TOKENS,
+        description="Fewest rollout tokens that hold the task's longest example answer and the end token (1 = no minimum)",
+    )
 
     def dataset_size(self, size: int) -> int:
         """``size`` moved into the task's dataset range."""
@@ -53,9 +63,25 @@ class JobLimits(BaseModel):
         low, high = self.difficulty_range
         return min(max(float(difficulty), low), high)
 
+    def max_tokens(self, max_tokens: int) -> int:
+        """``max_tokens`` raised to what the task's longest example answer needs: a rollout cut shorter cannot be right."""
+        return max(int(max_tokens), self.min_max_tokens)
+
+    def max_steps_in_budget(self, max_steps: int, batch_size: int, max_tokens: int) -> int:
+        """``max_steps`` lowered (to 1 at least) until max_steps x batch_size x max_tokens fits the rollout budget."""
+        return min(int(max_steps), max(1, self.max_rollout_tokens // max(1, batch_size * max_tokens)))
+
+
+def answer_max_tokens(longest_answer_bytes: int) -> int:
+    """Rollout tokens that hold an answer of ``longest_answer_bytes`` UTF-8 bytes and the end token, at most LONGEST_ROLLOUT_TOKENS
+    (a token holds one byte at least: the local trainer's tokenizer is a character, or a byte, per token, `metarl/learning/tokenizer.py`)."""
+    return min(max(1, longest_answer_bytes + 1), LONGEST_ROLLOUT_TOKENS)
+
 
 def job_limits(task: TaskSpec, train_seconds: float | None = None) -> JobLimits:
     """The limits of a job for ``task``; ``train_seconds`` is the episode's cap (default: the task's CPU cap)."""
+    from metarl.policy.task_features import task_examples
+
     return JobLimits(
         train_seconds=task.budget.max_train_seconds if train_seconds is None else train_seconds,
         max_rollout_tokens=task.budget.max_rollout_tokens,
@@ -63,6 +89,7 @@ def job_limits(task: TaskSpec, train_seconds: float | None = None) -> JobLimits:
         min_dataset_size=task.data.min_dataset_size,
         max_dataset_size=task.data.max_dataset_size,
         difficulty_range=task.data.difficulty_range,
+        min_max_tokens=answer_max_tokens(max((len(answer.encode()) for _, answer in task_examples(task)), default=0)),
     )
 
 

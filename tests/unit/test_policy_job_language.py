@@ -10,8 +10,10 @@ import pytest
 
 from metarl.backends.local.train import REWARD_COMPONENTS as LOCAL_REWARD_COMPONENTS
 from metarl.backends.local.train import local_compile_problems
+from metarl.graders import MAX_ANSWER_CHARS
+from metarl.learning.grpo import LocalTrainConfig
 from metarl.policy import job_language as jl
-from metarl.policy.job_limits import job_limits
+from metarl.policy.job_limits import LONGEST_ROLLOUT_TOKENS, JobLimits, answer_max_tokens, job_limits
 from metarl.probe.job import probe_job_text
 from schemas.base import FieldProblem, load_toml_model
 from schemas.job import JobSpec
@@ -191,6 +193,39 @@ def test_the_dataset_is_moved_into_the_tasks_range_when_rendered():
     assert default["dataset"]["size"] == 500 and default["dataset"]["difficulty"] == 0.5
     inside = tomllib.loads(jl.render_job_toml(job(DEFAULT_JOB), limits=job_limits(TASK)))
     assert (inside["dataset"]["size"], inside["dataset"]["difficulty"]) == (1000, 0.5)  # JobSpec writes the defaults out
+
+
+DATE_TASK = load_toml_model(TaskSpec, REPO / "tasks_specs" / "date_format.toml")
+
+
+def test_the_rollout_length_a_task_needs_holds_its_longest_answer_and_the_end_token():
+    assert job_limits(DATE_TASK).min_max_tokens == MAX_ANSWER_CHARS["date_format"] + 1  # 'YYYY-MM-DD' and the month-name forms
+    assert job_limits(TASK).min_max_tokens == MAX_ANSWER_CHARS["addition"] + 1
+    assert (answer_max_tokens(0), answer_max_tokens(len("é".encode())), answer_max_tokens(500)) == (1, 3, LONGEST_ROLLOUT_TOKENS)
+    assert LONGEST_ROLLOUT_TOKENS == max(jl.TRAINING_SLOTS[-1].values) == LocalTrainConfig.model_fields["max_tokens"].metadata[-1].le
+
+
+def test_a_rollout_too_short_for_the_tasks_answers_is_raised_when_rendered():
+    limits = job_limits(DATE_TASK)
+
+    def rendered(text: str, at: JobLimits = limits) -> dict:
+        return tomllib.loads(jl.render_job_toml(job(text), limits=at))
+
+    short = rendered(DEFAULT_JOB.replace("maxtok=default", "maxtok=8").replace("steps=default", "steps=200"))
+    assert (short["rollout"]["max_tokens"], short["training"]["max_steps"]) == (12, 200)
+    assert rendered(DEFAULT_JOB.replace("maxtok=default", "maxtok=32"))["rollout"]["max_tokens"] == 32
+    assert "max_tokens" not in rendered(DEFAULT_JOB).get("rollout", {})  # the default's 16 holds 12
+    assert rendered(DEFAULT_JOB, limits.model_copy(update={"min_max_tokens": 20}))["rollout"]["max_tokens"] == 20
+    assert "max_tokens" not in rendered(DEFAULT_JOB, job_limits(TASK)).get("rollout", {})
+
+
+def test_a_raised_rollout_length_keeps_the_job_in_the_rollout_budget_with_fewer_steps():
+    tight = job_limits(DATE_TASK).model_copy(update={"min_max_tokens": 20, "max_rollout_tokens": 640_000})
+    text = DEFAULT_JOB.replace("maxtok=default", "maxtok=8").replace("steps=default", "steps=1000").replace("batch=default", "batch=64")
+    data = tomllib.loads(jl.render_job_toml(job(text), limits=tight))
+    assert (data["rollout"]["max_tokens"], data["training"]["max_steps"]) == (20, 500)  # 500 x 64 x 20 = 640,000
+    kept = tomllib.loads(jl.render_job_toml(job(text.replace("steps=1000", "steps=200")), limits=tight))
+    assert kept["training"]["max_steps"] == 200
 
 
 def test_feedback_fields_map_to_feedback_tokens():
