@@ -19,7 +19,7 @@ score, and the summary counts each method's jobs lost to rejections). Methods:
   `--policy-seed`. No policy given: the method is reported MISSING, never stood in for. Shipped states of
   the current job language: `bench/results/local-meta-rl-2026-12-07-partition-seed2/v00012-3a68e5455907.pt` (the
   benchmark partition on the shipped base models, BENCHMARKS.md),
-  `bench/results/local-meta-rl-2026-12-07-partition-seed0/v00018-71c4d33f7db6.pt`,
+  `bench/results/local-meta-rl-2026-12-07-partition-seed0/v00018-d37025640df4.pt`,
   `bench/results/local-meta-rl-2026-12-06-seed2/v00023-ac87bfe67b8d.pt` and
   `bench/results/local-meta-rl-2026-12-06-seed1/v00040-355c39ce2b39.pt`, each with its provenance.
 - untrained agent: the policy a run starts from (`LocalPolicy` with the run config's init seed and
