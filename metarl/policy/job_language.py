@@ -21,8 +21,8 @@ grid of explicit values. Reward components appear in a fixed canonical order, ea
 rules, so every sequence sampled under it is complete and keeps to what the probe checks without
 running it: an allowed model, group_size dividing batch_size, the rollout budget, a positive reward
 weight (see `GrammarState`). The dataset size and difficulty are moved into the task's range when
-the job is rendered, and a rollout length too short for the task's longest example answer is raised
-to hold it (with fewer steps where the rollout budget asks). No search method or policy spends a job
+the job is rendered, and a rollout length too short for the task's longest answer (its examples,
+or a ``max_chars`` its spec's grader writes) is raised to hold it (with fewer steps where the rollout budget asks). No search method or policy spends a job
 on a value the probe must refuse for these reasons; the probe still catches everything else (and
 every hand-written job).
 """

@@ -2,8 +2,8 @@
 
 TASK.md tells a trainer agent the training-time cap, the rollout budget, the allowed models and the
 dataset limits (``metarl/workspace/task_md.py``). :class:`JobLimits` holds the same values for one
-episode, and the rollout length that holds the task's longest example answer (its examples are in
-TASK.md too); :func:`limit_tokens` writes the four TASK.md limits into the policy's context as a few
+episode, and the rollout length that holds the task's longest answer (its examples, and its grader's
+``max_chars`` when the spec writes one, are in TASK.md too); :func:`limit_tokens` writes the four TASK.md limits into the policy's context as a few
 bucketed tokens, and :func:`rules_from_context` reads back, from those tokens alone, what the grammar
 needs to keep every sampled job inside them (``metarl.policy.job_language``). The rollout budget's token is the largest
 power of two at or below the budget, so a job the grammar allows never exceeds the real budget
@@ -52,7 +52,7 @@ class JobLimits(BaseModel):
         default=1,
         ge=1,
         le=LONGEST_ROLLOUT_TOKENS,
-        description="Fewest rollout tokens that hold the task's longest example answer and the end token (1 = no minimum)",
+        description="Fewest rollout tokens that hold the task's longest answer and the end token (1 = no minimum)",
     )
 
     def dataset_size(self, size: int) -> int:
@@ -65,7 +65,7 @@ class JobLimits(BaseModel):
         return min(max(float(difficulty), low), high)
 
     def max_tokens(self, max_tokens: int) -> int:
-        """``max_tokens`` raised to what the task's longest example answer needs: a rollout cut shorter cannot be right."""
+        """``max_tokens`` raised to what the task's longest answer needs: a rollout cut shorter cannot be right."""
         return max(int(max_tokens), self.min_max_tokens)
 
     def max_steps_in_budget(self, max_steps: int, batch_size: int, max_tokens: int) -> int:
@@ -90,8 +90,26 @@ def job_limits(task: TaskSpec, train_seconds: float | None = None) -> JobLimits:
         min_dataset_size=task.data.min_dataset_size,
         max_dataset_size=task.data.max_dataset_size,
         difficulty_range=task.data.difficulty_range,
-        min_max_tokens=answer_max_tokens(max((len(answer.encode()) for _, answer in task_examples(task)), default=0)),
+        min_max_tokens=answer_max_tokens(longest_answer_bytes([answer for _, answer in task_examples(task)], declared_max_chars(task))),
     )
+
+
+def declared_max_chars(task: TaskSpec) -> int:
+    """The longest answer the spec's ``[grader]`` declares with an explicit ``max_chars`` (TASK.md shows it), else 0.
+
+    A grader's default ``max_chars`` says nothing about the task's answers, so only a value written in the spec counts."""
+    grader = task.grader
+    if grader is None or "max_chars" not in grader.model_fields_set:
+        return 0
+    return int(getattr(grader, "max_chars", 0))
+
+
+def longest_answer_bytes(answers: Sequence[str], declared_chars: int = 0) -> int:
+    """UTF-8 bytes of the longest answer: the longest of ``answers``, or ``declared_chars`` characters at the widest
+    bytes-per-character those answers use (1 when they are ASCII or there are none), whichever is longer."""
+    widest = max((len(answer.encode()) / len(answer) for answer in answers if answer), default=1.0)
+    declared = math.ceil(declared_chars * max(1.0, widest))
+    return max(max((len(answer.encode()) for answer in answers), default=0), declared)
 
 
 def _bucket(value: float, bounds: Sequence[float]) -> int:

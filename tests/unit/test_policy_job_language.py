@@ -13,7 +13,8 @@ from metarl.backends.local.train import local_compile_problems
 from metarl.graders import MAX_ANSWER_CHARS
 from metarl.learning.grpo import LocalTrainConfig
 from metarl.policy import job_language as jl
-from metarl.policy.job_limits import LONGEST_ROLLOUT_TOKENS, JobLimits, answer_max_tokens, job_limits
+from metarl.policy.job_limits import LONGEST_ROLLOUT_TOKENS, JobLimits, answer_max_tokens, job_limits, longest_answer_bytes
+from metarl.policy.task_features import task_examples
 from metarl.probe.job import probe_job_text
 from schemas.base import FieldProblem, load_toml_model
 from schemas.job import JobSpec
@@ -203,6 +204,19 @@ def test_the_rollout_length_a_task_needs_holds_its_longest_answer_and_the_end_to
     assert job_limits(TASK).min_max_tokens == MAX_ANSWER_CHARS["addition"] + 1
     assert (answer_max_tokens(0), answer_max_tokens(len("é".encode())), answer_max_tokens(500)) == (1, 3, LONGEST_ROLLOUT_TOKENS)
     assert LONGEST_ROLLOUT_TOKENS == max(jl.TRAINING_SLOTS[-1].values) == LocalTrainConfig.model_fields["max_tokens"].metadata[-1].le
+
+
+def test_a_max_chars_written_in_the_spec_grader_sets_the_rollout_length_and_a_default_one_does_not():
+    capitals = load_toml_model(TaskSpec, REPO / "tests" / "fixtures" / "families" / "capitals" / "capitals.toml")
+    assert capitals.grader is not None and capitals.grader.max_chars == 20  # written in the spec: answers may be that long
+    assert job_limits(capitals).min_max_tokens == 21
+    unwritten = capitals.model_copy(update={"grader": type(capitals.grader).model_validate({"kind": "exact", "charset": "letters"})})
+    assert unwritten.grader is not None and unwritten.grader.max_chars == 100  # the default: says nothing of the answers
+    from_examples = job_limits(unwritten).min_max_tokens
+    assert from_examples == max(len(answer) for _, answer in task_examples(unwritten)) + 1 < 21
+    assert longest_answer_bytes(["ab", "é"], declared_chars=5) == 10  # declared characters at the widest bytes per character seen
+    assert longest_answer_bytes(["abcdef"], declared_chars=3) == 6
+    assert longest_answer_bytes([], declared_chars=0) == 0
 
 
 def test_a_rollout_too_short_for_the_tasks_answers_is_raised_when_rendered():
