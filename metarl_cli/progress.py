@@ -41,13 +41,18 @@ def train_text(snap: dict[str, Any]) -> str | None:
     return f"{snap['train_running']} training, {snap['train_waiting']} waiting for a slot{held}"
 
 
+def reward_text(reward: float | None) -> str:
+    """The last outer step's mean reward as shown (pure): three decimals, or "-" before the first step."""
+    return "-" if reward is None else f"{reward:.3f}"
+
+
 def progress_line(snap: dict[str, Any]) -> str:
     """The progress as one log line (pure); the held-out reward, once there is one, names its policy version."""
     held_out = held_out_text(snap["held_out"], snap["held_out_version"], digits=3)
     train = train_text(snap)
     return (
         f"[{snap['status']}] episodes {snap['episodes_done']}/{snap['episodes_total']} outer step {snap['outer_step']}/{snap['max_outer_steps']} "
-        f"reward {snap['reward']}"
+        f"reward {reward_text(snap['reward'])}"
         + ("" if held_out is None else f" held-out {held_out}")
         + ("" if train is None else f" train {train}")
         + f" cost ${snap['cost_usd']:.4f}"
@@ -80,7 +85,7 @@ class ProgressDisplay:
             snap["status"],
             f"{snap['episodes_done']}/{snap['episodes_total']}",
             f"{snap['outer_step']}/{snap['max_outer_steps']}",
-            "-" if snap["reward"] is None else f"{snap['reward']:.3f}",
+            reward_text(snap["reward"]),
             held_out_text(snap["held_out"], snap["held_out_version"], digits=3) or "-",
             train_text(snap) or "-",
             f"{snap['cost_usd']:.4f}",

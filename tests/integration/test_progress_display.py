@@ -114,7 +114,7 @@ def test_off_a_terminal_a_line_is_printed_at_the_start_every_five_seconds_and_at
         display.update(TickReport(finished=True))
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
     assert reads == [1000.0, 1005.0, 1005.6]
-    assert len(lines) == 3 and lines[0] == "[running] episodes 0/1 outer step 0/2 reward None cost $0.0000"
+    assert len(lines) == 3 and lines[0] == "[running] episodes 0/1 outer step 0/2 reward - cost $0.0000"
 
 
 def test_a_run_waiting_for_train_slots_says_so_and_names_the_slots_other_runs_hold(pg_url: str) -> None:
@@ -131,7 +131,7 @@ def test_a_run_waiting_for_train_slots_says_so_and_names_the_slots_other_runs_ho
     assert (waiting["train_running"], waiting["train_waiting"], waiting["slots_held_elsewhere"]) == (0, 1, 1)
     assert (
         progress_line(waiting)
-        == "[running] episodes 0/1 outer step 0/3 reward None train 0 training, 1 waiting for a slot (1 slot held by other runs) cost $0.0000"
+        == "[running] episodes 0/1 outer step 0/3 reward - train 0 training, 1 waiting for a slot (1 slot held by other runs) cost $0.0000"
     )
     holding = ProgressDisplay(pg_url, holder).snapshot()
     assert (holding["train_running"], holding["train_waiting"]) == (1, 0)

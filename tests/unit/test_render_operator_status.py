@@ -68,10 +68,12 @@ def test_the_progress_table_and_line_name_the_held_out_version() -> None:
     console = Console(width=120, record=True, file=io.StringIO())
     console.print(ProgressDisplay("postgresql+psycopg://unused/none", "r1").render(snap))
     assert "1.202 (v3)" in console.export_text()
-    assert progress_line(snap) == "[running] episodes 7/12 outer step 2/3 reward 0.5 held-out 1.202 (v3) cost $1.5000"
-    assert progress_line(dict(snap, held_out=None, held_out_version=None)) == "[running] episodes 7/12 outer step 2/3 reward 0.5 cost $1.5000"
+    assert progress_line(snap) == "[running] episodes 7/12 outer step 2/3 reward 0.500 held-out 1.202 (v3) cost $1.5000"
+    assert progress_line(dict(snap, held_out=None, held_out_version=None)) == "[running] episodes 7/12 outer step 2/3 reward 0.500 cost $1.5000"
     waiting = dict(snap, held_out=None, held_out_version=None, train_running=2, train_waiting=3, slots_held_elsewhere=0)
-    assert progress_line(waiting) == "[running] episodes 7/12 outer step 2/3 reward 0.5 train 2 training, 3 waiting for a slot cost $1.5000"
+    assert progress_line(waiting) == "[running] episodes 7/12 outer step 2/3 reward 0.500 train 2 training, 3 waiting for a slot cost $1.5000"
+    assert " reward 0.013 " in progress_line(dict(snap, reward=0.013219070327718463))  # a step's mean, not its float repr
+    assert " reward - " in progress_line(dict(snap, reward=None))
     behind = dict(waiting, train_running=0, slots_held_elsewhere=2)
     assert train_text(behind) == "0 training, 3 waiting for a slot (2 slots held by other runs)"
     assert train_text(dict(behind, train_waiting=0)) is None
