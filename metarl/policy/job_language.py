@@ -22,9 +22,9 @@ rules, so every sequence sampled under it is complete and keeps to what the prob
 running it: an allowed model, group_size dividing batch_size, the rollout budget, a positive reward
 weight (see `GrammarState`). The dataset size and difficulty are moved into the task's range when
 the job is rendered, and a rollout length too short for the task's longest answer (its examples,
-or a ``max_chars`` its spec's grader writes) is raised to hold it (with fewer steps where the rollout budget asks). No search method or policy spends a job
-on a value the probe must refuse for these reasons; the probe still catches everything else (and
-every hand-written job).
+or a ``max_chars`` its spec's grader writes) is raised to hold it (with fewer steps where the
+rollout budget asks). No search method or policy spends a job on a value the probe must refuse for
+these reasons; the probe still catches everything else (and every hand-written job).
 """
 
 from __future__ import annotations

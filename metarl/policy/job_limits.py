@@ -2,9 +2,9 @@
 
 TASK.md tells a trainer agent the training-time cap, the rollout budget, the allowed models and the
 dataset limits (``metarl/workspace/task_md.py``). :class:`JobLimits` holds the same values for one
-episode, and the rollout length that holds the task's longest answer (its examples, and its grader's
-``max_chars`` when the spec writes one, are in TASK.md too); :func:`limit_tokens` writes the four TASK.md limits into the policy's context as a few
-bucketed tokens, and :func:`rules_from_context` reads back, from those tokens alone, what the grammar
+episode, and the rollout length that holds the task's longest answer (its examples, and its
+grader's ``max_chars`` when the spec writes one, are in TASK.md too); :func:`limit_tokens` writes
+the four TASK.md limits into the policy's context as a few bucketed tokens, and :func:`rules_from_context` reads back, from those tokens alone, what the grammar
 needs to keep every sampled job inside them (``metarl.policy.job_language``). The rollout budget's token is the largest
 power of two at or below the budget, so a job the grammar allows never exceeds the real budget
 (unless no job fits it at all: below 640 tokens the grammar keeps its smallest choices).
