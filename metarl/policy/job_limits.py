@@ -4,10 +4,11 @@ TASK.md tells a trainer agent the training-time cap, the rollout budget, the all
 dataset limits (``metarl/workspace/task_md.py``). :class:`JobLimits` holds the same values for one
 episode, and the rollout length that holds the task's longest answer (its examples, and its
 grader's ``max_chars`` when the spec writes one, are in TASK.md too); :func:`limit_tokens` writes
-the four TASK.md limits into the policy's context as a few bucketed tokens, and :func:`rules_from_context` reads back, from those tokens alone, what the grammar
-needs to keep every sampled job inside them (``metarl.policy.job_language``). The rollout budget's token is the largest
-power of two at or below the budget, so a job the grammar allows never exceeds the real budget
-(unless no job fits it at all: below 640 tokens the grammar keeps its smallest choices).
+the four TASK.md limits into the policy's context as a few bucketed tokens, and
+:func:`rules_from_context` reads back, from those tokens alone, what the grammar needs to keep
+every sampled job inside them (``metarl.policy.job_language``). The rollout budget's token is the
+largest power of two at or below the budget, so a job the grammar allows never exceeds the real
+budget (unless no job fits it at all: below 640 tokens the grammar keeps its smallest choices).
 """
 
 from __future__ import annotations
@@ -107,9 +108,9 @@ def declared_max_chars(task: TaskSpec) -> int:
 def longest_answer_bytes(answers: Sequence[str], declared_chars: int = 0) -> int:
     """UTF-8 bytes of the longest answer: the longest of ``answers``, or ``declared_chars`` characters at the widest
     bytes-per-character those answers use (1 when they are ASCII or there are none), whichever is longer."""
-    widest = max((len(answer.encode()) / len(answer) for answer in answers if answer), default=1.0)
-    declared = math.ceil(declared_chars * max(1.0, widest))
-    return max(max((len(answer.encode()) for answer in answers), default=0), declared)
+    sizes = [(len(answer.encode()), len(answer)) for answer in answers if answer]
+    widest = max((size / chars for size, chars in sizes), default=1.0)
+    return max(max((size for size, _ in sizes), default=0), math.ceil(declared_chars * widest))
 
 
 def _bucket(value: float, bounds: Sequence[float]) -> int:
